@@ -1,0 +1,293 @@
+"""The `agoc` command line: compile, verify, inspect, models, targets.
+
+Every user-caused failure is an :class:`toolchain.errors.AgocError`, printed
+once as one red line with its fix, exit code 1; ``--debug`` shows the
+traceback instead. Anything else is a bug: exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+# TVM's CPU thread pool reads this once; unset, it uses half the hardware threads
+# (1 on a 2-core machine), silently halving every measurement (design §3).
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from host import render  # noqa: E402
+from toolchain import __version__  # noqa: E402
+from toolchain.errors import AgocError, InputShapeError, UnsupportedModelError  # noqa: E402
+
+app = typer.Typer(
+    name="agoc",
+    help="Compile ONNX models into fused, tuned kernels for ARM64 phones (and check them against onnxruntime).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="The built-in model zoo.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+
+def _guard(func):
+    """Render AgocError as one line (exit 1), other exceptions as an internal error (exit 2)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except AgocError as exc:
+            if _state["debug"]:
+                raise
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/yellow]")
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if _state["debug"]:
+                raise
+            err_console.print(
+                f"[bold red]internal error:[/bold red] {escape(type(exc).__name__)}: {escape(str(exc)[:500])}\n"
+                "rerun with --debug for the traceback and report it"
+            )
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _version(value: bool):
+    if value:
+        from toolchain.pipeline import package_versions
+
+        console.print(" ".join(f"{k} {v}" for k, v in package_versions().items()))
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print versions."),
+):
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
+
+
+def _load_source(model: str, shapes: list[str]):
+    """MODEL.onnx or zoo:NAME[@SHAPE] → (ModelProto, name, input-shape overrides)."""
+    from toolchain import onnx_import
+
+    if model.startswith("zoo:"):
+        import models
+
+        try:
+            name, shape = models.parse_zoo_ref(model)
+        except (models.UnknownModelError, ValueError) as exc:
+            raise UnsupportedModelError(str(exc)) from None
+        proto = models.build(name, shape)
+        label = name if shape is None else f"{name}@{'x'.join(map(str, shape))}"
+    else:
+        proto = onnx_import.load_model(model)
+        label = Path(model).stem
+    overrides = onnx_import.parse_input_shapes(shapes, onnx_import.declared_inputs(proto))
+    return proto, label, overrides
+
+
+@app.command()
+@_guard
+def compile(
+    model: str = typer.Argument(..., help="An ONNX file, or zoo:NAME[@SHAPE] (see `agoc models list`)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Artifact directory to write."),
+    target: str = typer.Option("host", "--target", "-t", help="Target preset (see `agoc targets`)."),
+    input_shape: Optional[list[str]] = typer.Option(
+        None, "--input-shape", "-s", help="Fix an input's shape: NAME=1x3x224x224 (repeatable)."
+    ),
+    mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
+    num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
+    partition: str = typer.Option("stock", help="How ops are grouped into kernels: stock."),
+    seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
+    dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
+):
+    """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
+    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.targets import find_compiler, resolve_target
+
+    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores)
+    compiler = find_compiler(spec)
+    proto, label, overrides = _load_source(model, input_shape or [])
+    err_console.print(
+        f"[dim]compiling {escape(label)} for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
+        f"with {escape(compiler.version)}, partition={partition}[/dim]"
+    )
+    request = CompileRequest(proto, label, spec, overrides, partition, seed, dump_dir)
+    with err_console.status("compiling") as status:
+        artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
+    m = artifact.manifest
+    console.print(
+        f"[green]✓[/green] {escape(label)} → {escape(str(artifact.root))}  "
+        f"({len(m.kernels)} kernels, {m.compile_seconds:.1f} s, target {spec.preset})"
+    )
+
+
+@app.command()
+@_guard
+def verify(
+    artifact_dir: Path = typer.Argument(..., help="Artifact directory from `agoc compile`."),
+    device: str = typer.Option("local", help="Where to run it: local."),
+    atol: float = typer.Option(None, help="Absolute tolerance (default 1e-5)."),
+    rtol: float = typer.Option(None, help="Tolerance relative to the output's max |value| (default 1e-4)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+):
+    """Run the artifact on its sample inputs and compare with onnxruntime; exit 1 if over tolerance."""
+    from host.devices import get_device
+    from toolchain.artifact import load_artifact
+    from toolchain.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_artifact
+
+    art = load_artifact(artifact_dir)
+    dev = get_device(device)
+    report = verify_artifact(art, dev, DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol)
+    if as_json:
+        print(json.dumps(report.to_json()))
+    else:
+        console.print(render.verify_table(report))
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_guard
+def inspect(
+    path: str = typer.Argument(..., help="An artifact directory, an ONNX file, or zoo:NAME[@SHAPE]."),
+    input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+):
+    """Show inputs, outputs, op counts and fused kernels of an artifact or a model."""
+    from toolchain import onnx_import
+
+    if Path(path).is_dir():
+        from toolchain.artifact import load_artifact
+
+        art = load_artifact(path)
+        m = art.manifest
+        if as_json:
+            print(json.dumps(m.to_json()))
+            return
+        console.print(render.artifact_summary(art))
+        console.print(render.tensors_table("inputs", [(t.info.name, render._shape(t.info.shape), t.info.dtype) for t in m.inputs]))
+        console.print(render.tensors_table("outputs", [(t.info.name, render._shape(t.info.shape), t.info.dtype) for t in m.outputs]))
+        console.print(render.op_counts_table(m.op_counts))
+        console.print(render.kernels_table(list(m.kernels)))
+        return
+
+    proto, label, overrides = _load_source(path, input_shape or [])
+    declared = onnx_import.declared_inputs(proto)
+    counts = onnx_import.op_counts(proto)
+    kernels, note = None, ""
+    try:
+        from toolchain import build
+        from toolchain.targets import resolve_target
+
+        onnx_import.check_supported(proto)
+        spec = resolve_target("host")
+        inputs = onnx_import.resolve_inputs(proto, overrides)
+        mod = build.fuse_stock(build.legalize(onnx_import.to_relax(proto, inputs), spec), spec)
+        kernels = [k.to_json() for k in build.kernels(mod)]
+    except (UnsupportedModelError, InputShapeError) as exc:
+        note = f"no kernels: {exc}"
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "model": label,
+                    "inputs": [{"name": i.name, "shape": list(i.dims), "dtype": i.dtype} for i in declared],
+                    "outputs": onnx_import.declared_outputs(proto),
+                    "op_counts": counts,
+                    "kernels": kernels,
+                    "note": note,
+                }
+            )
+        )
+        return
+    console.print(render.tensors_table(f"{label}: inputs", render.declared_inputs_rows(declared)))
+    console.print(render.tensors_table("outputs", [(n, "", "") for n in onnx_import.declared_outputs(proto)]))
+    console.print(render.op_counts_table(counts))
+    if kernels is not None:
+        console.print(render.kernels_table(kernels))
+    else:
+        console.print(f"[yellow]{escape(note)}[/yellow]")
+
+
+@app.command()
+@_guard
+def targets():
+    """List the target presets."""
+    from toolchain.targets import PRESETS
+
+    table = Table(title="target presets", title_justify="left")
+    for col in ("name", "triple", "mcpu", "linker", "description"):
+        table.add_column(col)
+    for p in PRESETS:
+        table.add_row(p.name, p.mtriple or "(host)", p.mcpu or "(detected)", p.linker, p.description)
+    console.print(table)
+
+
+@models_app.command("list")
+@_guard
+def models_list():
+    """List the zoo models and their shapes."""
+    import models
+
+    table = Table(title="model zoo", title_justify="left")
+    for col in ("name", "family", "shapes", "params (published)", "description"):
+        table.add_column(col)
+    for spec in models.registry.MODELS:
+        shapes = ", ".join("x".join(map(str, s)) for s in spec.shapes)
+        params = f"{spec.published_params:,}" if spec.published_params else "-"
+        table.add_row(spec.name, spec.family, shapes, params, spec.description)
+    console.print(table)
+
+
+@models_app.command("export")
+@_guard
+def models_export(
+    name: str = typer.Argument(..., help="Zoo model name (see `agoc models list`)."),
+    output: Path = typer.Option(..., "-o", "--output", help="ONNX file to write."),
+    shape: Optional[str] = typer.Option(None, help="Input shape, e.g. 1x3x112x112 (default: the model's first)."),
+):
+    """Write a zoo model to an ONNX file."""
+    import onnx
+
+    import models
+
+    try:
+        dims = models.registry.parse_shape(shape) if shape else None
+        proto = models.build(name, dims)
+    except (models.UnknownModelError, ValueError) as exc:
+        raise UnsupportedModelError(str(exc)) from None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(proto, str(output))
+    console.print(f"[green]✓[/green] {name} → {escape(str(output))}")
+
+
+def main() -> None:
+    app(prog_name="agoc")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

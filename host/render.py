@@ -1,0 +1,84 @@
+"""rich tables for the CLI. Pure functions: records in, renderables out."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from toolchain.artifact import Artifact
+from toolchain.onnx_import import DeclaredInput
+from toolchain.verify import VerifyReport
+
+
+def _shape(shape) -> str:
+    return "×".join("?" if d is None else str(d) for d in shape)
+
+
+def tensors_table(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("name")
+    table.add_column("shape")
+    table.add_column("dtype")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def op_counts_table(counts: dict[str, int]) -> Table:
+    table = Table(title=f"ONNX ops ({sum(counts.values())} nodes)", title_justify="left")
+    table.add_column("op")
+    table.add_column("count", justify="right")
+    for op, n in counts.items():
+        table.add_row(op, str(n))
+    return table
+
+
+def kernels_table(kernels: list[dict]) -> Table:
+    calls = sum(k["calls"] for k in kernels)
+    table = Table(title=f"fused kernels ({len(kernels)} kernels, {calls} calls)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("kernel")
+    table.add_column("calls", justify="right")
+    for i, k in enumerate(kernels):
+        table.add_row(str(i), k["name"], str(k["calls"]))
+    return table
+
+
+def declared_inputs_rows(inputs: list[DeclaredInput]) -> list[tuple[str, str, str]]:
+    return [(i.name, _shape(i.dims), i.dtype) for i in inputs]
+
+
+def artifact_summary(artifact: Artifact) -> Table:
+    m = artifact.manifest
+    table = Table(title=f"artifact {artifact.root}", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    table.add_row("model", f"{m.model_name} (sha256 {m.model_sha256[:12]}…)")
+    table.add_row("target", f"{m.target['preset']}  {m.target['tvm_target']}")
+    table.add_row("compiler", f"{m.compiler['version']} ({m.compiler['path']})")
+    table.add_row("partition", m.partition)
+    table.add_row("library", f"{m.library} ({artifact.library_path.stat().st_size / 1024:.0f} KiB)")
+    table.add_row("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items()))
+    table.add_row("compiled", f"{m.created} in {m.compile_seconds:.1f} s")
+    return table
+
+
+def verify_table(report: VerifyReport) -> Table:
+    status = "[green]PASS[/green]" if report.passed else "[red]FAIL[/red]"
+    title = (
+        f"verify on {report.device} vs {report.reference}: {status}  "
+        f"(pass: max abs ≤ {report.atol:g} + {report.rtol:g}·max|ref|)"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("output")
+    table.add_column("shape")
+    table.add_column("max abs err", justify="right")
+    table.add_column("max rel err", justify="right")
+    table.add_column("max |ref|", justify="right")
+    table.add_column("result")
+    for o in report.outputs:
+        shape = _shape(o.shape) if o.shape == o.ref_shape else f"{_shape(o.shape)} ≠ {_shape(o.ref_shape)}"
+        result = "[green]ok[/green]" if o.passed else "[red]over tolerance[/red]"
+        if o.nonfinite:
+            result = f"[red]{o.nonfinite} NaN/Inf[/red]"
+        table.add_row(o.name, shape, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.max_ref:.3g}", result)
+    return table

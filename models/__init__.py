@@ -1,0 +1,9 @@
+"""The agoc model zoo: deterministic ONNX builders for the benchmark networks.
+
+Every model is built in-process from a fixed seed (these machines cannot reach
+model hubs). Look models up through :mod:`models.registry`.
+"""
+
+from models.registry import ModelSpec, UnknownModelError, build, get, names, parse_zoo_ref
+
+__all__ = ["ModelSpec", "UnknownModelError", "build", "get", "names", "parse_zoo_ref"]

@@ -1,0 +1,114 @@
+"""Relax module → fused kernels → a shared library.
+
+The stock TVM CPU pipeline (``relax.backend.cpu_generic``) split into the
+stages agoc needs to see between: ``legalize`` (every op a ``call_tir`` of a
+PrimFunc — where partitioning reads the graph), ``fuse`` (group ``call_tir``s
+and make one PrimFunc per group), then ``build_library`` (dataflow lowering,
+memory planning, codegen, link with the target's compiler).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolchain.errors import BuildError
+from toolchain.targets import Compiler, TargetSpec
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One fused kernel (PrimFunc) of the built model and how often the graph calls it."""
+
+    name: str
+    calls: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "calls": self.calls}
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def legalize(mod, spec: TargetSpec):
+    """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded."""
+    import tvm
+    from tvm import relax
+
+    passes = [
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+    ]
+    try:
+        with spec.tvm():
+            return tvm.transform.Sequential(passes)(mod)
+    except Exception as exc:
+        raise BuildError(f"legalizing the model failed: {_first_line(exc)} (rerun with --debug)") from exc
+
+
+def fuse_stock(mod, spec: TargetSpec):
+    """TVM's own grouping: ``FuseOps`` (at most one conv/matmul per group) then ``FuseTIR``."""
+    import tvm
+    from tvm import relax
+
+    try:
+        with spec.tvm():
+            return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+    except Exception as exc:
+        raise BuildError(f"fusing the model failed: {_first_line(exc)} (rerun with --debug)") from exc
+
+
+def kernels(mod) -> list[KernelInfo]:
+    """The PrimFuncs of a fused module with their call counts from ``main``, in call order."""
+    import tvm
+    from tvm import relax, tirx
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: collections.Counter[str] = collections.Counter()
+    order: list[str] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.args[0] if expr.args else None, relax.GlobalVar):
+            if expr.op.same_as(call_tir):
+                name = expr.args[0].name_hint
+                if name not in counts:
+                    order.append(name)
+                counts[name] += 1
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return [KernelInfo(name, counts[name]) for name in order if name in prim_names]
+
+
+def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path:
+    """Lower the fused module to a Relax VM executable and link it into ``path`` (a .so)."""
+    import tvm
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    target = spec.tvm()
+    lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+    try:
+        with target:
+            executable = tvm.compile(mod, target, relax_pipeline=lower)
+    except Exception as exc:
+        raise BuildError(f"TVM code generation failed for {spec.preset}: {_first_line(exc)}") from exc
+    try:
+        if compiler.kind == "host":
+            executable.export_library(str(path))
+        else:
+            from tvm.support import cc
+
+            executable.export_library(
+                str(path), fcompile=cc.cross_compiler(compiler.path, options=list(compiler.options))
+            )
+    except Exception as exc:
+        raise BuildError(f"linking with {compiler.path} failed: {_first_line(exc)}") from exc
+    return path

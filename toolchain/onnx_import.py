@@ -1,0 +1,204 @@
+"""ONNX → Relax: load and check a model, resolve its input shapes, import it.
+
+Every failure a user can cause is turned into one line that names the fix:
+a missing or truncated file, an op the TVM importer does not have, a dynamic
+dimension that needs ``--input-shape``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from toolchain.errors import InputShapeError, ModelLoadError, UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @staticmethod
+    def from_json(d: dict) -> "TensorInfo":
+        return TensorInfo(d["name"], tuple(d["shape"]), d["dtype"])
+
+
+@dataclass(frozen=True)
+class DeclaredInput:
+    """A graph input as the file declares it: dims are ints, or strings/None when dynamic."""
+
+    name: str
+    dims: tuple[int | str | None, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) and d > 0 for d in self.dims)
+
+    def describe(self) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read and structurally check an ONNX file; :class:`ModelLoadError` on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"no such file: {path}; check the path (or use zoo:NAME, see `agoc models list`)")
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory, not an ONNX file")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf DecodeError, external-data errors, ...
+        raise ModelLoadError(
+            f"{path} is not a readable ONNX model (truncated or not ONNX: {type(exc).__name__}); "
+            "re-export it, e.g. with torch.onnx.export"
+        ) from exc
+    if not model.graph.node:
+        raise ModelLoadError(f"{path} holds no ONNX graph nodes (empty, truncated or not an ONNX model)")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelLoadError(f"{path} is not a valid ONNX model: {first}") from exc
+    return model
+
+
+def model_hash(model: onnx.ModelProto) -> str:
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _np_dtype(elem_type: int) -> str:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def declared_inputs(model: onnx.ModelProto) -> list[DeclaredInput]:
+    """Graph inputs that are real inputs (not initializers), in positional order."""
+    inits = {t.name for t in model.graph.initializer}
+    result = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedModelError(f"input '{vi.name}' is not a tensor (sequences and maps are not supported)")
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        result.append(DeclaredInput(vi.name, tuple(dims), _np_dtype(tt.elem_type)))
+    return result
+
+
+def declared_outputs(model: onnx.ModelProto) -> list[str]:
+    return [o.name for o in model.graph.output]
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """ONNX op type → count, most frequent first (top-level graph)."""
+    counts = collections.Counter(node.op_type for node in model.graph.node)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def check_supported(model: onnx.ModelProto) -> None:
+    """Raise :class:`UnsupportedModelError` naming every op (and a node using it) the importer lacks."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    supported = onnx_frontend._get_convert_map()
+    missing: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") and node.op_type not in supported:
+            missing.setdefault(f"{node.domain}.{node.op_type}", node.name or node.output[0])
+        elif node.op_type not in supported:
+            missing.setdefault(node.op_type, node.name or node.output[0])
+    if missing:
+        ops = ", ".join(f"{op} (node '{where}')" for op, where in missing.items())
+        raise UnsupportedModelError(
+            f"unsupported ONNX op{'s' if len(missing) > 1 else ''}: {ops}; TVM's ONNX importer has no converter — "
+            "replace the op in the exporter or decompose it into supported ops"
+        )
+
+
+def parse_input_shapes(specs: list[str] | None, inputs: list[DeclaredInput]) -> dict[str, tuple[int, ...]]:
+    """``["x=1x3x224x224"]`` → ``{"x": (1, 3, 224, 224)}``. A bare shape is allowed for a one-input model."""
+    from models.registry import parse_shape
+
+    result: dict[str, tuple[int, ...]] = {}
+    names = [i.name for i in inputs]
+    for spec in specs or []:
+        name, sep, shape = spec.rpartition("=")
+        if not sep:
+            if len(inputs) != 1:
+                raise InputShapeError(
+                    f"--input-shape '{spec}' has no input name and the model has {len(inputs)} inputs "
+                    f"({', '.join(names)}); write NAME=1x3x224x224"
+                )
+            name = names[0]
+        if name not in names:
+            raise InputShapeError(f"--input-shape names '{name}', but the model's inputs are: {', '.join(names)}")
+        try:
+            result[name] = parse_shape(shape)
+        except ValueError as exc:
+            raise InputShapeError(f"--input-shape {spec}: {exc}") from None
+    return result
+
+
+def resolve_inputs(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]) -> list[TensorInfo]:
+    """Concrete shapes for every input: the file's static shape, or the override; error on a gap."""
+    resolved = []
+    for inp in declared_inputs(model):
+        shape = overrides.get(inp.name)
+        if shape is not None:
+            if len(shape) != len(inp.dims):
+                raise InputShapeError(
+                    f"--input-shape gives '{inp.name}' {len(shape)} dimensions but the model declares "
+                    f"{len(inp.dims)}: {inp.describe()}"
+                )
+            for given, declared in zip(shape, inp.dims):
+                if isinstance(declared, int) and declared != given:
+                    raise InputShapeError(
+                        f"--input-shape {inp.name}={'x'.join(map(str, shape))} conflicts with the model's fixed "
+                        f"shape {inp.describe()}"
+                    )
+        elif inp.is_static:
+            shape = tuple(int(d) for d in inp.dims)  # type: ignore[arg-type]
+        else:
+            example = "x".join(str(d) if isinstance(d, int) else "1" for d in inp.dims)
+            raise UnsupportedModelError(
+                f"input '{inp.name}' has a dynamic shape {inp.describe()}; "
+                f"fix it with --input-shape {inp.name}={example}"
+            )
+        resolved.append(TensorInfo(inp.name, tuple(shape), inp.dtype))
+    return resolved
+
+
+def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo]):
+    """Import into a Relax IRModule with weights as constants (no params in the inputs)."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        return from_onnx(
+            model,
+            shape_dict={i.name: list(i.shape) for i in inputs},
+            dtype_dict={i.name: i.dtype for i in inputs},
+            keep_params_in_input=False,
+        )
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UnsupportedModelError(
+            f"TVM's ONNX importer rejected the model: {first[:300]} (rerun with --debug for details)"
+        ) from exc

@@ -1,0 +1,165 @@
+"""The compile pipeline, straight-line: the stages in order, a dump after each.
+
+    ONNX ─check─▶ shapes ─import─▶ Relax ─legalize─▶ call_tir graph ─fuse─▶ kernels
+        ─build_library(target, compiler)─▶ model.so ─onnxruntime─▶ expected outputs ─▶ artifact dir
+
+The artifact is assembled in a temporary sibling directory and moved into
+place at the end, so an interrupted compile never leaves a half-written
+artifact behind, and an existing non-artifact directory is never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import logging
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from toolchain import __version__, build, onnx_import
+from toolchain.artifact import (
+    LIBRARY,
+    MANIFEST,
+    MODEL_COPY,
+    Artifact,
+    Manifest,
+    TensorFile,
+    write_manifest,
+    write_tensor,
+)
+from toolchain.errors import ArtifactError, UnsupportedModelError
+from toolchain.onnx_import import TensorInfo
+from toolchain.reference import run_onnxruntime
+from toolchain.samples import sample_inputs
+from toolchain.targets import Compiler, TargetSpec
+
+log = logging.getLogger("agoc.pipeline")
+
+#: How each --partition choice groups call_tir ops into kernels.
+PARTITIONERS: dict[str, Callable] = {"stock": build.fuse_stock}
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    model: onnx.ModelProto = field(repr=False)
+    model_name: str
+    target: TargetSpec
+    input_shapes: dict = field(default_factory=dict, hash=False)  # name -> shape overrides
+    partition: str = "stock"
+    seed: int = 0
+    dump_dir: Path | None = None
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"agoc": __version__, "python": platform.python_version()}
+    for pkg in ("apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "numpy"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = "missing"
+    return versions
+
+
+def _dump(dump_dir: Path | None, name: str, mod) -> None:
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        (dump_dir / name).write_text(mod.script())
+
+
+def _prepare_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"-o {out} is a file; give a directory for the artifact")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).exists():
+        raise ArtifactError(
+            f"-o {out} exists and is not an agoc artifact; choose a new or empty directory (nothing was written)"
+        )
+
+
+def compile_model(
+    request: CompileRequest,
+    compiler: Compiler,
+    out_dir: Path,
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> Artifact:
+    """Compile ``request.model`` into an artifact directory at ``out_dir``."""
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    _prepare_out_dir(out_dir)
+    model = request.model
+
+    on_stage("checking model")
+    onnx_import.check_supported(model)
+    overrides = dict(request.input_shapes)
+    inputs: list[TensorInfo] = onnx_import.resolve_inputs(model, overrides)
+
+    on_stage("importing into Relax")
+    mod = onnx_import.to_relax(model, inputs)
+    _dump(request.dump_dir, "01_imported.py", mod)
+
+    on_stage("legalizing")
+    mod = build.legalize(mod, request.target)
+    _dump(request.dump_dir, "02_legalized.py", mod)
+
+    on_stage(f"fusing ({request.partition} partition)")
+    try:
+        partitioner = PARTITIONERS[request.partition]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITIONERS)}"
+        ) from None
+    mod = partitioner(mod, request.target)
+    _dump(request.dump_dir, "03_fused.py", mod)
+    kernels = build.kernels(mod)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        on_stage(f"building for {request.target.preset} with {Path(compiler.path).name}")
+        build.build_library(mod, request.target, compiler, staging / LIBRARY)
+
+        on_stage("computing reference outputs with onnxruntime")
+        feeds = sample_inputs(model, inputs, request.seed)
+        expected = run_onnxruntime(model, feeds)
+        in_files = []
+        for i, info in enumerate(inputs):
+            rel = f"data/input_{i}.bin"
+            write_tensor(staging / rel, feeds[info.name])
+            in_files.append(TensorFile(info, rel))
+        out_files = []
+        for i, (name, value) in enumerate(expected.items()):
+            rel = f"data/expected_{i}.bin"
+            write_tensor(staging / rel, value)
+            out_files.append(TensorFile(TensorInfo(name, tuple(value.shape), value.dtype.name), rel))
+        onnx.save(model, str(staging / MODEL_COPY))
+
+        manifest = Manifest(
+            model_name=request.model_name,
+            model_sha256=onnx_import.model_hash(model),
+            op_counts=onnx_import.op_counts(model),
+            inputs=tuple(in_files),
+            outputs=tuple(out_files),
+            target=request.target.to_json(),
+            compiler=compiler.to_json(),
+            partition=request.partition,
+            kernels=tuple(k.to_json() for k in kernels),
+            versions=package_versions(),
+            sample_seed=request.seed,
+            compile_seconds=round(time.perf_counter() - started, 3),
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        write_manifest(staging, manifest)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("compiled %s for %s into %s", request.model_name, request.target.preset, out_dir)
+    return Artifact(out_dir, manifest)

@@ -1,0 +1,48 @@
+"""Run a kernel library in this process with TVM's Relax VM (host-target artifacts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from toolchain.errors import DeviceError
+from toolchain.onnx_import import TensorInfo
+
+
+def _flatten(result) -> list:
+    if hasattr(result, "numpy"):
+        return [result]
+    out = []
+    for item in result:
+        out.extend(_flatten(item))
+    return out
+
+
+class VMSession:
+    """A loaded library; call :meth:`run` as often as needed."""
+
+    def __init__(self, library: Path, inputs: list[TensorInfo], outputs: list[str]):
+        import tvm
+        from tvm import relax
+
+        try:
+            module = tvm.runtime.load_module(str(library))
+        except Exception as exc:
+            raise DeviceError(f"cannot load {library} on this machine: {str(exc).strip().splitlines()[-1]}") from exc
+        self._tvm = tvm
+        self._device = tvm.cpu()
+        self._vm = relax.VirtualMachine(module, self._device)
+        self._inputs = inputs
+        self._outputs = outputs
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = []
+        for info in self._inputs:
+            if info.name not in feeds:
+                raise DeviceError(f"missing input '{info.name}'")
+            args.append(self._tvm.runtime.tensor(np.ascontiguousarray(feeds[info.name]), self._device))
+        values = _flatten(self._vm["main"](*args))
+        if len(values) != len(self._outputs):
+            raise DeviceError(f"the library returned {len(values)} outputs, the manifest lists {len(self._outputs)}")
+        return {name: v.numpy() for name, v in zip(self._outputs, values)}

@@ -1,0 +1,197 @@
+"""Target presets (a table) and cross-toolchain detection.
+
+A preset names where kernels run; resolving it gives a :class:`TargetSpec`:
+the TVM target as a dict (TVM 0.27 targets are dicts, and MetaSchedule needs
+``num-cores``) plus which C/C++ compiler links the kernel library.
+
+Facts behind the defaults (see design §3):
+
+* A bare ``{"kind": "llvm"}`` on x86 emits SSE2-only code and ``mcpu=native``
+  is rejected, so the host preset asks LLVM for the host CPU's name and sets
+  ``mcpu`` explicitly.
+* Kernels built for ``aarch64-linux-android`` also run on aarch64 Linux, but a
+  library *linked* with glibc's g++ does not load on Android (bionic), so
+  android-arm64 needs the NDK's clang and never falls back to g++.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from toolchain.errors import TargetError
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    mtriple: str | None  # None: the host's own triple
+    mcpu: str | None  # None: detect (host only)
+    mattr: tuple[str, ...]
+    linker: str  # "host" | "gnu-cross" | "ndk"
+    runs_on_host: bool
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        name="host",
+        description="this machine (x86-64 or aarch64), CPU detected, for verification and host benchmarks",
+        mtriple=None,
+        mcpu=None,
+        mattr=(),
+        linker="host",
+        runs_on_host=True,
+    ),
+    Preset(
+        name="linux-arm64",
+        description="aarch64 Linux (glibc): Debian cross g++; runs under qemu-aarch64 or on ARM64 boards",
+        mtriple="aarch64-linux-gnu",
+        mcpu="cortex-a76",
+        mattr=("+neon",),
+        linker="gnu-cross",
+        runs_on_host=platform.machine() in ("aarch64", "arm64"),
+    ),
+    Preset(
+        name="android-arm64",
+        description="ARM64 Android phones (bionic): Android NDK clang from ANDROID_NDK_HOME",
+        mtriple="aarch64-linux-android",
+        mcpu="cortex-a76",
+        mattr=("+neon",),
+        linker="ndk",
+        runs_on_host=False,
+    ),
+)
+
+PRESETS_BY_NAME = {p.name: p for p in PRESETS}
+
+#: Android API level used for the NDK compiler name (aarch64-linux-android<API>-clang++).
+DEFAULT_ANDROID_API = 28
+
+_GNU_CROSS_CXX = "aarch64-linux-gnu-g++"
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """The compiler that links the kernel library."""
+
+    kind: str  # "host" | "gnu-cross" | "ndk"
+    path: str
+    version: str
+    options: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "path": self.path, "version": self.version, "options": list(self.options)}
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    preset: str
+    tvm_target: dict = field(hash=False)
+    linker: str
+    runs_on_host: bool
+
+    @property
+    def num_cores(self) -> int:
+        return int(self.tvm_target["num-cores"])
+
+    def to_json(self) -> dict:
+        return {"preset": self.preset, "tvm_target": self.tvm_target}
+
+    def tvm(self):
+        import tvm
+
+        return tvm.target.Target(self.tvm_target)
+
+
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU (e.g. ``znver5``, ``skylake-avx512``)."""
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def _host_triple() -> str:
+    machine = platform.machine()
+    return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(
+        machine, f"{machine}-linux-gnu"
+    )
+
+
+def _check_cpu(mcpu: str, triple: str) -> None:
+    from tvm.target import codegen
+
+    if not codegen.llvm_is_valid_cpu(mcpu, triple):
+        raise TargetError(
+            f"LLVM does not know CPU '{mcpu}' for {triple}; pass a valid --mcpu "
+            f"(e.g. cortex-a76, cortex-a55 for ARM64; haswell, skylake-avx512, znver4 for x86-64)"
+        )
+
+
+def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None) -> TargetSpec:
+    """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
+    preset = PRESETS_BY_NAME.get(name)
+    if preset is None:
+        raise TargetError(f"unknown target '{name}'; choose one of: {', '.join(PRESETS_BY_NAME)}")
+    if num_cores is not None and num_cores < 1:
+        raise TargetError(f"--num-cores must be at least 1 (got {num_cores})")
+    triple = preset.mtriple or _host_triple()
+    cpu = mcpu or preset.mcpu or host_cpu()
+    _check_cpu(cpu, triple)
+    target: dict = {"kind": "llvm", "mcpu": cpu}
+    if preset.mtriple:
+        target["mtriple"] = preset.mtriple
+    if preset.mattr:
+        target["mattr"] = list(preset.mattr)
+    default_cores = (os.cpu_count() or 1) if preset.runs_on_host else 4  # 4: a phone's big+mid cluster
+    target["num-cores"] = int(num_cores or default_cores)
+    return TargetSpec(preset=preset.name, tvm_target=target, linker=preset.linker, runs_on_host=preset.runs_on_host)
+
+
+def _version_line(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except OSError:
+        return "unknown"
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def _ndk_compiler(api: int) -> Compiler:
+    home = os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
+    if not home:
+        raise TargetError(
+            "android-arm64 needs the Android NDK: install it (r26 or newer, developer.android.com/ndk) and "
+            "set ANDROID_NDK_HOME=/path/to/android-ndk; without a phone, use --target linux-arm64"
+        )
+    pattern = os.path.join(home, "toolchains", "llvm", "prebuilt", "*", "bin", f"aarch64-linux-android{api}-clang++")
+    found = sorted(glob.glob(pattern))
+    if not found:
+        raise TargetError(
+            f"ANDROID_NDK_HOME={home} has no aarch64-linux-android{api}-clang++ under toolchains/llvm/prebuilt/*/bin; "
+            "point ANDROID_NDK_HOME at an NDK r26+ root"
+        )
+    # Static libc++ so the library needs nothing from the phone but bionic.
+    return Compiler("ndk", found[0], _version_line(found[0]), ("-static-libstdc++",))
+
+
+def find_compiler(spec: TargetSpec, android_api: int = DEFAULT_ANDROID_API) -> Compiler:
+    """The compiler that links kernels for ``spec``; raises :class:`TargetError` naming what to install."""
+    if spec.linker == "host":
+        cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+        if not cxx:
+            raise TargetError("no C++ compiler on PATH for the host target; install g++ (apt-get install g++)")
+        return Compiler("host", cxx, _version_line(cxx))
+    if spec.linker == "gnu-cross":
+        cxx = shutil.which(_GNU_CROSS_CXX)
+        if not cxx:
+            raise TargetError(
+                f"linux-arm64 needs {_GNU_CROSS_CXX}: run `make setup` or `apt-get install g++-aarch64-linux-gnu`"
+            )
+        return Compiler("gnu-cross", cxx, _version_line(cxx))
+    if spec.linker == "ndk":
+        return _ndk_compiler(android_api)
+    raise TargetError(f"target '{spec.preset}' has unknown linker kind '{spec.linker}'")
