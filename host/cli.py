@@ -55,7 +55,7 @@ def _guard(func):
         except AgocError as exc:
             if _state["debug"]:
                 raise
-            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/yellow]")
@@ -65,7 +65,8 @@ def _guard(func):
                 raise
             err_console.print(
                 f"[bold red]internal error:[/bold red] {escape(type(exc).__name__)}: {escape(str(exc)[:500])}\n"
-                "rerun with --debug for the traceback and report it"
+                "rerun with --debug for the traceback and report it",
+                soft_wrap=True,
             )
             raise typer.Exit(2) from None
 
@@ -128,12 +129,17 @@ def compile(
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
 
+    from toolchain import onnx_import
+
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
+    onnx_import.check_supported(proto)
+    shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in onnx_import.resolve_inputs(proto, overrides))
     err_console.print(
-        f"[dim]compiling {escape(label)} for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
-        f"with {escape(compiler.version)}, partition={partition}[/dim]"
+        f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
+        f"with {escape(compiler.version)}, partition={partition}[/dim]",
+        soft_wrap=True,
     )
     request = CompileRequest(proto, label, spec, overrides, partition, seed, dump_dir)
     with err_console.status("compiling") as status:

@@ -65,6 +65,87 @@ MODELS: tuple[ModelSpec, ...] = (
         shapes=((1, 8, 16, 16),),
         family="tiny",
     ),
+    ModelSpec(
+        name="mobilenet-v2",
+        description="MobileNet-V2 1.0: stem + 17 inverted-residual blocks (ReLU6) + 1x1 conv 1280 + 1000-way FC",
+        builder="models.mobilenet_v2:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=3_504_872,
+        params_tolerance=0.01,
+        family="cnn",
+        source=(
+            "Sandler et al. 2018 (arXiv:1801.04381) Table 2; torchvision mobilenet_v2 (3,504,872 params incl. "
+            "BN gamma/beta). BN is folded into conv bias here: 3,487,816 = 3,504,872 - 17,056 BN channels (-0.49%)."
+        ),
+    ),
+    ModelSpec(
+        name="mnasnet",
+        description="MnasNet-B1 1.0 (no SE): stem + sepconv + 16 MBConv blocks (k3/k5, ReLU) + 1x1 conv 1280 + 1000-way FC",
+        builder="models.mnasnet:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=4_383_312,
+        params_tolerance=0.01,
+        family="cnn",
+        source=(
+            "Tan et al. 2019 (arXiv:1807.11626) MnasNet-B1; torchvision mnasnet1_0 (4,383,312 params incl. "
+            "BN gamma/beta). BN is folded into conv bias here: 4,364,352 = 4,383,312 - 18,960 BN channels (-0.43%)."
+        ),
+    ),
+    ModelSpec(
+        name="squeezenet-1.1",
+        description="SqueezeNet 1.1: 3x3/2 conv + 8 Fire modules + 3 ceil-mode max pools + 1x1 conv classifier + global avg pool",
+        builder="models.squeezenet:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=1_235_496,
+        params_tolerance=0.0,
+        family="cnn",
+        source=(
+            "Iandola et al. 2016 (arXiv:1602.07360), v1.1 from forresti/SqueezeNet; torchvision squeezenet1_1 "
+            "(1,235,496 params). No BatchNorm, so the count matches exactly."
+        ),
+    ),
+    ModelSpec(
+        name="shufflenet-v2",
+        description="ShuffleNet-V2 1.0x: stem + 4/8/4 units (116/232/464 ch, split + channel shuffle) + 1x1 conv 1024 + 1000-way FC",
+        builder="models.shufflenet_v2:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=2_278_604,
+        params_tolerance=0.01,
+        family="cnn",
+        source=(
+            "Ma et al. 2018 (arXiv:1807.11164) Table 5; torchvision shufflenet_v2_x1_0 (2,278,604 params incl. "
+            "BN gamma/beta). BN is folded into conv bias here: 2,270,514 = 2,278,604 - 8,090 BN channels (-0.36%)."
+        ),
+    ),
+    ModelSpec(
+        name="bert-tiny",
+        description="BERT-tiny encoder (2 layers, hidden 128, 2 heads, FFN 512, erf-GELU) on 128 tokens; output = pooler output [1,128]",
+        builder="models.bert_tiny:build",
+        shapes=((1, 128),),
+        input_dtype="int64",
+        published_params=4_385_920,
+        params_tolerance=0.0,
+        family="transformer",
+        source=(
+            "Devlin et al. 2019 / Turc et al. 2019 (arXiv:1908.08962), google/bert_uncased_L-2_H-128_A-2 as "
+            "Hugging Face BertModel: 4,385,920 params including the pooler (3,972,864 embeddings + 2 x 198,272 "
+            "layers + 16,512 pooler); matches exactly. Single input input_ids (mask all ones, token types 0)."
+        ),
+    ),
+    ModelSpec(
+        name="mobilevit",
+        description="MobileViT-XS: MV2 blocks + 3 MobileViT blocks (2/4/3 transformer layers, width 96/120/144, 2x2 patches) + 1000-way FC",
+        builder="models.mobilevit:build",
+        shapes=((1, 3, 224, 224),),
+        published_params=2_300_000,
+        params_tolerance=0.01,
+        family="transformer",
+        source=(
+            "Mehta & Rastegari 2022 (arXiv:2110.02178) MobileViT-XS, 2.3M params (paper, rounded); "
+            "apple/ml-cvnets mobilevit x_small / HF apple/mobilevit-x-small. This build has 2,313,624 with BN "
+            "folded (+0.59%); the cvnets layout with BN gamma/beta is 2,317,848 (+0.78%), within rounding of 2.3M."
+        ),
+    ),
 )
 
 _BY_NAME = {spec.name: spec for spec in MODELS}

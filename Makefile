@@ -1,0 +1,65 @@
+# agoc — entry points. `make demo` and `make test` each do their own set-up.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+AGOC   := $(VENV)/bin/agoc
+PYTEST := $(VENV)/bin/pytest
+STAMP  := $(VENV)/.agoc-installed
+DEMO   ?= build/demo
+
+# command:debian-package pairs `make setup` installs when missing (as root; otherwise it says what to run)
+SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb
+
+.PHONY: help setup system venv demo test test-slow test-all clean
+
+help:
+	@echo "make demo       compile the built-in tiny-cnn for the host and for ARM64, verify against onnxruntime"
+	@echo "make test       run the fast test suite (what CI runs)"
+	@echo "make test-slow  run the long tests too (whole zoo models)"
+	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
+
+setup: system venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+system:
+	@missing=""; \
+	for pair in $(SYSTEM_TOOLS); do \
+	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair##*:}"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing system packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }; \
+	else \
+	  echo "agoc: missing system packages:$$missing" >&2; \
+	  echo "      install them with: sudo apt-get install$$missing  (ARM64 targets and qemu tests need them)" >&2; \
+	fi
+
+demo: setup
+	$(AGOC) compile zoo:tiny-cnn --target host -o $(DEMO)/tiny-cnn-host
+	$(AGOC) compile zoo:tiny-cnn --target linux-arm64 -o $(DEMO)/tiny-cnn-arm64
+	$(AGOC) inspect $(DEMO)/tiny-cnn-host
+	$(AGOC) verify $(DEMO)/tiny-cnn-host
+
+test: setup
+	$(PYTEST) -q
+
+test-slow: setup
+	$(PYTEST) -q -m slow
+
+test-all: setup
+	$(PYTEST) -q -m "slow or not slow"
+
+clean:
+	rm -rf build .pytest_cache

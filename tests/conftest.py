@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny models on disk, the CLI runner, tool requirements."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import onnx
+import pytest
+
+import models
+
+
+def require_tool(name: str) -> str:
+    """Path of a system tool; skip without it — or fail when AGOC_STRICT_TOOLS=1 (CI installs them)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} not found (run `make setup`)"
+    if os.environ.get("AGOC_STRICT_TOOLS") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """Write a zoo model to an ONNX file: model_file("tiny-cnn") -> path."""
+
+    def write(name: str, shape=None, path=None):
+        path = path or tmp_path / f"{name}.onnx"
+        onnx.save(models.build(name, shape), str(path))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cli():
+    """Invoke `agoc ARGS...` through typer's test runner; returns the Result."""
+    from typer.testing import CliRunner
+
+    from host.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, [str(a) for a in args])
+
+    return invoke

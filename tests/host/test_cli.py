@@ -1,0 +1,179 @@
+"""The `agoc` CLI through typer's test runner: happy paths and every user error."""
+
+import json
+
+import pytest
+from onnx import TensorProto, helper
+
+import models
+from models.registry import IR_VERSION, OPSET
+
+import onnx
+
+
+def assert_clean_error(result, *fragments):
+    """Exit 1, one line on stderr that starts with 'error:', no traceback."""
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_compile_verify_inspect_a_matmul_softmax_layernorm_model(cli, model_file, tmp_path):
+    src = model_file("tiny-transformer")
+    out = tmp_path / "art"
+    result = cli("compile", src, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "tiny-transformer" in result.stdout and "kernels" in result.stdout
+
+    result = cli("verify", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] and report["reference"] == "onnxruntime"
+    assert report["outputs"][0]["name"] == "output" and report["outputs"][0]["max_abs"] < 1e-3
+
+    result = cli("verify", out)
+    assert result.exit_code == 0 and "PASS" in result.stdout and "max abs err" in result.stdout
+
+    result = cli("inspect", out)
+    assert result.exit_code == 0
+    for text in ("inputs", "outputs", "Softmax", "LayerNormalization", "fused kernels", "softmax"):
+        assert text in result.stdout, text
+
+
+def test_compile_zoo_reference_with_shape(cli, tmp_path):
+    result = cli("compile", "zoo:tiny-cnn@1x3x32x32", "-o", tmp_path / "a")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == [1, 3, 32, 32]
+
+
+def test_verify_exits_1_when_over_tolerance(cli, tmp_path):
+    out = tmp_path / "a"
+    assert cli("compile", "zoo:tiny-cnn", "-o", out).exit_code == 0
+    result = cli("verify", out, "--atol", "0", "--rtol", "1e-12")
+    # TVM and onnxruntime sum in different orders: not bit-identical, so a zero tolerance fails
+    assert result.exit_code == 1
+    assert "FAIL" in result.stdout and "over tolerance" in result.stdout
+
+
+def test_missing_file(cli, tmp_path):
+    assert_clean_error(cli("compile", tmp_path / "absent.onnx", "-o", tmp_path / "o"), "no such file", "absent.onnx")
+
+
+def test_non_onnx_file(cli, tmp_path):
+    path = tmp_path / "image.onnx"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    assert_clean_error(cli("compile", path, "-o", tmp_path / "o"), "not a readable ONNX model")
+
+
+def test_truncated_file(cli, model_file, tmp_path):
+    data = model_file("tiny-transformer").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) - 100])
+    assert_clean_error(cli("compile", path, "-o", tmp_path / "o"), "truncated or not ONNX")
+
+
+def test_unsupported_op(cli, tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Det", ["r"], ["y"], name="det0")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION), path)
+    assert_clean_error(cli("compile", path, "-o", tmp_path / "o"), "unsupported ONNX op: Det (node 'det0')")
+    assert not (tmp_path / "o").exists()
+
+
+def test_dynamic_dimension_without_input_shape(cli, tmp_path):
+    model = models.build("tiny-transformer")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "dyn.onnx"
+    onnx.save(model, path)
+    assert_clean_error(
+        cli("compile", path, "-o", tmp_path / "o"), "dynamic shape [batch, 16, 32]", "--input-shape input=1x16x32"
+    )
+    result = cli("compile", path, "-o", tmp_path / "o", "--input-shape", "input=1x16x32")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_unknown_target(cli, tmp_path):
+    assert_clean_error(
+        cli("compile", "zoo:tiny-cnn", "--target", "riscv", "-o", tmp_path / "o"),
+        "unknown target 'riscv'",
+        "host, linux-arm64, android-arm64",
+    )
+
+
+def test_android_without_ndk(cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
+    assert_clean_error(
+        cli("compile", "zoo:tiny-cnn", "--target", "android-arm64", "-o", tmp_path / "o"), "ANDROID_NDK_HOME"
+    )
+
+
+def test_bad_input_shape_and_unknown_zoo_model(cli, tmp_path):
+    assert_clean_error(cli("compile", "zoo:tiny-cnn", "-s", "image=1x3x8x8", "-o", tmp_path / "o"), "'image'")
+    assert_clean_error(cli("compile", "zoo:resnet-999", "-o", tmp_path / "o"), "unknown zoo model 'resnet-999'")
+
+
+def test_verify_and_inspect_of_a_non_artifact(cli, tmp_path):
+    assert_clean_error(cli("verify", tmp_path), "not an agoc artifact")
+    assert_clean_error(cli("verify", tmp_path / "nothing"), "no artifact directory")
+
+
+def test_verify_on_an_unknown_device(cli, tmp_path):
+    assert cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "a").exit_code == 0
+    assert_clean_error(cli("verify", tmp_path / "a", "--device", "pixel9"), "unknown device 'pixel9'")
+
+
+def test_debug_shows_the_exception(cli, tmp_path):
+    from toolchain.errors import ModelLoadError
+
+    result = cli("--debug", "compile", tmp_path / "absent.onnx", "-o", tmp_path / "o")
+    assert result.exit_code == 1
+    assert isinstance(result.exception, ModelLoadError)
+
+
+def test_inspect_an_onnx_file_shows_ops_and_kernels(cli, model_file):
+    result = cli("inspect", model_file("tiny-dwsep"), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["op_counts"] == {"Conv": 3, "Clip": 2, "Add": 1}
+    assert data["inputs"] == [{"name": "input", "shape": [1, 8, 16, 16], "dtype": "float32"}]
+    assert len(data["kernels"]) == 3  # stock FuseOps: one conv per kernel
+    result = cli("inspect", model_file("tiny-dwsep"))
+    assert result.exit_code == 0 and "Conv" in result.stdout and "fused kernels" in result.stdout
+
+
+def test_inspect_a_dynamic_model_without_shape_still_shows_ops(cli, tmp_path):
+    model = models.build("tiny-cnn")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    path = tmp_path / "dyn.onnx"
+    onnx.save(model, path)
+    result = cli("inspect", path)
+    assert result.exit_code == 0 and "Conv" in result.stdout and "no kernels" in result.stdout
+
+
+def test_models_list_and_export(cli, tmp_path):
+    result = cli("models", "list")
+    assert result.exit_code == 0 and "tiny-cnn" in result.stdout
+    out = tmp_path / "m.onnx"
+    result = cli("models", "export", "tiny-cnn", "--shape", "1x3x8x8", "-o", out)
+    assert result.exit_code == 0
+    exported = onnx.load(str(out))
+    assert [d.dim_value for d in exported.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 8, 8]
+    assert_clean_error(cli("models", "export", "nope", "-o", out), "unknown zoo model 'nope'")
+
+
+def test_targets_and_version(cli):
+    result = cli("targets")
+    assert result.exit_code == 0 and "android-arm64" in result.stdout and "linux-arm64" in result.stdout
+    result = cli("--version")
+    assert result.exit_code == 0 and "apache-tvm 0.27.0.post1" in result.stdout
