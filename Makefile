@@ -13,12 +13,23 @@ DEMO   ?= build/demo
 # command:debian-package pairs `make setup` installs when missing (as root; otherwise it says what to run)
 SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb
 
-.PHONY: help setup system venv demo test test-slow test-all clean
+# benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2
+MODELS  ?=
+SHAPES  ?=
+QUICK   ?=
+THREADS ?=
+BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
+             $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
+
+.PHONY: help setup system venv demo test test-slow test-all bench bench-host bench-quick clean
 
 help:
 	@echo "make demo       compile the built-in tiny-cnn for the host and for ARM64, verify against onnxruntime"
 	@echo "make test       run the fast test suite (what CI runs)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
+	@echo "make bench      the host suite: every zoo model x shape, stock TVM vs onnxruntime -> bench/results/"
+	@echo "make bench-host MODELS=a,b SHAPES=56,112 QUICK=1 THREADS=2   a narrower run"
+	@echo "make bench-quick  the host suite at --quick sizes (smoke test, minutes)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
 
 setup: system venv
@@ -60,6 +71,14 @@ test-slow: setup
 
 test-all: setup
 	$(PYTEST) -q -m "slow or not slow"
+
+bench: bench-host
+
+bench-host: setup
+	$(AGOC) bench-suite host $(BENCH_ARGS)
+
+bench-quick: setup
+	$(AGOC) bench-suite host --quick $(if $(MODELS),--models "$(MODELS)") $(if $(THREADS),--threads $(THREADS))
 
 clean:
 	rm -rf build .pytest_cache

@@ -253,6 +253,76 @@ def targets():
     console.print(table)
 
 
+@app.command("bench-suite")
+@_guard
+def bench_suite(
+    suite: str = typer.Argument("host", help="Suite name: host (the zoo) or tiny (harness smoke test)."),
+    models_: Optional[str] = typer.Option(None, "--models", help="Comma-separated zoo models (default: the suite's)."),
+    shapes: Optional[str] = typer.Option(None, help="Comma-separated spatial sizes to keep, e.g. 56,112."),
+    variants: Optional[str] = typer.Option(None, help="Comma-separated variants (default: the suite's)."),
+    quick: bool = typer.Option(False, "--quick", help="Smallest shape per model, 3 rounds × 3 calls."),
+    threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: all cores)."),
+    rounds: Optional[int] = typer.Option(None, help="Measurement rounds (default 10, quick 3)."),
+    calls: Optional[int] = typer.Option(None, help="Timed calls per engine per round (default 10, quick 3)."),
+    seed: int = typer.Option(0, help="Seed of the per-round engine order."),
+    out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
+    work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
+):
+    """Compile each model with each variant, verify it, time it against onnxruntime; write JSON + PNG."""
+    from dataclasses import replace
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from host import bench
+
+    if suite not in bench.SUITES:
+        raise UnsupportedModelError(f"unknown suite '{suite}'; choose one of: {', '.join(bench.SUITES)}")
+    chosen = [v.strip() for v in variants.split(",")] if variants else None
+    for v in chosen or []:
+        if v not in bench.VARIANTS_BY_NAME:
+            raise UnsupportedModelError(f"unknown variant '{v}'; choose from: {', '.join(bench.VARIANTS_BY_NAME)}")
+    try:
+        sizes = [int(x) for x in shapes.split(",")] if shapes else None
+    except ValueError:
+        raise InputShapeError(f"--shapes '{shapes}': expected comma-separated integers like 56,112") from None
+    names = [m.strip() for m in models_.split(",")] if models_ else None
+    settings = bench.default_settings(quick, threads, seed)
+    settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round)
+    cases = bench.suite_cases(bench.SUITES[suite], quick, names, sizes)
+    if not cases:
+        raise UnsupportedModelError("no (model, shape) pairs selected; check --models and --shapes")
+    err_console.print(
+        f"[dim]suite {suite}: {len(cases)} cases × {', '.join(chosen or bench.SUITES[suite].variants)}; "
+        f"{settings.threads} threads, {settings.rounds} rounds × {settings.calls_per_round} calls, "
+        f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}[/dim]",
+        soft_wrap=True,
+    )
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=err_console, transient=True,
+    )
+    with progress:
+        overall = progress.add_task("cases", total=len(cases))
+        current = progress.add_task("", total=settings.rounds)
+
+        def on_event(kind, **info):
+            if kind == "case":
+                progress.update(current, description=info["case"], completed=0)
+            elif kind == "stage":
+                progress.update(current, description=f"{info['case']}: {info['stage']}")
+            elif kind == "round":
+                progress.update(current, completed=info["round"])
+            elif kind == "case_done":
+                progress.advance(overall)
+
+        document = bench.run_suite(bench.SUITES[suite], cases, settings, work_dir, chosen, on_event)
+    json_path, png_path = bench.write_results(document, out)
+    console.print(render.bench_table(document))
+    console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
+    if any(r["status"] != "ok" for r in bench.summary_rows(document)):
+        raise typer.Exit(1)
+
+
 @models_app.command("list")
 @_guard
 def models_list():

@@ -82,3 +82,30 @@ def verify_table(report: VerifyReport) -> Table:
             result = f"[red]{o.nonfinite} NaN/Inf[/red]"
         table.add_row(o.name, shape, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.max_ref:.3g}", result)
     return table
+
+
+def bench_table(document: dict) -> Table:
+    from host.bench import summary_rows
+
+    baselines = document["context"]["baselines"]
+    table = Table(title=f"bench '{document['suite']}' ({document['context']['threads']} threads)", title_justify="left")
+    for col in ("case", "variant", "median ms", "p10–p90 ms", "max abs err"):
+        table.add_column(col, justify="right" if col != "case" and col != "variant" else "left")
+    for base in baselines:
+        table.add_column(f"× vs {base}", justify="right")
+    for row in summary_rows(document):
+        if row["status"] != "ok":
+            cells = [row["case"], row["variant"], f"[red]{row['status']}[/red]", row["reason"][:60], ""]
+        else:
+            cells = [
+                row["case"],
+                row["variant"],
+                f"{row['median_ms']:.3f}",
+                f"{row['p10_ms']:.3f}–{row['p90_ms']:.3f}",
+                "ref" if row["max_abs"] is None else f"{row['max_abs']:.2g}",
+            ]
+        for base in baselines:
+            ratio = row["speedup_vs"].get(base)
+            cells.append("" if ratio is None else f"[{'green' if ratio >= 1 else 'red'}]{ratio:.2f}×[/]")
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,408 @@
+"""Benchmark suites: compile every variant, verify it, time it against onnxruntime in one run.
+
+Variants and suites are tables: a new pipeline (AGO partitioning, tuning, an
+ablation) is a new :class:`Variant` row, not a new script.
+
+Measurement protocol (design §5): each engine runs in its own worker process
+(:mod:`host.bench_worker`); workers are driven one at a time, in a random
+order per round (seeded), with a gap between them so no engine is timed while
+another one's threads still spin. Per variant we keep every per-call sample
+(median, p10, p90 over all of them) and the per-round medians, from which the
+speed-up over each baseline is taken round by round (median and p10 of the
+per-round ratios).
+
+Results are one JSON document (schema ``agoc.bench/1``) with the full
+context: machine, cores, threads, versions, variant settings, trial budgets.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SCHEMA = "agoc.bench/1"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    engine: str  # "tvm" | "onnxruntime"
+    description: str
+    partition: str = "stock"  # for tvm: how ops are grouped into kernels
+    trials: int = 0  # tuning budget per model (0: untuned)
+
+
+#: Every pipeline variant the suites know. Baselines are the speed-up references.
+VARIANTS: tuple[Variant, ...] = (
+    Variant("onnxruntime", "onnxruntime", "onnxruntime CPU execution provider, same thread count (the reference)"),
+    Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
+)
+VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}
+BASELINES = ("tvm-stock", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class Settings:
+    threads: int
+    rounds: int
+    calls_per_round: int
+    warmup: int
+    gap_s: float
+    seed: int
+    quick: bool
+    target: str = "host"
+
+
+FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
+QUICK = dict(rounds=3, calls_per_round=3, warmup=2, gap_s=0.3)
+
+
+def default_settings(quick: bool, threads: int | None = None, seed: int = 0) -> Settings:
+    return Settings(threads=threads or os.cpu_count() or 1, seed=seed, quick=quick, **(QUICK if quick else FULL))
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str  # zoo name
+    shape: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}@{'x'.join(map(str, self.shape))}"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    families: tuple[str, ...]  # which zoo families it covers
+    variants: tuple[str, ...]
+
+
+SUITES: dict[str, Suite] = {
+    "host": Suite(
+        "host",
+        "every zoo network at every listed shape on this machine: stock TVM vs onnxruntime",
+        families=("cnn", "transformer"),
+        variants=("tvm-stock", "onnxruntime"),
+    ),
+    "tiny": Suite(
+        "tiny",
+        "the built-in tiny models (smoke test of the harness itself)",
+        families=("tiny",),
+        variants=("tvm-stock", "onnxruntime"),
+    ),
+}
+
+
+def suite_cases(suite: Suite, quick: bool, models: list[str] | None = None, shapes: list[int] | None = None) -> list[Case]:
+    """The (model, shape) pairs of a suite; quick keeps each model's smallest shape."""
+    import models as zoo
+    from toolchain.errors import AgocError
+
+    specs = [s for s in zoo.registry.MODELS if s.family in suite.families]
+    if models:
+        unknown = [m for m in models if m not in zoo.names()]
+        if unknown:
+            raise AgocError(f"unknown zoo model(s): {', '.join(unknown)}; available: {', '.join(zoo.names())}")
+        specs = [zoo.get(m) for m in models]
+    cases = []
+    for spec in specs:
+        spec_shapes = sorted(spec.shapes, key=lambda s: int(np.prod(s)))
+        if shapes:
+            spec_shapes = [s for s in spec_shapes if s[-1] in shapes] or spec_shapes[:0]
+        if quick:
+            spec_shapes = spec_shapes[:1]
+        cases.extend(Case(spec.name, tuple(s)) for s in spec_shapes)
+    return cases
+
+
+def machine_context() -> dict:
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+    }
+
+
+def stats(samples: list[float]) -> dict:
+    a = np.asarray(samples, dtype=np.float64)
+    return {
+        "median": float(np.median(a)),
+        "p10": float(np.percentile(a, 10)),
+        "p90": float(np.percentile(a, 90)),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "std": float(a.std()),
+        "n": int(a.size),
+    }
+
+
+def ratio_stats(numerators: list[float], denominators: list[float]) -> dict:
+    """Per-round ratios numerator/denominator: median and p10 (a speed-up when numerator is the baseline)."""
+    r = np.asarray(numerators, dtype=np.float64) / np.asarray(denominators, dtype=np.float64)
+    return {"median": float(np.median(r)), "p10": float(np.percentile(r, 10)), "rounds": int(r.size)}
+
+
+class Worker:
+    """A :mod:`host.bench_worker` process for one variant."""
+
+    def __init__(self, variant: Variant, artifact: Path, settings: Settings):
+        config = {"engine": variant.engine, "artifact": str(artifact), "threads": settings.threads, "warmup": settings.warmup}
+        env = dict(os.environ, TVM_NUM_THREADS=str(settings.threads), OMP_NUM_THREADS=str(settings.threads))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "host.bench_worker", json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.hello = self._read()
+        self.error = self.hello.get("error")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"error": f"worker exited with code {self.proc.wait()}"}
+        return json.loads(line)
+
+    def run(self, n: int) -> list[float]:
+        self.proc.stdin.write(json.dumps({"cmd": "run", "n": n}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply["samples_ms"]
+
+    def close(self) -> dict:
+        if self.proc.poll() is not None:
+            return {}
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            reply = self._read()
+        finally:
+            self.proc.wait(timeout=30)
+        return reply
+
+
+def _compile_variant(case: Case, variant: Variant, settings: Settings, work_dir: Path) -> tuple[dict, Path | None]:
+    """Compile + verify one TVM variant; returns (record, artifact dir or None if it failed)."""
+    import models as zoo
+    from host.devices import LocalDevice
+    from toolchain.errors import AgocError
+    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.targets import find_compiler, resolve_target
+    from toolchain.verify import verify_artifact
+
+    out = work_dir / case.label / variant.name
+    record: dict = {"status": "ok"}
+    try:
+        spec = resolve_target(settings.target, num_cores=settings.threads)
+        request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition)
+        artifact = compile_model(request, find_compiler(spec), out)
+        record["compile_s"] = artifact.manifest.compile_seconds
+        record["kernels"] = len(artifact.manifest.kernels)
+        report = verify_artifact(artifact, LocalDevice())
+        record["verify"] = {
+            "passed": report.passed,
+            "max_abs": max(o.max_abs for o in report.outputs),
+            "max_rel": max(o.max_rel for o in report.outputs),
+        }
+        if not report.passed:
+            return {**record, "status": "wrong", "reason": "outputs differ from onnxruntime"}, None
+    except AgocError as exc:
+        return {"status": "failed", "reason": str(exc)}, None
+    return record, out
+
+
+def _measure(workers: dict[str, Worker], settings: Settings, rng: random.Random, on_event):
+    """Interleaved rounds: every live worker once per round, random order, gap between workers.
+
+    Returns (samples per variant, per-round medians per variant, failure reason per variant).
+    """
+    samples: dict[str, list[float]] = {name: [] for name in workers}
+    round_medians: dict[str, list[float]] = {name: [] for name in workers}
+    failures: dict[str, str] = {}
+    for r in range(settings.rounds):
+        order = list(workers)
+        rng.shuffle(order)
+        for name in order:
+            if name in failures:
+                continue
+            try:
+                got = workers[name].run(settings.calls_per_round)
+            except Exception as exc:  # a crashed engine: record it, keep measuring the others
+                failures[name] = f"worker failed in round {r + 1}: {exc}"
+                continue
+            samples[name].extend(got)
+            round_medians[name].append(float(np.median(got)))
+            time.sleep(settings.gap_s)
+        on_event("round", round=r + 1, rounds=settings.rounds)
+    return samples, round_medians, failures
+
+
+def run_case(case: Case, variants: list[Variant], settings: Settings, work_dir: Path, rng, on_event) -> dict:
+    results: dict[str, dict] = {}
+    artifacts: dict[str, Path] = {}
+    for variant in variants:
+        if variant.engine == "tvm":
+            on_event("stage", case=case.label, stage=f"compiling + verifying {variant.name}")
+            results[variant.name], path = _compile_variant(case, variant, settings, work_dir)
+            if path is not None:
+                artifacts[variant.name] = path
+    reference_inputs = next(iter(artifacts.values()), None)
+    if reference_inputs is None:  # onnxruntime needs an artifact's model copy and inputs
+        for variant in variants:
+            results.setdefault(variant.name, {"status": "skipped", "reason": "no TVM variant compiled"})
+        return results
+    for variant in variants:
+        if variant.engine == "onnxruntime":
+            results[variant.name] = {"status": "ok"}
+            artifacts[variant.name] = reference_inputs
+
+    on_event("stage", case=case.label, stage="loading engines")
+    workers: dict[str, Worker] = {}
+    try:
+        for name, path in artifacts.items():
+            worker = Worker(VARIANTS_BY_NAME[name], path, settings)
+            if worker.error:
+                results[name] = {**results[name], "status": "failed", "reason": worker.error}
+                worker.close()
+                continue
+            results[name]["load_ms"] = worker.hello["load_ms"]
+            workers[name] = worker
+        on_event("stage", case=case.label, stage="measuring")
+        samples, round_medians, failures = _measure(workers, settings, rng, on_event)
+    finally:
+        for name, worker in workers.items():
+            results[name]["peak_rss_mb"] = worker.close().get("peak_rss_mb")
+
+    for name in workers:
+        if name in failures:
+            results[name].update(status="failed", reason=failures[name])
+            continue
+        results[name]["latency_ms"] = {**stats(samples[name]), "samples": samples[name]}
+        results[name]["round_medians_ms"] = round_medians[name]
+    for name, res in results.items():
+        if "round_medians_ms" not in res:
+            continue
+        res["speedup_vs"] = {
+            base: ratio_stats(results[base]["round_medians_ms"], res["round_medians_ms"])
+            for base in BASELINES
+            if base != name and "round_medians_ms" in results.get(base, {})
+        }
+    return results
+
+
+def run_suite(
+    suite: Suite,
+    cases: list[Case],
+    settings: Settings,
+    work_dir: Path,
+    variants: list[str] | None = None,
+    on_event: Callable[..., None] = lambda kind, **info: None,
+) -> dict:
+    """Run ``cases`` × variants; returns the results document (not yet written)."""
+    from toolchain.pipeline import package_versions
+
+    chosen = [VARIANTS_BY_NAME[v] for v in (variants or suite.variants)]
+    rng = random.Random(settings.seed)
+    started = time.time()
+    document = {
+        "schema": SCHEMA,
+        "suite": suite.name,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "context": {
+            "machine": machine_context(),
+            "threads": settings.threads,
+            "versions": package_versions(),
+            "settings": asdict(settings),
+            "variants": [asdict(v) for v in chosen],
+            "trial_budgets": {v.name: v.trials for v in chosen},
+            "baselines": list(BASELINES),
+            "protocol": "one worker process per engine, one active at a time, random order per round, "
+            "gap_s between workers; speed-ups are per-round median ratios",
+        },
+        "results": [],
+    }
+    for i, case in enumerate(cases):
+        on_event("case", case=case.label, index=i, total=len(cases))
+        entry = {"model": case.model, "shape": list(case.shape), "label": case.label}
+        entry["variants"] = run_case(case, chosen, settings, work_dir, rng, on_event)
+        document["results"].append(entry)
+        on_event("case_done", case=case.label, index=i, total=len(cases), variants=entry["variants"])
+    document["seconds"] = round(time.time() - started, 1)
+    return document
+
+
+def results_path(out_dir: Path, suite: str, today: datetime.date | None = None) -> Path:
+    """``<out_dir>/<suite>-<date>.json``; ``-2``, ``-3``… when that day already has one."""
+    stem = f"{suite}-{(today or datetime.date.today()).isoformat()}"
+    path = out_dir / f"{stem}.json"
+    n = 2
+    while path.exists():
+        path = out_dir / f"{stem}-{n}.json"
+        n += 1
+    return path
+
+
+def write_results(document: dict, out_dir: Path) -> tuple[Path, Path]:
+    """Write the JSON and its PNG chart side by side; returns both paths."""
+    from host.chart import speedup_chart
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = results_path(out_dir, document["suite"])
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    png = path.with_suffix(".png")
+    speedup_chart(document, png)
+    return path, png
+
+
+def summary_rows(document: dict) -> list[dict]:
+    """One flat row per (case, variant) for tables."""
+    rows = []
+    for entry in document["results"]:
+        for name, res in entry["variants"].items():
+            lat = res.get("latency_ms", {})
+            rows.append(
+                {
+                    "case": entry["label"],
+                    "variant": name,
+                    "status": res["status"],
+                    "median_ms": lat.get("median"),
+                    "p10_ms": lat.get("p10"),
+                    "p90_ms": lat.get("p90"),
+                    "max_abs": res.get("verify", {}).get("max_abs"),
+                    "speedup_vs": {b: s["median"] for b, s in res.get("speedup_vs", {}).items()},
+                    "reason": res.get("reason", ""),
+                }
+            )
+    return rows
+
+

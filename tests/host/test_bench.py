@@ -1,0 +1,91 @@
+"""The benchmark harness: schema of the results, failure recording, statistics. No timing asserts."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from host import bench
+from host.bench import Case, Settings, Variant
+
+
+def tiny_settings(**kw):
+    base = dict(threads=1, rounds=2, calls_per_round=2, warmup=1, gap_s=0.01, seed=3, quick=True)
+    return Settings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory):
+    work = tmp_path_factory.mktemp("bench")
+    settings = tiny_settings(rounds=3)  # odd, so the median of reciprocal ratios is the reciprocal median
+    return bench.run_suite(bench.SUITES["tiny"], [Case("tiny-cnn", (1, 3, 16, 16))], settings, work)
+
+
+def test_results_document_schema(document):
+    assert document["schema"] == "agoc.bench/1" and document["suite"] == "tiny"
+    ctx = document["context"]
+    assert {"cpu", "machine", "cores", "memory_gib", "os"} <= set(ctx["machine"])
+    assert ctx["threads"] == 1 and ctx["versions"]["apache-tvm"] == "0.27.0.post1"
+    assert ctx["settings"]["rounds"] == 3 and ctx["settings"]["calls_per_round"] == 2
+    assert [v["name"] for v in ctx["variants"]] == ["tvm-stock", "onnxruntime"]
+    assert ctx["trial_budgets"] == {"tvm-stock": 0, "onnxruntime": 0}
+    (entry,) = document["results"]
+    assert entry["model"] == "tiny-cnn" and entry["shape"] == [1, 3, 16, 16]
+    tvm, ort = entry["variants"]["tvm-stock"], entry["variants"]["onnxruntime"]
+    assert tvm["status"] == ort["status"] == "ok"
+    assert tvm["verify"]["passed"] and tvm["verify"]["max_abs"] < 1e-3 and tvm["kernels"] == 3
+    for res in (tvm, ort):
+        lat = res["latency_ms"]
+        assert len(lat["samples"]) == 6 and lat["n"] == 6  # rounds × calls
+        assert 0 < lat["min"] <= lat["p10"] <= lat["median"] <= lat["p90"] <= lat["max"]
+        assert len(res["round_medians_ms"]) == 3
+        assert res["peak_rss_mb"] > 0
+    assert set(tvm["speedup_vs"]) == {"onnxruntime"} and set(ort["speedup_vs"]) == {"tvm-stock"}
+    # the two directions are reciprocal round by round
+    assert tvm["speedup_vs"]["onnxruntime"]["median"] * ort["speedup_vs"]["tvm-stock"]["median"] == pytest.approx(1.0)
+    json.dumps(document)  # serialisable as is
+
+
+def test_write_results_gives_json_and_png_without_overwriting(document, tmp_path):
+    first, png = bench.write_results(document, tmp_path)
+    second, _ = bench.write_results(document, tmp_path)
+    assert first.name.startswith("tiny-") and first.suffix == ".json" and second != first
+    assert json.loads(first.read_text())["schema"] == "agoc.bench/1"
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.width > 600 and image.height > 150
+
+
+def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_path):
+    broken = Variant("tvm-broken", "tvm", "a partition that does not exist", partition="no-such-partition")
+    monkeypatch.setitem(bench.VARIANTS_BY_NAME, broken.name, broken)
+    doc = bench.run_suite(
+        bench.SUITES["tiny"], [Case("tiny-dwsep", (1, 8, 16, 16))], tiny_settings(rounds=1),
+        tmp_path, variants=["tvm-broken", "tvm-stock", "onnxruntime"],
+    )
+    variants = doc["results"][0]["variants"]
+    assert variants["tvm-broken"]["status"] == "failed"
+    assert "unknown partition 'no-such-partition'" in variants["tvm-broken"]["reason"]
+    assert variants["tvm-stock"]["status"] == "ok" and variants["onnxruntime"]["status"] == "ok"
+
+
+def test_stats_and_ratios():
+    s = bench.stats([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 5
+    r = bench.ratio_stats([2.0, 4.0, 6.0], [1.0, 1.0, 2.0])  # per-round baseline / variant
+    assert r == {"median": 3.0, "p10": pytest.approx(2.2), "rounds": 3}
+
+
+def test_quick_cases_keep_the_smallest_shape_of_each_model():
+    cases = bench.suite_cases(bench.SUITES["host"], quick=True)
+    by_model = {c.model: c.shape for c in cases}
+    assert by_model["mobilenet-v2"] == (1, 3, 56, 56) and by_model["bert-tiny"] == (1, 128)
+    assert len(cases) == len(by_model)
+    full = bench.suite_cases(bench.SUITES["host"], quick=False, models=["squeezenet-1.1"], shapes=[56, 112])
+    assert [c.shape[-1] for c in full] == [56, 112]
+
+
+def test_bench_suite_cli_rejects_unknown_names(cli):
+    result = cli("bench-suite", "nosuch")
+    assert result.exit_code == 1 and "unknown suite 'nosuch'" in result.stderr
+    result = cli("bench-suite", "tiny", "--variants", "tvm-magic")
+    assert result.exit_code == 1 and "unknown variant 'tvm-magic'" in result.stderr

@@ -1,0 +1,32 @@
+"""Every zoo network at every listed shape compiles with the stock pipeline and matches onnxruntime.
+
+Each model's smallest shape runs in the fast suite; the other shapes are marked slow.
+"""
+
+import pytest
+
+import models
+from host.devices import LocalDevice
+from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.targets import find_compiler, resolve_target
+from toolchain.verify import verify_artifact
+
+
+def cases():
+    for spec in models.registry.MODELS:
+        if spec.family == "tiny":
+            continue
+        shapes = sorted(spec.shapes, key=lambda s: s[-1])
+        for i, shape in enumerate(shapes):
+            marks = [pytest.mark.slow] if i else []
+            yield pytest.param(spec.name, shape, id=f"{spec.name}@{shape[-1]}", marks=marks)
+
+
+@pytest.mark.parametrize("name, shape", list(cases()))
+def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, tmp_path):
+    spec = resolve_target("host")
+    artifact = compile_model(CompileRequest(models.build(name, shape), name, spec), find_compiler(spec), tmp_path / "a")
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
+    # measured max rel error is ~1e-6 for every model (see README); 1e-5 leaves room, still catches real bugs
+    assert max(o.max_rel for o in report.outputs) < 1e-5
