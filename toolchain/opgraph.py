@@ -1,0 +1,184 @@
+"""The operator graph of a legalized Relax module: what AGO partitions.
+
+After :func:`toolchain.build.legalize`, ``main`` is one dataflow block of
+``call_tir`` bindings (plus ``TupleGetItem`` on multi-output ops such as
+``split``). Each ``call_tir`` is a node; a tensor passed from one binding to
+another is an edge. ``TupleGetItem`` bindings are not nodes: they alias
+their producer, and go wherever it goes.
+
+Every node carries its PrimFunc's loop nests (the extent and kind of every
+block iter var) and a class from :data:`OP_CLASSES`:
+
+complex  conv, depthwise_conv, pointwise_conv, matmul, dense
+simple   everything else (elementwise, broadcast, reductions like mean,
+         layout ops)
+
+Depthwise / pointwise are told apart from plain conv by the reduction
+extents of the conv block: a depthwise conv reduces over one input channel
+per group with as many groups as output channels; a pointwise conv has a
+1×1 window (and reduces over several channels).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: PrimFunc name prefix (as LegalizeOps names them) → op class. First match wins.
+OP_CLASSES: tuple[tuple[str, str], ...] = (
+    ("conv2d_transpose", "conv"),
+    ("conv2d", "conv"),
+    ("conv1d", "conv"),
+    ("conv3d", "conv"),
+    ("batch_matmul", "matmul"),
+    ("matmul", "matmul"),
+    ("dense", "dense"),
+)
+COMPLEX_CLASSES = frozenset({"conv", "depthwise_conv", "pointwise_conv", "matmul", "dense"})
+
+
+@dataclass(frozen=True)
+class BlockNest:
+    """One block of a PrimFunc: its iter vars as (name, extent, kind) with kind 'S' (spatial) or 'R' (reduce)."""
+
+    block: str
+    iters: tuple[tuple[str, int, str], ...]
+
+    @property
+    def reduce_extents(self) -> tuple[int, ...]:
+        return tuple(e for _, e, k in self.iters if k == "R")
+
+    @property
+    def spatial_extents(self) -> tuple[int, ...]:
+        return tuple(e for _, e, k in self.iters if k == "S")
+
+
+@dataclass(frozen=True)
+class OpNode:
+    id: str  # the Relax var the op binds (unique in main)
+    func: str  # the PrimFunc's global name
+    op_class: str  # from OP_CLASSES, refined for convs; "simple" otherwise
+    blocks: tuple[BlockNest, ...]
+    shape: tuple[int, ...]  # output shape (first output for multi-output ops)
+
+    @property
+    def is_complex(self) -> bool:
+        return self.op_class in COMPLEX_CLASSES
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    nodes: tuple[OpNode, ...]  # in binding order, which is topological
+    edges: tuple[tuple[str, str], ...]  # (producer id, consumer id), deduplicated, in binding order
+
+    def node(self, node_id: str) -> OpNode:
+        return self._by_id()[node_id]
+
+    def _by_id(self) -> dict[str, OpNode]:
+        return {n.id: n for n in self.nodes}
+
+    @property
+    def complex_ids(self) -> frozenset[str]:
+        return frozenset(n.id for n in self.nodes if n.is_complex)
+
+
+def _int(expr) -> int:
+    return int(expr.value) if hasattr(expr, "value") else int(expr)
+
+
+def block_nests(func) -> tuple[BlockNest, ...]:
+    """Every non-root block of a PrimFunc with its iter var extents, in program order."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    nests: list[BlockNest] = []
+
+    def walk(parent):
+        for rv in sch.get_child_blocks(parent):
+            block = sch.get(rv)
+            iters = tuple(
+                (iv.var.name, _int(iv.dom.extent), "R" if int(iv.iter_type) == 2 else "S") for iv in block.iter_vars
+            )
+            nests.append(BlockNest(block.name_hint, iters))
+            walk(rv)
+
+    walk(sch.get_sblock("root"))
+    return tuple(nests)
+
+
+def classify(func_name: str, blocks: tuple[BlockNest, ...], shape: tuple[int, ...]) -> str:
+    base = re.sub(r"\d+$", "", func_name)
+    op_class = next((cls for prefix, cls in OP_CLASSES if base.startswith(prefix)), "simple")
+    if op_class != "conv":
+        return op_class
+    reducing = [b for b in blocks if b.reduce_extents]
+    if not reducing:
+        return op_class
+    main = max(reducing, key=lambda b: len(b.iters))
+    red = main.reduce_extents  # (rc, ry, rx) for conv2d NCHW
+    if len(red) >= 3 and red[0] == 1 and len(shape) >= 2 and shape[1] > 1:
+        return "depthwise_conv"
+    if len(red) >= 3 and all(e == 1 for e in red[1:]) and red[0] > 1:
+        return "pointwise_conv"
+    return op_class
+
+
+def _shape_of(var) -> tuple[int, ...]:
+    ty = var.ty
+    fields = getattr(ty, "fields", None)
+    if fields:  # tuple output: report the first field
+        ty = fields[0]
+    shape = getattr(ty, "shape", None)
+    if shape is None:
+        return ()
+    try:
+        return tuple(_int(d) for d in shape)
+    except (TypeError, ValueError):
+        return ()
+
+
+def op_graph(mod) -> OpGraph:
+    """Build the :class:`OpGraph` of ``mod['main']`` (a legalized module)."""
+    from tvm import relax
+
+    main = mod["main"]
+    producer: dict = {}  # relax var -> node id that produces it
+    nodes: list[OpNode] = []
+    edges: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    nests: dict[str, tuple[BlockNest, ...]] = {}
+
+    def sources(expr) -> list[str]:
+        found: list[str] = []
+
+        def visit(e):
+            if isinstance(e, relax.Var) and e in producer and producer[e] not in found:
+                found.append(producer[e])
+
+        relax.analysis.post_order_visit(expr, visit)
+        return found
+
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
+                producer[binding.var] = producer[value.tuple_value]
+                continue
+            if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
+                raise ValueError(f"unexpected binding in legalized main: {type(value).__name__} {binding.var.name}")
+            gv = value.args[0]
+            if gv.name_hint not in nests:
+                nests[gv.name_hint] = block_nests(mod[gv])
+            blocks = nests[gv.name_hint]
+            shape = _shape_of(binding.var)
+            node_id = binding.var.name
+            nodes.append(OpNode(node_id, gv.name_hint, classify(gv.name_hint, blocks, shape), blocks, shape))
+            for src in sources(value.args[1]):
+                if (src, node_id) not in seen:
+                    seen.add((src, node_id))
+                    edges.append((src, node_id))
+            producer[binding.var] = node_id
+    ids = [n.id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise ValueError("binding names in main are not unique")
+    return OpGraph(tuple(nodes), tuple(edges))
