@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.agoc-installed
 DEMO   ?= build/demo
 
 # command:debian-package pairs `make setup` installs when missing (as root; otherwise it says what to run)
-SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb
+SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz
 
 # benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2
 MODELS  ?=

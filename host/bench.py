@@ -47,6 +47,7 @@ class Variant:
 VARIANTS: tuple[Variant, ...] = (
     Variant("onnxruntime", "onnxruntime", "onnxruntime CPU execution provider, same thread count (the reference)"),
     Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
+    Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning", partition="ago"),
 )
 VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}
 BASELINES = ("tvm-stock", "onnxruntime")
@@ -95,7 +96,7 @@ SUITES: dict[str, Suite] = {
         "host",
         "every zoo network at every listed shape on this machine: stock TVM vs onnxruntime",
         families=("cnn", "transformer"),
-        variants=("tvm-stock", "onnxruntime"),
+        variants=("tvm-stock", "tvm-ago", "onnxruntime"),
     ),
     "tiny": Suite(
         "tiny",

@@ -121,7 +121,8 @@ def compile(
     ),
     mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
     num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
-    partition: str = typer.Option("stock", help="How ops are grouped into kernels: stock."),
+    partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
+    threshold: float = typer.Option(1000.0, help="AGO's subgraph weight threshold Td (≈ predicted tuning trials)."),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
 ):
@@ -138,10 +139,11 @@ def compile(
     shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in onnx_import.resolve_inputs(proto, overrides))
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
-        f"with {escape(compiler.version)}, partition={partition}[/dim]",
+        f"with {escape(compiler.version)}, partition={partition}"
+        f"{f' (Td {threshold:g})' if partition == 'ago' else ''}[/dim]",
         soft_wrap=True,
     )
-    request = CompileRequest(proto, label, spec, overrides, partition, seed, dump_dir)
+    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir)
     with err_console.status("compiling") as status:
         artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
     m = artifact.manifest
@@ -237,6 +239,54 @@ def inspect(
         console.print(render.kernels_table(kernels))
     else:
         console.print(f"[yellow]{escape(note)}[/yellow]")
+
+
+@app.command("partition")
+@_guard
+def partition_cmd(
+    model: str = typer.Argument(..., help="An ONNX file or zoo:NAME[@SHAPE]."),
+    input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
+    threshold: float = typer.Option(1000.0, help="AGO's subgraph weight threshold Td."),
+    trivial_cut: float = typer.Option(64.0, help="Subgraphs lighter than this count as trivial."),
+    explain: bool = typer.Option(False, "--explain", help="Show why merges were declined."),
+    dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {model, ago: {...}, stock: {...}}."),
+):
+    """Partition MODEL with AGO and with stock TVM; print subgraphs and AGO's statistics side by side."""
+    from host import graphviz
+    from toolchain import build, onnx_import, partition
+    from toolchain.opgraph import op_graph
+    from toolchain.targets import resolve_target
+
+    proto, label, overrides = _load_source(model, input_shape or [])
+    onnx_import.check_supported(proto)
+    spec = resolve_target("host")
+    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
+    graph = op_graph(mod)
+    plans = {
+        "ago": partition.plan("ago", mod, spec, threshold, graph),
+        "stock": partition.plan("stock", mod, spec, graph=graph),
+    }
+    for p in plans.values():
+        partition.check(graph, p)
+    summary = {name: partition.stats(graph, p, trivial_cut) for name, p in plans.items()}
+    if dot or png:
+        text = graphviz.partition_dot(graph, plans["ago"], label)
+        if dot:
+            dot.write_text(text)
+        if png:
+            graphviz.render_png(text, png)
+    if as_json:
+        print(json.dumps({"model": label, "threshold": threshold, "trivial_cut": trivial_cut, **summary}))
+        return
+    console.print(render.partition_stats_table(label, summary, threshold, trivial_cut))
+    console.print(render.subgraphs_table(graph, plans["ago"], trivial_cut))
+    if explain:
+        console.print(render.decisions_table(plans["ago"].decisions, graph))
+    for path in (dot, png):
+        if path:
+            console.print(f"[green]✓[/green] wrote {escape(str(path))}")
 
 
 @app.command()

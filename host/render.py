@@ -109,3 +109,66 @@ def bench_table(document: dict) -> Table:
             cells.append("" if ratio is None else f"[{'green' if ratio >= 1 else 'red'}]{ratio:.2f}×[/]")
         table.add_row(*cells)
     return table
+
+
+STAT_ROWS = (
+    ("subgraphs", "subgraphs", "{:d}"),
+    ("trivial", "trivial subgraphs", "{:d}"),
+    ("mean_weight", "mean weight", "{:.1f}"),
+    ("median_weight", "median weight", "{:.1f}"),
+    ("jain", "Jain's fairness index", "{:.3f}"),
+    ("max_complex_ops", "max complex ops / subgraph", "{:d}"),
+    ("acyclic", "acyclic", "{}"),
+    ("seconds", "partitioning time (s)", "{:.3f}"),
+)
+
+
+def partition_stats_table(label: str, summary: dict, threshold: float, trivial_cut: float) -> Table:
+    table = Table(
+        title=f"{label}: AGO (Td {threshold:g}) vs stock TVM partition (trivial: weight < {trivial_cut:g})",
+        title_justify="left",
+    )
+    table.add_column("statistic")
+    table.add_column("AGO", justify="right")
+    table.add_column("stock TVM", justify="right")
+    for key, name, fmt in STAT_ROWS:
+        table.add_row(name, fmt.format(summary["ago"][key]), fmt.format(summary["stock"][key]))
+    return table
+
+
+def subgraphs_table(graph, plan, trivial_cut: float) -> Table:
+    nodes = {n.id: n for n in graph.nodes}
+    table = Table(title=f"AGO subgraphs ({len(plan.groups)})", title_justify="left")
+    for col, just in (("#", "right"), ("ops", "right"), ("complex", "right"), ("weight", "right"), ("members", "left")):
+        table.add_column(col, justify=just)
+    for i, group in enumerate(plan.groups):
+        complex_ops = [nodes[n] for n in group if nodes[n].is_complex]
+        weight = plan.group_weight(group)
+        members = ", ".join(f"{nodes[n].func}" for n in group)
+        table.add_row(
+            str(i),
+            str(len(group)),
+            " ".join(n.op_class.replace("_conv", "") for n in complex_ops) or "-",
+            f"{weight:.0f}" + (" [dim](trivial)[/dim]" if weight < trivial_cut else ""),
+            members if len(members) < 90 else members[:87] + "...",
+        )
+    return table
+
+
+def decisions_table(decisions, graph) -> Table:
+    table = Table(title="AGO clustering decisions (declined merges and excluded neighbours)", title_justify="left")
+    table.add_column("decision")
+    table.add_column("subgraph")
+    table.add_column("partner")
+    table.add_column("reason")
+    funcs = {n.id: n.func for n in graph.nodes}
+    for d in decisions:
+        if d.kind == "merged":
+            continue
+        table.add_row(d.kind, _short(d.nodes, funcs), _short(d.partner, funcs), d.reason)
+    return table
+
+
+def _short(nodes, funcs) -> str:
+    names = [f"{funcs[n]}:{n}" for n in nodes or ()]
+    return ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:2])} … (+{len(names) - 2})"

@@ -53,6 +53,7 @@ class Manifest:
     target: dict = field(hash=False)  # TargetSpec.to_json()
     compiler: dict = field(hash=False)  # Compiler.to_json()
     partition: str
+    partition_info: dict = field(hash=False)  # method, threshold, stats, groups of op-graph node ids
     kernels: tuple[dict, ...]  # KernelInfo.to_json() each
     versions: dict = field(hash=False)
     sample_seed: int
@@ -76,6 +77,7 @@ class Manifest:
             "compiler": self.compiler,
             "library": self.library,
             "partition": self.partition,
+            "partition_info": self.partition_info,
             "kernels": list(self.kernels),
             "versions": self.versions,
             "sample_seed": self.sample_seed,
@@ -96,6 +98,7 @@ class Manifest:
             compiler=d["compiler"],
             library=d["library"],
             partition=d["partition"],
+            partition_info=d["partition_info"],
             kernels=tuple(d["kernels"]),
             versions=d["versions"],
             sample_seed=d["sample_seed"],

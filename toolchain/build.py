@@ -44,6 +44,7 @@ def legalize(mod, spec: TargetSpec):
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),  # drop var-to-var aliases: every binding is a call_tir
     ]
     try:
         with spec.tvm():

@@ -59,7 +59,9 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     main = mod["main"]
     if len(main.body.blocks) != 1 or not isinstance(main.body.blocks[0], relax.DataflowBlock):
         raise BuildError("expected a legalized main with a single dataflow block")
-    bindings = list(main.body.blocks[0].bindings)
+    all_bindings = list(main.body.blocks[0].bindings)
+    glue = [b for b in all_bindings if isinstance(b.value, (relax.Tuple, relax.Var))]
+    bindings = [b for b in all_bindings if not isinstance(b.value, (relax.Tuple, relax.Var))]
     group_of_node = {node: gi for gi, members in enumerate(groups) for node in members}
 
     # each binding's group: call_tir by its var name; TupleGetItem follows its tuple's producer
@@ -80,9 +82,11 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
             if v in group_of_var and group_of_var[v] != gi:
                 escaping.add(v.name)
     result = main.body.body
-    for v in _used_vars(result, relax):
-        if v in group_of_var:
-            escaping.add(v.name)
+    result_names = _result_names(result, relax)
+    for expr in [result] + [b.value for b in glue]:
+        for v in _used_vars(expr, relax):
+            if v in group_of_var:
+                escaping.add(v.name)
 
     builder = relax.BlockBuilder(mod)
     main_subst: dict[str, object] = {}  # old var name -> new var in main
@@ -142,18 +146,23 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
         call = relax.Call(gvar, args)
         if len(outputs) == 1:
             out = outputs[0]
-            var = (relax.Var if out.name in _result_names(result, relax) else relax.DataflowVar)(out.name, out.ty)
+            var = (relax.Var if out.name in result_names else relax.DataflowVar)(out.name, out.ty)
             main_bindings.append(relax.VarBinding(var, call))
             main_subst[out.name] = var
         else:
             tvar = relax.DataflowVar(f"{name}_out", ret_ty)
             main_bindings.append(relax.VarBinding(tvar, call))
             for i, out in enumerate(outputs):
-                kind = relax.Var if out.name in _result_names(result, relax) else relax.DataflowVar
+                kind = relax.Var if out.name in result_names else relax.DataflowVar
                 var = kind(out.name, out.ty)
                 main_bindings.append(relax.VarBinding(var, relax.TupleGetItem(tvar, i)))
                 main_subst[out.name] = var
 
+    for b in glue:  # main's result glue, after every group: a tuple of outputs or an alias
+        value = _substitute_result(b.value, main_subst, relax)
+        var = (relax.Var if b.var.name in result_names else relax.DataflowVar)(b.var.name, b.var.ty)
+        main_bindings.append(relax.VarBinding(var, value))
+        main_subst[b.var.name] = var
     new_result = _substitute_result(result, main_subst, relax)
     new_main = relax.Function(
         main.params, relax.SeqExpr([relax.DataflowBlock(main_bindings)], new_result), main.ret_ty, main.is_pure,

@@ -4,7 +4,8 @@ After :func:`toolchain.build.legalize`, ``main`` is one dataflow block of
 ``call_tir`` bindings (plus ``TupleGetItem`` on multi-output ops such as
 ``split``). Each ``call_tir`` is a node; a tensor passed from one binding to
 another is an edge. ``TupleGetItem`` bindings are not nodes: they alias
-their producer, and go wherever it goes.
+their producer, and go wherever it goes. ``Tuple`` and var-to-var bindings
+(main's result glue) are not nodes either; they stay in ``main``.
 
 Every node carries its PrimFunc's loop nests (the extent and kind of every
 block iter var) and a class from :data:`OP_CLASSES`:
@@ -164,6 +165,8 @@ def op_graph(mod) -> OpGraph:
             if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
                 producer[binding.var] = producer[value.tuple_value]
                 continue
+            if isinstance(value, (relax.Tuple, relax.Var)):
+                continue  # result glue (main's output tuple, aliases): stays in main, not an op
             if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
                 raise ValueError(f"unexpected binding in legalized main: {type(value).__name__} {binding.var.name}")
             gv = value.args[0]

@@ -1,6 +1,6 @@
 """The compile pipeline, straight-line: the stages in order, a dump after each.
 
-    ONNX ─check─▶ shapes ─import─▶ Relax ─legalize─▶ call_tir graph ─fuse─▶ kernels
+    ONNX ─check─▶ shapes ─import─▶ Relax ─legalize─▶ call_tir graph ─partition─▶ groups ─fuse─▶ kernels
         ─build_library(target, compiler)─▶ model.so ─onnxruntime─▶ expected outputs ─▶ artifact dir
 
 The artifact is assembled in a temporary sibling directory and moved into
@@ -23,7 +23,7 @@ from typing import Callable
 
 import onnx
 
-from toolchain import __version__, build, onnx_import
+from toolchain import __version__, build, onnx_import, partition
 from toolchain.artifact import (
     LIBRARY,
     MANIFEST,
@@ -35,15 +35,18 @@ from toolchain.artifact import (
     write_tensor,
 )
 from toolchain.errors import ArtifactError, UnsupportedModelError
+from toolchain import fusion
 from toolchain.onnx_import import TensorInfo
+from toolchain.opgraph import op_graph
+from toolchain.partition import DEFAULT_THRESHOLD
 from toolchain.reference import run_onnxruntime
 from toolchain.samples import sample_inputs
 from toolchain.targets import Compiler, TargetSpec
 
 log = logging.getLogger("agoc.pipeline")
 
-#: How each --partition choice groups call_tir ops into kernels.
-PARTITIONERS: dict[str, Callable] = {"stock": build.fuse_stock}
+#: --partition choices: "stock" is TVM's own FuseOps + FuseTIR; "ago" is AGO's clustering built by fuse_groups.
+PARTITION_METHODS = ("ago", "stock")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ class CompileRequest:
     model_name: str
     target: TargetSpec
     input_shapes: dict = field(default_factory=dict, hash=False)  # name -> shape overrides
-    partition: str = "stock"
+    partition: str = "ago"
+    threshold: float = DEFAULT_THRESHOLD  # AGO's Td (ago only)
     seed: int = 0
     dump_dir: Path | None = None
 
@@ -107,14 +111,26 @@ def compile_model(
     mod = build.legalize(mod, request.target)
     _dump(request.dump_dir, "02_legalized.py", mod)
 
-    on_stage(f"fusing ({request.partition} partition)")
-    try:
-        partitioner = PARTITIONERS[request.partition]
-    except KeyError:
+    on_stage(f"partitioning ({request.partition})")
+    if request.partition not in PARTITION_METHODS:
         raise UnsupportedModelError(
-            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITIONERS)}"
-        ) from None
-    mod = partitioner(mod, request.target)
+            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITION_METHODS)}"
+        )
+    graph = op_graph(mod)
+    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph)
+    partition.check(graph, plan)
+    partition_record = {
+        "method": plan.method,
+        "threshold": plan.threshold,
+        **partition.stats(graph, plan),
+        "groups": [list(g) for g in plan.groups],
+    }
+
+    on_stage(f"fusing {len(plan.groups)} subgraphs")
+    if request.partition == "stock":
+        mod = build.fuse_stock(mod, request.target)
+    else:
+        mod = fusion.fuse_groups(mod, plan.groups, request.target)
     _dump(request.dump_dir, "03_fused.py", mod)
     kernels = build.kernels(mod)
 
@@ -148,6 +164,7 @@ def compile_model(
             target=request.target.to_json(),
             compiler=compiler.to_json(),
             partition=request.partition,
+            partition_info=partition_record,
             kernels=tuple(k.to_json() for k in kernels),
             versions=package_versions(),
             sample_seed=request.seed,

@@ -1,4 +1,4 @@
-"""Every zoo network at every listed shape compiles with the stock pipeline and matches onnxruntime.
+"""Every zoo network at every listed shape compiles (AGO and stock partitions) and matches onnxruntime.
 
 Each model's smallest shape runs in the fast suite; the other shapes are marked slow.
 """
@@ -22,10 +22,15 @@ def cases():
             yield pytest.param(spec.name, shape, id=f"{spec.name}@{shape[-1]}", marks=marks)
 
 
+@pytest.mark.parametrize("partition", ["ago", "stock"])
 @pytest.mark.parametrize("name, shape", list(cases()))
-def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, tmp_path):
+def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, partition, tmp_path):
     spec = resolve_target("host")
-    artifact = compile_model(CompileRequest(models.build(name, shape), name, spec), find_compiler(spec), tmp_path / "a")
+    request = CompileRequest(models.build(name, shape), name, spec, partition=partition)
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
+    assert artifact.manifest.partition_info["acyclic"]
+    if partition == "ago":
+        assert artifact.manifest.partition_info["max_complex_ops"] > 1  # several convs/matmuls in one kernel
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
     # measured max rel error is ~1e-6 for every model (see README); 1e-5 leaves room, still catches real bugs

@@ -1,0 +1,147 @@
+"""The partition stage: which ``call_tir`` ops become one kernel.
+
+Two methods, as a table (:data:`METHODS`):
+
+``stock``  TVM's ``FuseOps`` (post-dominator rule: at most one conv/matmul per
+           group), read back as node ids (see :func:`_unique_callees`).
+``ago``    AGO's weighted acyclic clustering (:func:`toolchain.cluster.cluster`)
+           over op weights from :mod:`toolchain.weights`: several complex ops
+           per subgraph, every subgraph under the threshold ``Td``.
+
+Both give a :class:`PartitionPlan` (groups of node ids, in a topological
+order of the quotient graph) that :func:`toolchain.fusion.fuse_groups` builds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from toolchain import cluster as clustering
+from toolchain.opgraph import OpGraph, op_graph
+from toolchain.weights import WeightModel, load_model, op_weights
+
+#: Subgraphs lighter than this (in weight units ≈ predicted tuning trials) are "trivial" in the stats.
+TRIVIAL_CUT = 64.0
+#: Default clustering threshold Td (weight units ≈ predicted tuning trials per subgraph).
+DEFAULT_THRESHOLD = 1000.0
+
+_MARK = "__agoc__"
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    method: str
+    groups: tuple[tuple[str, ...], ...]
+    weights: dict = field(hash=False)  # node id -> weight
+    threshold: float | None = None
+    decisions: tuple = ()  # clustering decisions (ago), for --explain
+    seconds: float = 0.0
+
+    def group_weight(self, group) -> float:
+        return sum(self.weights[n] for n in group)
+
+
+def _unique_callees(mod):
+    """A copy of ``mod`` where every call_tir calls its own PrimFunc, named ``<func>__agoc__<node id>``.
+
+    FuseOps deduplicates structurally equal group functions, so a group's
+    body cannot say which call site it stands for; with one callee per call
+    site no two groups are equal, and a group's members can be read from the
+    names of the PrimFuncs it calls. The PrimFuncs keep their attributes, so
+    FuseOps groups exactly as it does on the original module.
+    """
+    import tvm
+    from tvm import relax
+
+    main = mod["main"]
+    functions = {gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}
+    builder = relax.BlockBuilder(tvm.ir.IRModule(functions, attrs=mod.attrs))
+    bindings = []
+    for b in main.body.blocks[0].bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and v.op.name == "relax.call_tir":
+            gv, *rest = v.args
+            copy = mod[gv].with_attr("agoc_node", b.var.name)  # distinct, or add_func would dedup it
+            own = builder.add_func(copy, f"{gv.name_hint}{_MARK}{b.var.name}")
+            v = relax.Call(v.op, [own, *rest], v.attrs, v.ty_args)
+        bindings.append(relax.VarBinding(b.var, v))
+    out = builder.get()
+    out["main"] = relax.Function(
+        main.params, relax.SeqExpr([relax.DataflowBlock(bindings)], main.body.body), main.ret_ty, main.is_pure,
+        main.attrs,
+    )
+    return relax.transform.Normalize()(out)
+
+
+def _members(func, relax) -> tuple[str, ...]:
+    names = []
+    for b in func.body.blocks[0].bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.args[0] if v.args else None, relax.GlobalVar):
+            name = v.args[0].name_hint
+            if _MARK in name:
+                names.append(name.split(_MARK, 1)[1])
+    return tuple(names)
+
+
+def stock_groups(mod, spec) -> tuple[tuple[str, ...], ...]:
+    """The groups TVM's FuseOps forms, as op-graph node ids, in main's call order."""
+    from tvm import relax
+
+    with spec.tvm():
+        fused = relax.transform.FuseOps()(_unique_callees(mod))
+    groups: list[tuple[str, ...]] = []
+    for binding in fused["main"].body.blocks[0].bindings:
+        value = binding.value
+        if not isinstance(value, relax.Call):
+            continue
+        if isinstance(value.op, relax.GlobalVar):  # a grouped function
+            members = _members(fused[value.op], relax)
+        elif value.op.name == "relax.call_tir":  # an op FuseOps left alone
+            members = tuple(value.args[0].name_hint.split(_MARK, 1)[1:])
+        else:
+            members = ()
+        if members:
+            groups.append(members)
+    return tuple(groups)
+
+
+def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None) -> PartitionPlan:
+    started = time.perf_counter()
+    groups = stock_groups(mod, spec)
+    return PartitionPlan("stock", groups, op_weights(graph, model), seconds=time.perf_counter() - started)
+
+
+def plan_ago(
+    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None
+) -> PartitionPlan:
+    started = time.perf_counter()
+    weights = op_weights(graph, model or load_model())
+    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
+    result = clustering.cluster(g, threshold)
+    return PartitionPlan(
+        "ago", result.groups, weights, threshold, result.decisions, seconds=time.perf_counter() - started
+    )
+
+
+def plan(method: str, mod, spec, threshold: float = DEFAULT_THRESHOLD, graph: OpGraph | None = None) -> PartitionPlan:
+    graph = graph or op_graph(mod)
+    if method == "stock":
+        return plan_stock(mod, spec, graph)
+    if method == "ago":
+        return plan_ago(graph, threshold)
+    raise ValueError(f"unknown partition method '{method}'")
+
+
+def check(graph: OpGraph, plan_: PartitionPlan) -> None:
+    """Raise :class:`toolchain.cluster.PartitionError` if the plan is not an acyclic partition of ``graph``."""
+    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
+    clustering.check_partition(g, plan_.groups)
+
+
+def stats(graph: OpGraph, plan_: PartitionPlan, trivial_cut: float = TRIVIAL_CUT) -> dict:
+    """AGO's partition statistics (subgraphs, trivial, mean/median weight, Jain index, ...)."""
+    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
+    result = clustering.partition_stats(g, plan_.groups, trivial_cut)
+    return {**result, "seconds": round(plan_.seconds, 3)}
