@@ -122,7 +122,7 @@ def compile(
     mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
     num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
     partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
-    threshold: float = typer.Option(1000.0, help="AGO's subgraph weight threshold Td (≈ predicted tuning trials)."),
+    threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
 ):
@@ -132,6 +132,9 @@ def compile(
 
     from toolchain import onnx_import
 
+    from toolchain.partition import DEFAULT_THRESHOLD
+
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
@@ -246,7 +249,7 @@ def inspect(
 def partition_cmd(
     model: str = typer.Argument(..., help="An ONNX file or zoo:NAME[@SHAPE]."),
     input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
-    threshold: float = typer.Option(1000.0, help="AGO's subgraph weight threshold Td."),
+    threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     trivial_cut: float = typer.Option(64.0, help="Subgraphs lighter than this count as trivial."),
     explain: bool = typer.Option(False, "--explain", help="Show why merges were declined."),
     dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
@@ -259,6 +262,7 @@ def partition_cmd(
     from toolchain.opgraph import op_graph
     from toolchain.targets import resolve_target
 
+    threshold = partition.DEFAULT_THRESHOLD if threshold is None else threshold
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
     spec = resolve_target("host")

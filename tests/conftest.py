@@ -39,8 +39,11 @@ def cli():
     """Invoke `agoc ARGS...` through typer's test runner; returns the Result."""
     from typer.testing import CliRunner
 
-    from host.cli import app
+    from host import cli as cli_module
 
+    app = cli_module.app
+    # a wide terminal, so table cells and messages are not wrapped mid-phrase
+    cli_module.console.width = cli_module.err_console.width = 200
     runner = CliRunner()
 
     def invoke(*args: str):

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 from toolchain import cluster as clustering
 from toolchain.opgraph import OpGraph, op_graph
-from toolchain.weights import WeightModel, load_model, op_weights
+from toolchain.weights import WeightModel, default_threshold, load_model, op_weights
 
 #: Subgraphs lighter than this (in weight units ≈ predicted tuning trials) are "trivial" in the stats.
 TRIVIAL_CUT = 64.0
-#: Default clustering threshold Td (weight units ≈ predicted tuning trials per subgraph).
-DEFAULT_THRESHOLD = 1000.0
+#: Default clustering threshold Td, in weight units (≈ predicted tuning trials per subgraph): it
+#: ships with the weight fit (key "default_threshold"), since the two only make sense together.
+DEFAULT_THRESHOLD = default_threshold()
 
 _MARK = "__agoc__"
 

@@ -54,3 +54,8 @@ def load_model(path: Path = FIT_FILE) -> WeightModel:
 def op_weights(graph: OpGraph, model: WeightModel | None = None) -> dict[str, float]:
     model = model or load_model()
     return {n.id: model.weight(n) for n in graph.nodes}
+
+
+def default_threshold(path: Path = FIT_FILE) -> float:
+    """The clustering threshold Td chosen together with the fit (see host.fit_weights)."""
+    return float(json.loads(path.read_text())["default_threshold"])

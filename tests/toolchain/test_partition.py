@@ -1,0 +1,155 @@
+"""Op graph, op weights, stock vs AGO partitions, the reformer, and building any partition."""
+
+import math
+
+import numpy as np
+import pytest
+
+import models
+from toolchain import build, onnx_import, partition, reform
+from toolchain.cluster import PartitionError
+from toolchain.fusion import fuse_groups
+from toolchain.opgraph import op_graph
+from toolchain.reference import run_onnxruntime
+from toolchain.runtime import VMSession
+from toolchain.samples import sample_inputs
+from toolchain.targets import find_compiler, resolve_target
+from toolchain.weights import WeightModel, loop_term
+
+SPEC = resolve_target("host")
+
+
+def legalized(name, shape=None):
+    model = models.build(name, shape)
+    inputs = onnx_import.resolve_inputs(model, {})
+    return model, inputs, build.legalize(onnx_import.to_relax(model, inputs), SPEC)
+
+
+@pytest.fixture(scope="module")
+def dwsep():
+    model, inputs, mod = legalized("tiny-dwsep")
+    return model, inputs, mod, op_graph(mod)
+
+
+def test_op_graph_of_a_pw_dw_pw_block(dwsep):
+    _, _, _, graph = dwsep
+    assert [(n.func, n.op_class) for n in graph.nodes] == [
+        ("conv2d", "pointwise_conv"), ("add", "simple"), ("maximum", "simple"), ("minimum", "simple"),
+        ("conv2d1", "depthwise_conv"), ("add", "simple"), ("maximum", "simple"), ("minimum", "simple"),
+        ("conv2d2", "pointwise_conv"), ("add1", "simple"), ("add2", "simple"),
+    ]
+    ids = [n.id for n in graph.nodes]
+    assert graph.edges == tuple(zip(ids, ids[1:]))  # a chain (the residual comes from the graph input)
+    assert graph.complex_ids == {ids[0], ids[4], ids[8]}
+
+
+def test_full_conv_and_matmul_are_classified():
+    _, _, cnn = legalized("tiny-cnn")
+    _, _, tf = legalized("tiny-transformer")
+    assert [n.op_class for n in op_graph(cnn).nodes if n.is_complex] == ["conv", "matmul"]
+    assert [n.op_class for n in op_graph(tf).nodes].count("matmul") == 6
+
+
+def test_loop_term_is_eq1_over_every_block_skipping_unit_loops(dwsep):
+    pw = dwsep[3].nodes[0]  # 1x8x16x16 input, 32 output channels, 1x1 window
+    assert [b.block for b in pw.blocks] == ["pad_temp", "conv2d_nchw"]
+    ln = math.log
+    expected = ln(8) * ln(16) * ln(16) + ln(32) * ln(16) * ln(16) * ln(8)
+    assert loop_term(pw) == pytest.approx(expected)
+    assert WeightModel(2.0, 3.0, "test").weight(pw) == pytest.approx(2 * expected + 3)
+
+
+def test_stock_groups_are_fusops_groups(dwsep):
+    _, _, mod, graph = dwsep
+    ids = [n.id for n in graph.nodes]
+    assert partition.stock_groups(mod, SPEC) == (tuple(ids[0:4]), tuple(ids[4:8]), tuple(ids[8:11]))
+
+
+def test_stock_groups_cover_repeated_identical_blocks():
+    _, _, mod = legalized("mobilenet-v2", (1, 3, 56, 56))
+    graph = op_graph(mod)
+    plan = partition.plan("stock", mod, SPEC, graph=graph)
+    partition.check(graph, plan)  # every op exactly once, although FuseOps deduplicates equal kernels
+    assert sum(len(g) for g in plan.groups) == len(graph.nodes)
+
+
+def test_ago_plan_with_a_big_threshold_is_one_kernel_with_three_convs(dwsep, tmp_path):
+    model, inputs, mod, graph = dwsep
+    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph)
+    assert plan.groups == (tuple(n.id for n in graph.nodes),)
+    fused = fuse_groups(mod, plan.groups, SPEC)
+    (kernel,) = build.kernels(fused)
+    assert kernel.name.startswith("fused_conv2d_add_maximum_minimum_conv2d1")
+    lib = build.build_library(fused, SPEC, find_compiler(SPEC), tmp_path / "one.so")
+    feeds = sample_inputs(model, inputs)
+    got = VMSession(lib, inputs, ["output"]).run(feeds)["output"]
+    ref = run_onnxruntime(model, feeds)["output"]
+    assert np.abs(got - ref).max() < 1e-4
+
+
+def test_a_cyclic_plan_is_rejected_naming_the_ops(dwsep):
+    _, _, _, graph = dwsep
+    ids = [n.id for n in graph.nodes]
+    weights = {i: 1.0 for i in ids}
+    cyclic = partition.PartitionPlan("hand", ((ids[0], ids[4]), tuple(ids[1:4]), tuple(ids[5:])), weights)
+    with pytest.raises(PartitionError, match=f"form a cycle: {ids[0]} .*{ids[1]}"):
+        partition.check(graph, cyclic)
+    twice = partition.PartitionPlan("hand", (tuple(ids[:5]), tuple(ids[4:])), weights)
+    with pytest.raises(PartitionError, match=f"op '{ids[4]}' is in subgraphs 0 and 1"):
+        partition.check(graph, twice)
+
+
+ZOO = [s.name for s in models.registry.MODELS if s.family != "tiny"]
+
+
+@pytest.fixture(scope="module", params=ZOO)
+def zoo_plans(request):
+    _, _, mod = legalized(request.param)  # default shape: 224 for CNNs and MobileViT, 128 tokens for BERT
+    graph = op_graph(mod)
+    return request.param, graph, partition.plan("ago", mod, SPEC, graph=graph), partition.plan("stock", mod, SPEC, graph=graph)
+
+
+def test_ago_partition_beats_stock_on_every_zoo_model(zoo_plans):
+    name, graph, ago, stock = zoo_plans
+    a, s = partition.stats(graph, ago), partition.stats(graph, stock)
+    assert a["acyclic"] and s["acyclic"]
+    assert a["subgraphs"] < s["subgraphs"], name
+    assert a["trivial"] <= s["trivial"] and (s["trivial"] == 0 or a["trivial"] < s["trivial"]), name
+    assert a["jain"] > s["jain"], name
+    assert a["max_complex_ops"] >= 2 and s["max_complex_ops"] == 1
+
+
+def test_split_gives_single_complex_minis_and_join_restores_the_plan(zoo_plans):
+    name, graph, ago, _ = zoo_plans
+    split = reform.split_plan(graph, ago)
+    complex_ids = graph.complex_ids
+    assert all(sum(n in complex_ids for n in mini) <= 1 for mini in split.plan.groups)
+    partition.check(graph, split.plan)  # the minis form an acyclic partition too
+    assert len(split.plan.groups) >= len(ago.groups)
+    assert reform.join_plan(graph, split) == ago
+
+
+def test_partition_cli_json_explain_dot(cli, tmp_path):
+    result = cli("partition", "zoo:tiny-dwsep", "--json", "--threshold", "150")
+    assert result.exit_code == 0, result.stderr
+    import json
+
+    data = json.loads(result.stdout)
+    keys = {"subgraphs", "trivial", "mean_weight", "median_weight", "jain", "max_complex_ops", "acyclic", "seconds"}
+    assert data["model"] == "tiny-dwsep" and set(data["ago"]) == keys and set(data["stock"]) == keys
+    assert data["stock"]["subgraphs"] == 3
+
+    result = cli("partition", "zoo:tiny-dwsep", "--threshold", "120", "--explain", "--dot", tmp_path / "g.dot")
+    assert result.exit_code == 0, result.stderr
+    assert "Jain" in result.stdout and "declined" in result.stdout and ">= threshold 120" in result.stdout
+    dot = (tmp_path / "g.dot").read_text()
+    assert dot.startswith('digraph "tiny-dwsep"') and "subgraph cluster_0" in dot and "->" in dot
+
+
+def test_partition_cli_png(cli, tmp_path):
+    from tests.conftest import require_tool
+
+    require_tool("dot")
+    result = cli("partition", "zoo:tiny-cnn", "--png", tmp_path / "g.png")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
