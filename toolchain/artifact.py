@@ -8,6 +8,9 @@ Layout::
       model.onnx           the source model, so verification can re-run onnxruntime
       data/input_<i>.bin   sample inputs (raw little-endian, shape/dtype in the manifest)
       data/expected_<i>.bin  onnxruntime's outputs on those inputs
+      io.txt               the same tensors for the C++ runner, one per line:
+                           ``input|output <name> <dtype> <d0,d1,...> <file>``
+                           (name percent-encoded, so fields never contain spaces)
 
 Tensors are raw bytes rather than .npy so the C++ runner can read them with
 one ``fread``; their shape and dtype live in the manifest.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -28,6 +32,7 @@ SCHEMA = "agoc.artifact/1"
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 MODEL_COPY = "model.onnx"
+IO_SPEC = "io.txt"
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,12 @@ def read_tensor(path: Path, info: TensorInfo) -> np.ndarray:
 def write_manifest(root: Path, manifest: Manifest) -> Path:
     path = root / MANIFEST
     path.write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+    lines = [
+        f"{kind} {quote(t.info.name, safe='')} {t.info.dtype} {','.join(map(str, t.info.shape)) or 'scalar'} {t.file}"
+        for kind, tensors in (("input", manifest.inputs), ("output", manifest.outputs))
+        for t in tensors
+    ]
+    (root / IO_SPEC).write_text("\n".join(lines) + "\n")
     return path
 
 
