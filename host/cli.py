@@ -160,7 +160,7 @@ def compile(
 @_guard
 def verify(
     artifact_dir: Path = typer.Argument(..., help="Artifact directory from `agoc compile`."),
-    device: str = typer.Option("local", help="Where to run it: local."),
+    device: Optional[str] = typer.Option(None, help="local (default), qemu, or a phone's serial."),
     atol: float = typer.Option(None, help="Absolute tolerance (default 1e-5)."),
     rtol: float = typer.Option(None, help="Tolerance relative to the output's max |value| (default 1e-4)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
@@ -171,7 +171,9 @@ def verify(
     from toolchain.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_artifact
 
     art = load_artifact(artifact_dir)
-    dev = get_device(device)
+    dev = get_device(device, default="local")
+    if dev.kind != "local":
+        err_console.print(f"[dim]running {escape(str(artifact_dir))} on {escape(dev.name)} ({dev.kind})[/dim]")
     report = verify_artifact(art, dev, DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol)
     if as_json:
         print(json.dumps(report.to_json()))
@@ -242,6 +244,97 @@ def inspect(
         console.print(render.kernels_table(kernels))
     else:
         console.print(f"[yellow]{escape(note)}[/yellow]")
+
+
+@app.command()
+@_guard
+def devices(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")):
+    """List the devices agoc can run on: local, qemu (if installed) and attached phones."""
+    from host import devices as dv
+
+    rows = [{"name": "local", "kind": "local", "usable": True, **dv.LocalDevice().describe()}]
+    try:
+        qemu = dv.qemu_device()
+        dv.runner_build(qemu.runner_target)
+        rows.append({"name": "qemu", "kind": "qemu", "usable": True, **qemu.describe()})
+    except AgocError as exc:
+        rows.append({"name": "qemu", "kind": "qemu", "usable": False, "note": str(exc)})
+    for serial in dv.adb_serials():
+        try:
+            info = dv.adb_device(serial).describe()
+            usable = str(info.get("abi", "")).startswith("arm64")
+            rows.append({"name": serial, "kind": "adb", "usable": usable, **info,
+                         **({} if usable else {"note": "not an arm64 device"})})
+        except AgocError as exc:
+            rows.append({"name": serial, "kind": "adb", "usable": False, "note": str(exc)})
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title="devices", title_justify="left")
+    for col in ("name", "kind", "usable", "abi", "cores", "model", "note"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(escape(str(r.get(c, "") if r.get(c) is not None else "")) for c in
+                        ("name", "kind", "usable", "abi", "cores", "model", "note")))
+    console.print(table)
+
+
+@app.command()
+@_guard
+def deploy(
+    artifact_dir: Path = typer.Argument(..., help="Artifact directory from `agoc compile`."),
+    device: Optional[str] = typer.Option(None, help="qemu, local, or a phone's serial (default: ANDROID_SERIAL or the only phone)."),
+):
+    """Push the runner, the TVM runtime and the artifact to a device; print where it landed."""
+    from host.devices import get_device
+    from toolchain.artifact import load_artifact
+
+    art = load_artifact(artifact_dir)
+    dev = get_device(device, default=None)
+    with err_console.status(f"deploying to {dev.name}"):
+        remote = dev.deploy(art)
+    console.print(f"[green]✓[/green] {escape(str(artifact_dir))} → {escape(dev.name)}:{escape(remote)}")
+
+
+@app.command()
+@_guard
+def bench(
+    artifact_dir: Path = typer.Argument(..., help="Artifact directory from `agoc compile`."),
+    device: Optional[str] = typer.Option(None, help="qemu, local, or a phone's serial (default: ANDROID_SERIAL or the only phone)."),
+    threads: Optional[int] = typer.Option(None, help="Runtime threads (default: the runtime's)."),
+    cores: Optional[str] = typer.Option(None, help="Pin to these cores, e.g. 4,5,6,7 (the big cluster)."),
+    warmup: int = typer.Option(5, help="Untimed runs first."),
+    repeat: int = typer.Option(20, help="Timed runs."),
+    min_time_ms: float = typer.Option(0.0, help="Keep timing until this much time has passed."),
+    per_kernel: bool = typer.Option(False, "--per-kernel", help="Also time each fused kernel."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with median_ms)."),
+):
+    """Time the artifact on a device with the C++ runner (median, spread, cpufreq, temperature)."""
+    from host.devices import BenchOptions, get_device
+    from toolchain.artifact import load_artifact
+
+    try:
+        core_list = tuple(int(c) for c in cores.split(",")) if cores else None
+    except ValueError:
+        raise InputShapeError(f"--cores '{cores}': expected comma-separated core numbers like 4,5,6,7") from None
+    art = load_artifact(artifact_dir)
+    dev = get_device(device, default=None)
+    options = BenchOptions(warmup, repeat, min_time_ms, threads, core_list, per_kernel)
+    err_console.print(
+        f"[dim]bench {escape(art.manifest.model_name)} on {escape(dev.name)} ({dev.kind}): warm-up {warmup}, "
+        f"repeat {repeat}, threads {threads or 'default'}, cores {cores or 'any'}[/dim]",
+        soft_wrap=True,
+    )
+    with err_console.status(f"running on {dev.name}"):
+        result = dev.bench(art, options)
+    result = {**result, "device": dev.name, "device_kind": dev.kind, "model": art.manifest.model_name,
+              "target": art.target_preset, "warmup": warmup, "repeat": repeat}
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(render.bench_result_table(result))
+    if dev.kind == "qemu":
+        err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
 
 
 @app.command("partition")

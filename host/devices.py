@@ -1,32 +1,239 @@
-"""Devices that run artifacts, behind one interface (:class:`toolchain.verify.Device`).
+"""Devices that run artifacts, behind one interface (:class:`toolchain.verify.Device` plus
+``bench``, ``deploy`` and ``describe``).
 
-``local`` runs host-target artifacts in this process with TVM's Relax VM.
-ARM64 devices (qemu, phones over adb) plug in here through the C++ runner.
+``local``  this machine. ``run`` (verify) uses TVM's Relax VM in-process; ``bench`` runs the
+           host build of the C++ runner.
+``qemu``   aarch64 Linux under ``qemu-aarch64`` in a sandbox directory: the CI stand-in for a
+           phone. Outputs are real; times are not (≈25× slower).
+``adb``    a phone (or anything speaking the adb server protocol) through adbutils: the runner,
+           the TVM runtime libraries and the artifact are pushed to a fresh
+           ``/data/local/tmp/agoc/<hash>`` directory and run with ``LD_LIBRARY_PATH``.
+
+qemu and adb share one implementation (:class:`RunnerDevice`) over a transport that can put
+files, get files and execute an argument vector. Every command that reaches a device shell is
+built with :func:`shlex.quote` from an argument list: nothing from a model or a device is ever
+interpolated unquoted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from toolchain.artifact import Artifact
+from toolchain.artifact import Artifact, read_tensor, write_tensor
 from toolchain.errors import DeviceError
+from toolchain.onnx_import import TensorInfo
 from toolchain.runtime import VMSession
 from toolchain.targets import PRESETS_BY_NAME
+
+REPO = Path(__file__).resolve().parent.parent
+RUNNER_EXIT_CODES = {
+    2: "bad flags (runner usage error)",
+    3: "a file is missing",
+    4: "the library or the Relax VM failed to load",
+    5: "an input has the wrong shape, dtype or size",
+    6: "runtime error during a run",
+    7: "RPC socket error",
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    warmup: int = 5
+    repeat: int = 20
+    min_time_ms: float = 0.0
+    threads: int | None = None
+    cores: tuple[int, ...] | None = None
+    per_kernel: bool = False
+    random_inputs: bool = False
+    seed: int = 0
+
+    def runner_flags(self) -> list[str]:
+        flags = ["--warmup", str(self.warmup), "--repeat", str(self.repeat)]
+        if self.min_time_ms:
+            flags += ["--min-time-ms", f"{self.min_time_ms:g}"]
+        if self.threads:
+            flags += ["--threads", str(self.threads)]
+        if self.cores:
+            flags += ["--cores", ",".join(map(str, self.cores))]
+        if self.per_kernel:
+            flags.append("--per-kernel")
+        if self.random_inputs:
+            flags += ["--random-inputs", "--seed", str(self.seed)]
+        return flags
+
+
+# ----------------------------------------------------------------------------- runner builds
+
+
+def runner_build(target: str) -> tuple[Path, list[Path]]:
+    """(runner binary, runtime libraries to ship with it) for a runner build target."""
+    base = Path(os.environ.get("AGOC_BUILD_DIR", REPO / "build"))
+    runner = base / "runner" / target / "agoc-runner"
+    if not runner.exists():
+        raise DeviceError(f"the {target} runner is not built ({runner}); run `make runner TARGET={target}`")
+    if target == "host":
+        return runner, []
+    libdir = base / f"runtime-{target.split('-', 1)[-1]}" / "lib" if target != "android-arm64" else runner.parent
+    libs = sorted(libdir.glob("*.so*"))
+    if not libs:
+        raise DeviceError(f"no TVM runtime libraries in {libdir}; run `make runner TARGET={target}`")
+    return runner, libs
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _artifact_files(artifact: Artifact) -> list[Path]:
+    files = [artifact.library_path, artifact.root / "io.txt"]
+    files += [artifact.root / t.file for t in (*artifact.manifest.inputs, *artifact.manifest.outputs)]
+    return files
+
+
+def _parse_runner_json(stdout: str, stderr: str, rc: int, where: str) -> dict:
+    if rc != 0:
+        reason = RUNNER_EXIT_CODES.get(rc, f"exit code {rc}")
+        detail = (stderr.strip().splitlines() or [""])[-1][:300]
+        raise DeviceError(f"runner on {where} failed: {reason}: {detail}")
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise DeviceError(f"runner on {where} printed no JSON result (stderr: {stderr.strip()[-300:]})")
+
+
+# ----------------------------------------------------------------------------- transports
+
+
+class QemuTransport:
+    """A sandbox directory standing in for a device filesystem; aarch64 programs run under qemu."""
+
+    kind = "qemu"
+
+    def __init__(self, sandbox: Path):
+        self.sandbox = sandbox
+        self.qemu = shutil.which("qemu-aarch64")
+        if not self.qemu:
+            raise DeviceError("the qemu device needs qemu-aarch64: run `make setup` or `apt-get install qemu-user`")
+        self.sysroot = os.environ.get("AGOC_QEMU_SYSROOT", "/usr/aarch64-linux-gnu")
+
+    def _local(self, remote: str) -> Path:
+        return self.sandbox / remote.lstrip("/")
+
+    def mkdir(self, remote: str) -> None:
+        self._local(remote).mkdir(parents=True, exist_ok=True)
+
+    def put(self, local: Path, remote: str) -> None:
+        dst = self._local(remote)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local, dst)
+
+    def get(self, remote: str, local: Path) -> None:
+        shutil.copy2(self._local(remote), local)
+
+    def exists(self, remote: str) -> bool:
+        return self._local(remote).exists()
+
+    def execute(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
+        program = str(self._local(argv[0]))
+        args = [self._local(a).as_posix() if a.startswith("/") and self.exists(a) else a for a in argv[1:]]
+        qemu_env = []
+        for key, value in env.items():
+            if key == "LD_LIBRARY_PATH":
+                value = ":".join(str(self._local(p)) for p in value.split(":"))
+            qemu_env += ["-E", f"{key}={value}"]
+        cmd = [self.qemu, "-L", self.sysroot, *qemu_env, program, *args]
+        try:
+            done = subprocess.run(cmd, cwd=self._local(cwd), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DeviceError(f"runner under qemu timed out after {timeout:.0f} s") from None
+        return done.returncode, done.stdout, done.stderr
+
+    def describe(self) -> dict:
+        return {"abi": "arm64-v8a (qemu-user, glibc)", "cores": os.cpu_count(), "model": "qemu-aarch64"}
+
+
+class AdbTransport:
+    """A device reached through the adb server protocol (adbutils)."""
+
+    kind = "adb"
+
+    def __init__(self, device):
+        self.device = device
+
+    def mkdir(self, remote: str) -> None:
+        self._check(["mkdir", "-p", remote])
+
+    def put(self, local: Path, remote: str) -> None:
+        self.device.sync.push(str(local), remote, mode=0o755 if os.access(local, os.X_OK) else 0o644)
+
+    def get(self, remote: str, local: Path) -> None:
+        self.device.sync.pull(remote, str(local))
+
+    def exists(self, remote: str) -> bool:
+        return self.device.sync.exists(remote)
+
+    def _check(self, argv: list[str]) -> str:
+        result = self.device.shell2(shlex.join(argv), timeout=120)
+        if result.returncode != 0:
+            raise DeviceError(f"`{shlex.join(argv)}` failed on {self.device.serial}: {result.output.strip()[:200]}")
+        return result.output
+
+    def execute(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
+        assignments = [f"{k}={v}" for k, v in env.items()]
+        # stderr goes to a file so stdout stays one clean JSON line
+        command = f"cd {shlex.quote(cwd)} && env {shlex.join(assignments + argv)} 2> runner.stderr"
+        result = self.device.shell2(command, timeout=timeout)
+        stderr = self.device.shell2(f"cat {shlex.quote(cwd + '/runner.stderr')}", timeout=30).output
+        return result.returncode, result.output, stderr
+
+    def describe(self) -> dict:
+        prop = self.device.getprop
+        info = {
+            "abi": prop("ro.product.cpu.abi"),
+            "model": prop("ro.product.model"),
+            "sdk": prop("ro.build.version.sdk"),
+            "soc": prop("ro.soc.model"),
+        }
+        try:
+            info["cores"] = int(self._check(["nproc"]).strip())
+        except (DeviceError, ValueError):
+            info["cores"] = None
+        return info
+
+
+# ----------------------------------------------------------------------------- devices
 
 
 class LocalDevice:
     name = "local"
+    kind = "local"
     description = f"this machine ({platform.machine()}), in-process Relax VM"
 
-    def run(self, artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _check(self, artifact: Artifact) -> None:
         preset = PRESETS_BY_NAME.get(artifact.target_preset)
         if preset is None or not preset.runs_on_host:
             raise DeviceError(
                 f"{artifact.root} was built for {artifact.target_preset} and cannot run on this "
-                f"{platform.machine()} machine; recompile with --target host to verify here"
+                f"{platform.machine()} machine; use --device qemu, or recompile with --target host"
             )
+
+    def run(self, artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._check(artifact)
         session = VMSession(
             artifact.library_path,
             [t.info for t in artifact.manifest.inputs],
@@ -34,12 +241,156 @@ class LocalDevice:
         )
         return session.run(inputs)
 
+    def deploy(self, artifact: Artifact) -> str:
+        self._check(artifact)
+        return str(artifact.root)
 
-DEVICES = {"local": LocalDevice}
+    def bench(self, artifact: Artifact, options: BenchOptions) -> dict:
+        self._check(artifact)
+        runner, _ = runner_build("host")
+        env = dict(os.environ)
+        if options.threads:
+            env["TVM_NUM_THREADS"] = str(options.threads)
+        cmd = [str(runner), "bench", "--artifact", str(artifact.root), *options.runner_flags()]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        return _parse_runner_json(done.stdout, done.stderr, done.returncode, "local")
+
+    def describe(self) -> dict:
+        return {"abi": platform.machine(), "cores": os.cpu_count(), "model": platform.node() or "host"}
 
 
-def get_device(name: str):
+class RunnerDevice:
+    """An ARM64 device reached through a transport; runs artifacts with the C++ runner."""
+
+    base = "/data/local/tmp/agoc"
+
+    def __init__(self, name: str, transport, runner_target: str):
+        self.name = name
+        self.kind = transport.kind
+        self.transport = transport
+        self.runner_target = runner_target
+
+    def _check(self, artifact: Artifact) -> None:
+        if artifact.manifest.target["tvm_target"].get("mtriple", "").split("-")[0] != "aarch64":
+            raise DeviceError(
+                f"{artifact.root} was built for {artifact.target_preset}; device '{self.name}' needs an ARM64 "
+                "artifact: recompile with --target linux-arm64 (qemu) or android-arm64 (phones)"
+            )
+
+    def deploy(self, artifact: Artifact) -> str:
+        """Push runner, runtime libraries and artifact into a fresh content-addressed directory."""
+        self._check(artifact)
+        runner, libs = runner_build(self.runner_target)
+        files = _artifact_files(artifact)
+        remote = f"{self.base}/{_digest([runner, *libs, *files])}"
+        if self.transport.exists(f"{remote}/.complete"):
+            return remote  # identical deployment already there
+        self.transport.mkdir(f"{remote}/lib")
+        self.transport.put(runner, f"{remote}/agoc-runner")
+        for lib in libs:
+            self.transport.put(lib, f"{remote}/lib/{lib.name}")
+        for f in files:
+            rel = f.relative_to(artifact.root).as_posix()
+            self.transport.put(f, f"{remote}/artifact/{rel}")
+        with tempfile.NamedTemporaryFile("w", delete=False) as marker:
+            marker.write("ok\n")
+        self.transport.put(Path(marker.name), f"{remote}/.complete")
+        os.unlink(marker.name)
+        return remote
+
+    def _runner(self, remote: str, args: list[str], timeout: float) -> dict:
+        env = {"LD_LIBRARY_PATH": f"{remote}/lib"}
+        rc, out, err = self.transport.execute([f"{remote}/agoc-runner", *args], env, remote, timeout)
+        return _parse_runner_json(out, err, rc, self.name)
+
+    def bench(self, artifact: Artifact, options: BenchOptions) -> dict:
+        remote = self.deploy(artifact)
+        return self._runner(remote, ["bench", "--artifact", f"{remote}/artifact", *options.runner_flags()], 3600)
+
+    def run(self, artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        remote = self.deploy(artifact)
+        stored = artifact.read_inputs()
+        for tf in artifact.manifest.inputs:  # inputs other than the stored samples are pushed first
+            if not np.array_equal(stored[tf.info.name], inputs[tf.info.name]):
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "input.bin"
+                    write_tensor(path, inputs[tf.info.name])
+                    self.transport.put(path, f"{remote}/artifact/{tf.file}")
+        out_dir = f"{remote}/outputs"
+        self.transport.mkdir(out_dir)
+        result = self._runner(
+            remote, ["bench", "--artifact", f"{remote}/artifact", "--warmup", "0", "--repeat", "1", "--outputs-dir", out_dir], 1800
+        )
+        outputs = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for tf, rec in zip(artifact.manifest.outputs, result.get("outputs", [])):
+                local = Path(tmp) / f"out_{len(outputs)}.bin"
+                self.transport.get(rec["file"] if rec["file"].startswith("/") else f"{out_dir}/{rec['file']}", local)
+                outputs[tf.info.name] = read_tensor(local, TensorInfo(tf.info.name, tuple(rec["shape"]), rec["dtype"]))
+        return outputs
+
+    def describe(self) -> dict:
+        return self.transport.describe()
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def adb_client():
+    import adbutils
+
+    host = os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
+    port = int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+    return adbutils.AdbClient(host=host, port=port, socket_timeout=30)
+
+
+def adb_serials() -> list[str]:
+    """Serials of attached devices in the 'device' state; [] when no adb server answers."""
+    import adbutils
+
     try:
-        return DEVICES[name]()
-    except KeyError:
-        raise DeviceError(f"unknown device '{name}'; available: {', '.join(DEVICES)}") from None
+        return [d.serial for d in adb_client().device_list()]
+    except (adbutils.AdbError, OSError):
+        return []
+
+
+def qemu_device(sandbox: Path | None = None) -> RunnerDevice:
+    sandbox = sandbox or Path(os.environ.get("AGOC_QEMU_SANDBOX", REPO / "build" / "devices" / "qemu"))
+    return RunnerDevice("qemu", QemuTransport(sandbox), "linux-arm64")
+
+
+def adb_device(serial: str) -> RunnerDevice:
+    import adbutils
+
+    try:
+        device = adb_client().device(serial)
+        device.get_state()
+    except (adbutils.AdbError, OSError) as exc:
+        raise DeviceError(f"no adb device '{serial}' ({exc}); check `adb devices`, or use --device qemu") from None
+    target = "android-arm64" if (REPO / "build" / "runner" / "android-arm64" / "agoc-runner").exists() else "linux-arm64"
+    return RunnerDevice(serial, AdbTransport(device), target)
+
+
+def get_device(name: str | None, default: str | None = "local"):
+    """Resolve --device: local, qemu or an adb serial; unset: ANDROID_SERIAL, then ``default``;
+    with no default (deploy, bench), the only attached phone.
+
+    adb is only asked (which starts its server) when a phone may be meant.
+    """
+    name = name or os.environ.get("ANDROID_SERIAL") or default
+    if name is None:
+        serials = adb_serials()
+        if len(serials) > 1:
+            raise DeviceError(f"{len(serials)} phones attached ({', '.join(serials)}): choose one with --device SERIAL")
+        if not serials:
+            raise DeviceError("no device: connect a phone (see `adb devices`), or use --device qemu or --device local")
+        name = serials[0]
+    if name == "local":
+        return LocalDevice()
+    if name == "qemu":
+        return qemu_device()
+    if name in adb_serials():
+        return adb_device(name)
+    raise DeviceError(
+        f"unknown device '{name}': use local, qemu, or the serial of an attached phone (`agoc devices` lists them)"
+    )

@@ -172,3 +172,24 @@ def decisions_table(decisions, graph) -> Table:
 def _short(nodes, funcs) -> str:
     names = [f"{funcs[n]}:{n}" for n in nodes or ()]
     return ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:2])} … (+{len(names) - 2})"
+
+
+def bench_result_table(result: dict) -> Table:
+    table = Table(title=f"bench {result['model']} on {result['device']} ({result['device_kind']})", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("median_ms", "mean_ms", "min_ms", "max_ms", "std_ms", "load_ms"):
+        if key in result:
+            table.add_row(key.replace("_", " "), f"{result[key]:.3f}")
+    table.add_row("samples", str(len(result.get("samples_ms", []))))
+    table.add_row("threads", str(result.get("threads", "")))
+    table.add_row("cores", ",".join(map(str, result.get("cores", []))) or "any")
+    freqs = result.get("cpu_freq_khz") or {}
+    if freqs:
+        table.add_row("cpu MHz", " ".join(f"{int(v) // 1000}" for v in freqs.values()))
+    temps = result.get("thermal_c") or {}
+    if temps:
+        table.add_row("thermal °C", " ".join(f"{float(v):.0f}" for v in temps.values()))
+    for kernel in result.get("kernels", []):
+        table.add_row(f"  {kernel['name']}", f"{kernel.get('median_ms', 0):.3f}")
+    return table
