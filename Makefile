@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.agoc-installed
 DEMO   ?= build/demo
 
 # command:debian-package pairs `make setup` installs when missing (as root; otherwise it says what to run)
-SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz
+SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz cmake:cmake
 
 # benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2
 MODELS  ?=
@@ -21,7 +21,10 @@ THREADS ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
 
-.PHONY: help setup system venv demo test test-slow test-all bench bench-host bench-quick clean
+.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick clean
+
+# the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
+include android_runner/runner.mk
 
 help:
 	@echo "make demo       compile the built-in tiny-cnn for the host and for ARM64, verify against onnxruntime"
@@ -63,13 +66,18 @@ demo: setup
 	$(AGOC) inspect $(DEMO)/tiny-cnn-host
 	$(AGOC) verify $(DEMO)/tiny-cnn-host
 
-test: setup
+# the runners the tests use: host, and linux-arm64 for the qemu stand-in of a phone
+runners: setup
+	$(MAKE) --no-print-directory runner TARGET=host
+	$(MAKE) --no-print-directory runner TARGET=linux-arm64
+
+test: setup runners
 	$(PYTEST) -q
 
-test-slow: setup
+test-slow: setup runners
 	$(PYTEST) -q -m slow
 
-test-all: setup
+test-all: setup runners
 	$(PYTEST) -q -m "slow or not slow"
 
 bench: bench-host

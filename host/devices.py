@@ -77,17 +77,14 @@ class BenchOptions:
 
 
 def runner_build(target: str) -> tuple[Path, list[Path]]:
-    """(runner binary, runtime libraries to ship with it) for a runner build target."""
+    """(runner binary, runtime libraries shipped beside it) of ``make runner TARGET=target``."""
     base = Path(os.environ.get("AGOC_BUILD_DIR", REPO / "build"))
     runner = base / "runner" / target / "agoc-runner"
     if not runner.exists():
         raise DeviceError(f"the {target} runner is not built ({runner}); run `make runner TARGET={target}`")
-    if target == "host":
-        return runner, []
-    libdir = base / f"runtime-{target.split('-', 1)[-1]}" / "lib" if target != "android-arm64" else runner.parent
-    libs = sorted(libdir.glob("*.so*"))
-    if not libs:
-        raise DeviceError(f"no TVM runtime libraries in {libdir}; run `make runner TARGET={target}`")
+    libs = [] if target == "host" else sorted(runner.parent.glob("*.so*"))
+    if target != "host" and not libs:
+        raise DeviceError(f"no TVM runtime libraries beside {runner}; run `make runner TARGET={target}`")
     return runner, libs
 
 
@@ -325,7 +322,8 @@ class RunnerDevice:
         with tempfile.TemporaryDirectory() as tmp:
             for tf, rec in zip(artifact.manifest.outputs, result.get("outputs", [])):
                 local = Path(tmp) / f"out_{len(outputs)}.bin"
-                self.transport.get(rec["file"] if rec["file"].startswith("/") else f"{out_dir}/{rec['file']}", local)
+                # the runner names the file; where it lives is out_dir on the device (qemu shows host paths)
+                self.transport.get(f"{out_dir}/{Path(rec['file']).name}", local)
                 outputs[tf.info.name] = read_tensor(local, TensorInfo(tf.info.name, tuple(rec["shape"]), rec["dtype"]))
         return outputs
 

@@ -1,0 +1,115 @@
+"""Devices end to end: the qemu stand-in and an adb phone (the fake adb endpoint), through the CLI.
+
+Times under qemu are not asserted on (they are emulated); outputs are real and must match onnxruntime.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import require_tool
+from tests.fakeadb import FakeAdbServer
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def runners():
+    """Build (or find) the host and linux-arm64 runners."""
+    require_tool("cmake")
+    require_tool("aarch64-linux-gnu-g++")
+    require_tool("qemu-aarch64")
+    for target in ("host", "linux-arm64"):
+        subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
+                       capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def arm_artifact(tmp_path_factory, runners):
+    from typer.testing import CliRunner
+
+    from host.cli import app
+
+    out = tmp_path_factory.mktemp("arm") / "tiny-dwsep"
+    result = CliRunner().invoke(app, ["compile", "zoo:tiny-dwsep", "--target", "linux-arm64", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+@pytest.fixture
+def qemu_sandbox(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))
+    return tmp_path / "qemu"
+
+
+def test_verify_on_qemu_matches_onnxruntime(cli, arm_artifact, qemu_sandbox):
+    result = cli("verify", arm_artifact, "--device", "qemu", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] and report["device"] == "qemu" and report["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_bench_and_deploy_on_qemu(cli, arm_artifact, qemu_sandbox):
+    result = cli("bench", arm_artifact, "--device", "qemu", "--warmup", "1", "--repeat", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["device"] == "qemu" and len(data["samples_ms"]) == 3 and data["median_ms"] > 0
+    result = cli("deploy", arm_artifact, "--device", "qemu")
+    assert result.exit_code == 0
+    deployed = list((qemu_sandbox / "data/local/tmp/agoc").iterdir())
+    assert len(deployed) == 1  # content-addressed: bench and deploy share one directory
+    assert sorted(p.name for p in deployed[0].iterdir()) == [".complete", "agoc-runner", "artifact", "lib"]
+
+
+def test_host_artifact_is_refused_by_an_arm_device(cli, tmp_path, qemu_sandbox, runners):
+    assert cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "h").exit_code == 0
+    result = cli("bench", tmp_path / "h", "--device", "qemu")
+    assert result.exit_code == 1 and "needs an ARM64 artifact" in result.stderr
+
+
+def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
+    assert cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "h").exit_code == 0
+    result = cli("bench", tmp_path / "h", "--device", "local", "--repeat", "3", "--per-kernel", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["device_kind"] == "local" and len(data["samples_ms"]) == 3
+    manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert {k["name"] for k in data["kernels"]} == {k["name"] for k in manifest["kernels"]}
+
+
+@pytest.fixture
+def phone(tmp_path, monkeypatch):
+    with FakeAdbServer(tmp_path / "phone") as server:
+        monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+        monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+        yield server
+
+
+def test_adb_phone_is_listed_deployed_to_benched_and_verified(cli, arm_artifact, phone):
+    result = cli("devices", "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["emulator-5554"]["kind"] == "adb" and rows["emulator-5554"]["abi"] == "arm64-v8a"
+    assert rows["emulator-5554"]["usable"] and rows["emulator-5554"]["cores"] == 8
+
+    result = cli("deploy", arm_artifact)  # no --device: the only attached phone
+    assert result.exit_code == 0, result.stderr
+    assert "emulator-5554:/data/local/tmp/agoc/" in result.stdout
+    remote = result.stdout.split("emulator-5554:")[1].split()[0]
+    assert (phone.host_path(remote) / "artifact" / "model.so").exists()
+
+    result = cli("bench", arm_artifact, "--device", "emulator-5554", "--repeat", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["device_kind"] == "adb"
+
+    result = cli("verify", arm_artifact, "--device", "emulator-5554")
+    assert result.exit_code == 0, result.stderr
+    assert "PASS" in result.stdout
+
+
+def test_android_serial_selects_the_phone(cli, arm_artifact, phone, monkeypatch):
+    monkeypatch.setenv("ANDROID_SERIAL", "emulator-5554")
+    result = cli("bench", arm_artifact, "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["device"] == "emulator-5554"
