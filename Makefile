@@ -27,7 +27,7 @@ BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHA
 include android_runner/runner.mk
 
 help:
-	@echo "make demo       compile the built-in tiny-cnn for the host and for ARM64, verify against onnxruntime"
+	@echo "make demo       partition MobileNet-V2 (AGO vs stock), compile it for host and ARM64, verify both (ARM64 under qemu)"
 	@echo "make test       run the fast test suite (what CI runs)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
 	@echo "make bench      the host suite: every zoo model x shape, stock TVM vs onnxruntime -> bench/results/"
@@ -60,11 +60,15 @@ system:
 	  echo "      install them with: sudo apt-get install$$missing  (ARM64 targets and qemu tests need them)" >&2; \
 	fi
 
-demo: setup
-	$(AGOC) compile zoo:tiny-cnn --target host -o $(DEMO)/tiny-cnn-host
-	$(AGOC) compile zoo:tiny-cnn --target linux-arm64 -o $(DEMO)/tiny-cnn-arm64
-	$(AGOC) inspect $(DEMO)/tiny-cnn-host
-	$(AGOC) verify $(DEMO)/tiny-cnn-host
+DEMO_MODEL ?= zoo:mobilenet-v2@1x3x112x112
+
+demo: setup runners
+	$(AGOC) partition $(DEMO_MODEL)
+	$(AGOC) compile $(DEMO_MODEL) --target host -o $(DEMO)/host
+	$(AGOC) verify $(DEMO)/host
+	$(AGOC) compile $(DEMO_MODEL) --target linux-arm64 -o $(DEMO)/arm64
+	$(AGOC) verify $(DEMO)/arm64 --device qemu
+	$(AGOC) bench $(DEMO)/arm64 --device qemu --warmup 1 --repeat 3
 
 # the runners the tests use: host, and linux-arm64 for the qemu stand-in of a phone
 runners: setup
