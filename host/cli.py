@@ -125,6 +125,7 @@ def compile(
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Apply the verified schedules of this tuning database."),
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
     from toolchain.pipeline import CompileRequest, compile_model
@@ -134,6 +135,13 @@ def compile(
 
     from toolchain.partition import DEFAULT_THRESHOLD
 
+    if db is not None:  # kernels must be cut exactly as they were tuned
+        from toolchain.tuning import TuneDB, TuningError
+
+        session = TuneDB(db).session
+        if session is None:
+            raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
+        partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores)
     compiler = find_compiler(spec)
@@ -146,13 +154,15 @@ def compile(
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}[/dim]",
         soft_wrap=True,
     )
-    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir)
+    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db)
     with err_console.status("compiling") as status:
         artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
     m = artifact.manifest
     console.print(
         f"[green]✓[/green] {escape(label)} → {escape(str(artifact.root))}  "
-        f"({len(m.kernels)} kernels, {m.compile_seconds:.1f} s, target {spec.preset})"
+        f"({len(m.kernels)} kernels"
+        + (f", {m.tuning['applied']} tuned" if m.tuning else "")
+        + f", {m.compile_seconds:.1f} s, target {spec.preset})"
     )
 
 
@@ -337,13 +347,98 @@ def bench(
         err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
 
 
+@app.command()
+@_guard
+def tune(
+    model: Optional[str] = typer.Argument(None, help="An ONNX file or zoo:NAME[@SHAPE]."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Tuning database directory (created; re-running resumes)."),
+    status_dir: Optional[Path] = typer.Option(None, "--status", help="Show a database's per-kernel progress and exit."),
+    target: str = typer.Option("host", "--target", "-t", help="Target preset (tuning measures on this machine: host)."),
+    device: str = typer.Option("local", help="Where candidates are measured: local."),
+    input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
+    trials: int = typer.Option(256, help="Trial budget for the whole model (split over kernels by AGO weight)."),
+    partition: str = typer.Option("ago", help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline)."),
+    threshold: Optional[float] = typer.Option(None, help="AGO's Td (default: shipped with the weight fit)."),
+    no_intensive: bool = typer.Option(False, "--no-intensive", help="Ablation AGO-NI: no intensive-fusion space."),
+    no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
+    split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
+    per_iter: int = typer.Option(16, help="Candidates per search batch."),
+    seed: int = typer.Option(0, help="Search seed."),
+):
+    """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
+    from toolchain import tuning
+
+    if status_dir is not None:
+        console.print(render.tune_status_table(tuning.status(status_dir), status_dir))
+        return
+    if model is None or db is None:
+        raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
+    from toolchain import build, onnx_import
+    from toolchain.targets import resolve_target
+
+    if target != "host" or device != "local":
+        raise tuning.TuningError(
+            f"tuning measures candidates where they run; --target {target} --device {device} needs the on-device "
+            "RPC tuning session (not built yet): tune with --target host --device local"
+        )
+    if partition not in ("ago", "stock"):
+        raise UnsupportedModelError(f"unknown partition '{partition}'; choose ago or stock")
+    settings = tuning.TuneSettings(
+        trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
+        reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
+    )
+    proto, label, overrides = _load_source(model, input_shape or [])
+    onnx_import.check_supported(proto)
+    spec = resolve_target(target)
+    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
+    err_console.print(
+        f"[dim]tuning {escape(label)} into {escape(str(db))}: {trials} trials, partition {partition}, "
+        f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
+        f"split {split_fraction:g}, {per_iter}/batch, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        soft_wrap=True,
+    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
+                        TimeElapsedColumn(), console=err_console)
+    state = {"bar": None, "budgets": {}, "done": {}}
+
+    def on_event(kind, **info):
+        if kind == "plan":
+            state["budgets"] = {t["name"]: t["budget"] for t in info["tasks"]}
+            state["bar"] = progress.add_task("tuning", total=sum(state["budgets"].values()))
+        elif kind == "task":
+            state["done"][info["task"]] = min(info["done"], info["budget"])
+            progress.update(state["bar"], completed=sum(state["done"].values()),
+                            description=f"{info['phase']} {info['task'][:40]}")
+        elif kind == "trials":
+            state["done"][info["task"]] = min(info["done"], info["budget"])
+            progress.update(state["bar"], completed=sum(state["done"].values()),
+                            description=f"{info['task'][:40]} best {info['best_ms']:.4f} ms")
+        elif kind == "stable":
+            progress.console.print(f"[dim]{escape(info['task'])}: stable after {info['done']} trials[/dim]")
+            state["done"][info["task"]] = state["budgets"].get(info["task"], info["done"])
+        elif kind == "seeded":
+            progress.console.print(f"[dim]{escape(info['task'])}: starts from the composed mini schedules[/dim]")
+        elif kind == "task_done":
+            r = info["result"]
+            note = f"{r.get('latency_ms', 0):.4f} ms verified" if r.get("status") == "verified" else r.get("status")
+            rejected = f", {len(r.get('rejected', []))} wrong candidates rejected" if r.get("rejected") else ""
+            progress.console.print(f"{escape(info['task'])}: {note}{rejected}")
+
+    with progress:
+        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event)
+    console.print(render.tune_status_table(summary, db))
+    console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
+
+
 @app.command("partition")
 @_guard
 def partition_cmd(
     model: str = typer.Argument(..., help="An ONNX file or zoo:NAME[@SHAPE]."),
     input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
-    trivial_cut: float = typer.Option(64.0, help="Subgraphs lighter than this count as trivial."),
+    trivial_cut: Optional[float] = typer.Option(None, help="Subgraphs lighter than this count as trivial (default 5 ≈ trials)."),
     explain: bool = typer.Option(False, "--explain", help="Show why merges were declined."),
     dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
     png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
@@ -356,6 +451,7 @@ def partition_cmd(
     from toolchain.targets import resolve_target
 
     threshold = partition.DEFAULT_THRESHOLD if threshold is None else threshold
+    trivial_cut = partition.TRIVIAL_CUT if trivial_cut is None else trivial_cut
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
     spec = resolve_target("host")

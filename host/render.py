@@ -193,3 +193,21 @@ def bench_result_table(result: dict) -> Table:
     for kernel in result.get("kernels", []):
         table.add_row(f"  {kernel['name']}", f"{kernel.get('median_ms', 0):.3f}")
     return table
+
+
+def tune_status_table(summary: dict, db_dir) -> Table:
+    settings = summary["session"]["settings"]
+    title = (
+        f"tuning database {db_dir}: partition {settings['partition']}, {settings['trials']} trials, "
+        f"intensive {'on' if settings['intensive'] else 'off'}, reformer {'on' if settings['reformer'] else 'off'}; "
+        f"estimated model latency {summary['estimate_ms']:.3f} ms"
+    )
+    table = Table(title=title, title_justify="left")
+    for col, just in (("kernel", "left"), ("phase", "left"), ("calls", "right"), ("trials", "right"),
+                      ("best verified ms", "right"), ("rejected", "right"), ("status", "left")):
+        table.add_column(col, justify=just)
+    for r in summary["tasks"]:
+        best = "" if r["best_ms"] is None else f"{r['best_ms']:.4f}"
+        table.add_row(r["task"], r["phase"], str(r["calls"]), f"{r['trials']}/{r['budget']}", best,
+                      str(r["rejected"]), r["status"])
+    return table

@@ -66,6 +66,7 @@ class Manifest:
     created: str
     library: str = LIBRARY
     model_file: str = MODEL_COPY
+    tuning: dict | None = field(default=None, hash=False)  # {db, applied, kernels} when built with --db
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +85,7 @@ class Manifest:
             "partition": self.partition,
             "partition_info": self.partition_info,
             "kernels": list(self.kernels),
+            "tuning": self.tuning,
             "versions": self.versions,
             "sample_seed": self.sample_seed,
             "compile_seconds": self.compile_seconds,
@@ -105,6 +107,7 @@ class Manifest:
             partition=d["partition"],
             partition_info=d["partition_info"],
             kernels=tuple(d["kernels"]),
+            tuning=d.get("tuning"),
             versions=d["versions"],
             sample_seed=d["sample_seed"],
             compile_seconds=d["compile_seconds"],

@@ -21,11 +21,14 @@ from toolchain import cluster as clustering
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.weights import WeightModel, default_threshold, load_model, op_weights
 
-#: Subgraphs lighter than this (in weight units ≈ predicted tuning trials) are "trivial" in the stats.
-TRIVIAL_CUT = 64.0
-#: Default clustering threshold Td, in weight units (≈ predicted tuning trials per subgraph): it
-#: ships with the weight fit (key "default_threshold"), since the two only make sense together.
-DEFAULT_THRESHOLD = default_threshold()
+#: Subgraphs lighter than this (weight units = predicted tuning trials) are "trivial" in the stats:
+#: a lone elementwise or layout op predicted to need a handful of trials.
+TRIVIAL_CUT = 5.0
+#: Default clustering threshold Td. Fitted weights are in tuning trials (Eq. 1 fitted to budgets), so
+#: Td is the most trials one subgraph should need to stabilise; the weight fit file may override it
+#: (key "default_threshold"), since Td and the weights only make sense together.
+DEFAULT_TD_TRIALS = 48.0  # three 16-candidate search batches
+DEFAULT_THRESHOLD = default_threshold(DEFAULT_TD_TRIALS)
 
 _MARK = "__agoc__"
 

@@ -59,6 +59,7 @@ class CompileRequest:
     threshold: float = DEFAULT_THRESHOLD  # AGO's Td (ago only)
     seed: int = 0
     dump_dir: Path | None = None
+    db: Path | None = None  # a tuning database: apply its verified schedules
 
 
 def package_versions() -> dict[str, str]:
@@ -133,6 +134,14 @@ def compile_model(
         mod = fusion.fuse_groups(mod, plan.groups, request.target)
     _dump(request.dump_dir, "03_fused.py", mod)
     kernels = build.kernels(mod)
+    tuning_record = None
+    if request.db is not None:
+        from toolchain import tuning
+
+        on_stage("applying tuned schedules")
+        mod, applied = tuning.apply_verified(mod, request.db, request.target)
+        tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
+        _dump(request.dump_dir, "04_scheduled.py", mod)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -166,6 +175,7 @@ def compile_model(
             partition=request.partition,
             partition_info=partition_record,
             kernels=tuple(k.to_json() for k in kernels),
+            tuning=tuning_record,
             versions=package_versions(),
             sample_seed=request.seed,
             compile_seconds=round(time.perf_counter() - started, 3),

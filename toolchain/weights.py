@@ -56,6 +56,7 @@ def op_weights(graph: OpGraph, model: WeightModel | None = None) -> dict[str, fl
     return {n.id: model.weight(n) for n in graph.nodes}
 
 
-def default_threshold(path: Path = FIT_FILE) -> float:
-    """The clustering threshold Td chosen together with the fit (see host.fit_weights)."""
-    return float(json.loads(path.read_text())["default_threshold"])
+def default_threshold(fallback: float, path: Path = FIT_FILE) -> float:
+    """The clustering threshold Td: the fit file's ``default_threshold`` if it names one, else ``fallback``."""
+    value = json.loads(path.read_text()).get("default_threshold")
+    return float(value) if value is not None else fallback

@@ -130,7 +130,7 @@ def test_split_gives_single_complex_minis_and_join_restores_the_plan(zoo_plans):
 
 
 def test_partition_cli_json_explain_dot(cli, tmp_path):
-    result = cli("partition", "zoo:tiny-dwsep", "--json", "--threshold", "150")
+    result = cli("partition", "zoo:tiny-dwsep", "--json", "--threshold", "20")
     assert result.exit_code == 0, result.stderr
     import json
 
@@ -139,9 +139,9 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     assert data["model"] == "tiny-dwsep" and set(data["ago"]) == keys and set(data["stock"]) == keys
     assert data["stock"]["subgraphs"] == 3
 
-    result = cli("partition", "zoo:tiny-dwsep", "--threshold", "120", "--explain", "--dot", tmp_path / "g.dot")
+    result = cli("partition", "zoo:tiny-dwsep", "--threshold", "10", "--explain", "--dot", tmp_path / "g.dot")
     assert result.exit_code == 0, result.stderr
-    assert "Jain" in result.stdout and "declined" in result.stdout and ">= threshold 120" in result.stdout
+    assert "Jain" in result.stdout and "declined" in result.stdout and ">= threshold 10.0" in result.stdout
     dot = (tmp_path / "g.dot").read_text()
     assert dot.startswith('digraph "tiny-dwsep"') and "subgraph cluster_0" in dot and "->" in dot
 

@@ -1,0 +1,658 @@
+"""Auto-tuning on MetaSchedule, AGO style: divide-and-conquer over the partition, every kept
+schedule verified.
+
+A tuning session works in a database directory that survives interruption::
+
+    DB/
+      session.json     model hash, target, settings (partition, Td, ablations, budget): what compile needs
+      tasks.json       the tasks: kernel, phase, members, parent, weight, budget
+      ms/              MetaSchedule's JSONDatabase (one line per finished trial; appended as it goes)
+      progress.json    per task: trials recorded so far and the best measured latency
+      verified.json    per task: the kept (verified) record, and every candidate rejected, with the reason
+
+Re-running ``tune`` on the same DB resumes: trials already recorded count against each task's
+budget and nothing finished is lost. ``compile --db`` applies only verified records.
+
+Phases (AGO §V). For every subgraph S of the AGO partition holding several complex ops, the
+reformer splits S into mini-subgraphs (one complex op each); the minis are tuned first with
+``split_fraction`` of S's budget, each stopping early once its best latency stabilises (no gain
+over ``stable_tolerance`` in the last ``stable_window`` trials). Then the minis' best schedules are
+composed onto S's fused kernel (their traces replayed, block names mapped) and that composed
+schedule seeds S's own tuning with the rest of the budget. ``reformer=False`` (AGO-NR) tunes S
+directly; ``intensive=False`` (AGO-NI) leaves the intensive-fusion space out; ``partition="stock"``
+tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline).
+
+Budgets: the session budget is divided over the final kernels in proportion to their AGO weight
+(Eq. 1 predicts tuning budget), at least one search batch each.
+
+Correctness: every space carries the static dropped-iteration check; after a task is tuned, its
+candidates are checked best-first in a fresh process against the unscheduled kernel
+(:mod:`toolchain.check_candidate`) until one passes; that one is kept, the others are recorded as
+failed and never applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from toolchain import build, fusion, partition, reform
+from toolchain.errors import AgocError
+from toolchain.opgraph import OpGraph, op_graph
+from toolchain.weights import load_model
+
+log = logging.getLogger("agoc.tuning")
+
+SCHEMA = "agoc.tunedb/1"
+FAILED_SECS = 1e9  # MetaSchedule records failed builds/runs with a huge run time
+
+
+class TuningError(AgocError):
+    """A tuning session cannot start or continue (bad database, settings mismatch)."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int = 256  # whole-model budget
+    partition: str = "ago"
+    threshold: float | None = None  # AGO Td (default: shipped with the weight fit)
+    intensive: bool = True  # False: AGO-NI
+    reformer: bool = True  # False: AGO-NR
+    split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
+    per_iter: int = 16  # candidates per search batch
+    stable_window: int = 16  # minis stop early when the last window of trials ...
+    stable_tolerance: float = 0.02  # ... improved the best latency by less than this
+    verify_top: int = 5  # candidates checked, best first, before giving up on a task
+    seed: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # kernel name + structural hash: identical kernels share one task
+    phase: str  # "kernel" (final kernel, tuned directly), "mini" (reformer phase 1), "joined" (phase 2)
+    members: tuple[str, ...]  # op-graph node ids (of the first instance)
+    parent: str | None  # for minis: the joined task they belong to
+    weight: float
+    budget: int
+    calls: int = 1  # how many times the model calls this kernel
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "members": list(self.members)}
+
+    @staticmethod
+    def from_json(d: dict) -> "Task":
+        return Task(**{**d, "members": tuple(d["members"])})
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def fast_build(mod, target, _params=None):
+    """``LocalBuilder`` ``f_build`` without the stock builder's ``tvm.s_tir.tensor_intrin`` import (≈11 s/batch)."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def plain(obj):
+    """A TVM JSON-ish object (trace JSON: Arrays, IntImm, FloatImm, String) as plain Python."""
+    if isinstance(obj, (str, bool, int, float)) or obj is None:
+        return obj
+    if hasattr(obj, "items"):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if hasattr(obj, "value") and type(obj).__name__ in ("IntImm", "FloatImm", "StringImm"):
+        return obj.value
+    if isinstance(obj, (list, tuple)) or type(obj).__name__ in ("Array", "List"):
+        return [plain(x) for x in obj]
+    return str(obj)
+
+
+def workload_module(func):
+    import tvm
+
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def kernel_hash(func) -> str:
+    """Identity of a kernel: identical PrimFuncs (whatever they are called) are one tuning task."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
+
+
+def task_name(kernel: str, func) -> str:
+    return f"{kernel[:60]}-{kernel_hash(func)}"
+
+
+def group_kernels(fused_mod) -> list[tuple[str, object]]:
+    """(kernel name, PrimFunc) of every call_tir in main, in call order (one per partition group)."""
+    from tvm import relax
+
+    out = []
+    for block in fused_mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and v.op.name == "relax.call_tir":
+                gv = v.args[0]
+                out.append((gv.name_hint, fused_mod[gv]))
+    return out
+
+
+def _budgets(weights: list[float], total: int, minimum: int) -> list[int]:
+    """Split ``total`` trials in proportion to ``weights``, at least ``minimum`` each."""
+    if not weights:
+        return []
+    scale = sum(weights) or 1.0
+    return [max(minimum, int(round(total * w / scale / minimum)) * minimum) for w in weights]
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    tasks: tuple[Task, ...]
+    funcs: dict = field(hash=False)  # task name -> PrimFunc
+    block_maps: dict = field(hash=False)  # mini task name -> {mini block name: joined block name}
+    kernels: tuple[str, ...]  # final kernels' task names in call order
+
+
+def _block_names(func) -> list[str]:
+    from toolchain.opgraph import block_nests
+
+    return [b.block for b in block_nests(func)]
+
+
+def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[object, TaskPlan]:
+    """Legalized module → (fused module, the tuning tasks)."""
+    threshold = settings.threshold if settings.threshold is not None else partition.DEFAULT_THRESHOLD
+    if settings.partition == "stock":
+        fused = build.fuse_stock(mod, spec)
+        plan = partition.plan("stock", mod, spec, graph=graph)
+    else:
+        plan = partition.plan("ago", mod, spec, threshold, graph)
+        fused = fusion.fuse_groups(mod, plan.groups, spec)
+    kernels = group_kernels(fused)
+    weights_by_node = plan.weights
+    funcs: dict = {}
+    final: dict[str, Task] = {}
+    order: list[str] = []
+    groups = plan.groups if settings.partition != "stock" else [()] * len(kernels)
+    by_hash: dict[str, str] = {}
+    for (kernel, func), group in zip(kernels, groups):
+        name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+        order.append(name)
+        if name in final:
+            final[name] = replace(final[name], calls=final[name].calls + 1)
+            continue
+        weight = sum(weights_by_node[n] for n in group) if group else 1.0
+        funcs[name] = func
+        final[name] = Task(name, "kernel", tuple(group), None, weight, 0)
+    if settings.partition == "stock":  # weights of FuseOps kernels: from their own loop nests
+        from toolchain.opgraph import OpNode
+        from toolchain.weights import loop_term
+
+        model = load_model()
+        for name, task in final.items():
+            term = loop_term(OpNode(name, name, "simple", tuple(_nests(funcs[name])), ()))
+            final[name] = replace(task, weight=model.c * term + model.b)
+    budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter)
+    final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
+
+    tasks: list[Task] = []
+    block_maps: dict = {}
+    if settings.partition == "ago" and settings.reformer:
+        split = reform.split_plan(graph, plan, threshold)
+        mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
+        for parent_index, parent in enumerate(order):
+            minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
+            parent_task = final[parent]
+            if len(minis) < 2 or parent_task.phase == "joined":  # one complex op: tuned directly; or seen
+                continue
+            for (kernel, func), mini in minis:
+                name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+                if name in funcs:
+                    continue  # an identical mini (or kernel) elsewhere is tuned once
+                weight = sum(plan.weights[n] for n in mini)
+                share = settings.split_fraction * parent_task.budget * weight / max(parent_task.weight, 1e-9)
+                budget = max(settings.per_iter, int(round(share / settings.per_iter)) * settings.per_iter)
+                funcs[name] = func
+                tasks.append(Task(name, "mini", tuple(mini), parent, weight, budget))
+                block_maps[name] = _map_blocks(graph, mini, parent_task.members, func, funcs[parent])
+            minis_budget = sum(t.budget for t in tasks if t.parent == parent)
+            final[parent] = replace(
+                parent_task, phase="joined", budget=max(settings.per_iter, parent_task.budget - minis_budget)
+            )
+    tasks.extend(final.values())
+    return fused, TaskPlan(tuple(tasks), funcs, block_maps, tuple(order))
+
+
+def _nests(func):
+    from toolchain.opgraph import block_nests
+
+    return block_nests(func)
+
+
+def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:
+    """Mini kernel block name → joined kernel block name, op by op.
+
+    FuseTIR lays out a group's blocks op after op in binding order, each op contributing its own
+    PrimFunc's blocks (renamed on clashes), so the k-th block of an op in one kernel is the k-th
+    block of the same op in the other.
+    """
+    sizes = {n.id: len(n.blocks) for n in graph.nodes}
+    mini_blocks, joined_blocks = _block_names(mini_func), _block_names(joined_func)
+    if sum(sizes[n] for n in mini) != len(mini_blocks) or sum(sizes[n] for n in joined) != len(joined_blocks):
+        return {}  # layout differs from the assumption: no composition for this mini
+    start, offset = {}, 0
+    for n in joined:
+        start[n] = offset
+        offset += sizes[n]
+    mapping, offset = {}, 0
+    for n in mini:
+        for k in range(sizes[n]):
+            mapping[mini_blocks[offset + k]] = joined_blocks[start[n] + k]
+        offset += sizes[n]
+    return mapping
+
+
+# ----------------------------------------------------------------------------- the database directory
+
+
+class TuneDB:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.ms_dir = self.root / "ms"
+
+    # session / tasks / verified are small JSON files rewritten atomically
+    def _read(self, name: str, default):
+        path = self.root / name
+        if not path.exists():
+            return default
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise TuningError(f"{path} is corrupt ({exc}); move it away to start that part over") from exc
+
+    def _write(self, name: str, data) -> None:
+        path = self.root / name
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+
+    @property
+    def session(self) -> dict | None:
+        return self._read("session.json", None)
+
+    def open_session(self, session: dict) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        existing = self.session
+        if existing is not None:
+            for key in ("model_sha256", "target", "settings"):
+                if existing[key] != session[key]:
+                    raise TuningError(
+                        f"{self.root} holds a session for a different {key.replace('_', ' ')} "
+                        f"({_short(existing[key])} vs {_short(session[key])}); use another --db or the same settings"
+                    )
+            return
+        self._write("session.json", session)
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [Task.from_json(t) for t in self._read("tasks.json", [])]
+
+    def save_tasks(self, tasks) -> None:
+        self._write("tasks.json", [t.to_json() for t in tasks])
+
+    @property
+    def progress(self) -> dict:
+        return self._read("progress.json", {})
+
+    def save_progress(self, data: dict) -> None:
+        self._write("progress.json", data)
+
+    @property
+    def verified(self) -> dict:
+        return self._read("verified.json", {})
+
+    def save_verified(self, data: dict) -> None:
+        self._write("verified.json", data)
+
+    def ms_database(self):
+        from tvm.s_tir import meta_schedule as ms
+
+        self.ms_dir.mkdir(parents=True, exist_ok=True)
+        return ms.database.JSONDatabase(work_dir=str(self.ms_dir))
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def records_of(database, func) -> list:
+    """All tuning records of one kernel (workload), in commit order."""
+    mod = workload_module(func)
+    if not database.has_workload(mod):
+        return []
+    workload = database.commit_workload(mod)
+    return [r for r in database.get_all_tuning_records() if r.workload.same_as(workload)]
+
+
+def latency(record) -> float:
+    secs = [float(s) for s in (record.run_secs or [])]
+    if not secs:
+        return math.inf
+    value = sorted(secs)[len(secs) // 2]
+    return math.inf if value >= FAILED_SECS else value
+
+
+def stabilised(latencies: list[float], window: int, tolerance: float) -> bool:
+    """True when the best latency improved by less than ``tolerance`` over the last ``window`` trials."""
+    finite = [x for x in latencies]
+    if len(finite) < 2 * window:
+        return False
+    before = min(finite[:-window])
+    after = min(finite)
+    return before < math.inf and after >= before * (1 - tolerance)
+
+
+# ----------------------------------------------------------------------------- search spaces
+
+
+def space_for(func, spec, intensive: bool):
+    """The MetaSchedule space for one kernel: intensive fusion where it applies (unless AGO-NI),
+    otherwise TVM's default llvm space; both carry the static dropped-iteration check."""
+    from toolchain import intensive as intensive_space
+
+    return intensive_space.make_space_generator(func, intensive=intensive, num_cores=spec.num_cores)
+
+
+# ----------------------------------------------------------------------------- one task
+
+
+def _runner(settings: TuneSettings, runner=None):
+    from tvm.s_tir import meta_schedule as ms
+
+    if runner is not None:
+        return runner
+    return ms.runner.LocalRunner(
+        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False),
+        timeout_sec=60,
+    )
+
+
+def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path, runner=None):
+    """Run ``trials`` more MetaSchedule trials of one kernel into ``database``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    # MetaSchedule's console handler takes this logger's level: keep progress to our own display
+    # (its full logs still go to work_dir/logs)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=120)
+    ms.tune_tir(
+        workload_module(func),
+        target=spec.tvm(),
+        work_dir=str(work_dir),
+        max_trials_global=trials,
+        num_trials_per_iter=min(settings.per_iter, trials),
+        builder=builder,
+        runner=_runner(settings, runner),
+        database=database,
+        space=space_for(func, spec, intensive).generator,
+        num_tuning_cores=spec.num_cores,
+        seed=settings.seed,
+    )
+
+
+def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> dict:
+    """Numeric check of one record in a fresh process (see :mod:`toolchain.check_candidate`)."""
+    import tvm
+
+    from toolchain.check_candidate import CHECK_ENV
+
+    request = {
+        "workload": tvm.ir.save_json(workload_module(func)),
+        "trace": plain(record.trace.as_json()),
+        "target": spec.tvm_target,
+        "seed": seed,
+    }
+    env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolchain.check_candidate"], input=json.dumps(request), capture_output=True,
+            text=True, env=env, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "reason": f"check timed out after {timeout:.0f} s"}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"ok": False, "reason": f"checker crashed (exit {done.returncode}): {done.stderr.strip()[-200:]}"}
+    return json.loads(lines[-1])
+
+
+def verify_task(task: Task, func, database, spec, settings: TuneSettings) -> dict:
+    """Check candidates best-first until one passes; returns the verified.json entry of the task."""
+    records = sorted(records_of(database, func), key=latency)
+    rejected = []
+    for record in records[: settings.verify_top]:
+        if latency(record) == math.inf:
+            break
+        result = check_candidate(func, record, spec, seed=settings.seed)
+        entry = {"latency_ms": latency(record) * 1e3, **{k: result.get(k) for k in ("max_abs", "max_ref")}}
+        if result["ok"]:
+            return {
+                "status": "verified",
+                "trace": plain(record.trace.as_json()),
+                **entry,
+                "trials": len(records),
+                "rejected": rejected,
+            }
+        rejected.append({**entry, "reason": result.get("reason", "")})
+    return {"status": "unverified" if records else "untuned", "trials": len(records), "rejected": rejected}
+
+
+# ----------------------------------------------------------------------------- join: compose minis' schedules
+
+
+def compose_joined(joined_func, minis: list[tuple[object, dict]]):
+    """Replay each mini's kept trace on the joined kernel (block names mapped); a Schedule, or None.
+
+    ``minis`` holds (trace JSON, block map) pairs. A mini whose trace does not replay (its blocks
+    were already transformed by an earlier mini, a name did not map) is skipped: the joined kernel
+    then starts from the other minis' schedules.
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(workload_module(joined_func))
+    applied = 0
+    for trace_json, block_map in minis:
+        if not block_map:
+            continue
+        trial = sch.copy()
+        try:
+            s_tir.Trace.apply_json_to_schedule(_rename_blocks(trace_json, block_map), trial)
+        except Exception as exc:  # noqa: BLE001 - any failure to replay: skip this mini
+            log.info("composition skipped a mini: %s", (str(exc).strip().splitlines() or [""])[-1][:200])
+            continue
+        sch, applied = trial, applied + 1
+    return sch if applied else None
+
+
+def _rename_blocks(trace_json, mapping: dict):
+    """Rewrite the block names of GetSBlock instructions in a trace JSON."""
+    insts, decisions = trace_json
+    out = []
+    for inst in insts:
+        if inst[0] in ("GetSBlock", "GetBlock") and inst[2] and isinstance(inst[2][0], str):
+            inst = [inst[0], inst[1], [mapping.get(inst[2][0], inst[2][0]), *inst[2][1:]], *inst[3:]]
+        out.append(inst)
+    return [out, decisions]
+
+
+def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict) -> bool:
+    """Commit the composition of the minis' verified schedules as a record of the joined kernel."""
+    from tvm.s_tir import meta_schedule as ms
+
+    minis = [t for t in plan.tasks if t.parent == task.name]
+    parts = [
+        (verified[m.name]["trace"], plan.block_maps.get(m.name, {}))
+        for m in minis
+        if verified.get(m.name, {}).get("status") == "verified"
+    ]
+    if not parts:
+        return False
+    func = plan.funcs[task.name]
+    sch = compose_joined(func, parts)
+    if sch is None:
+        return False
+    estimate = sum(verified[m.name]["latency_ms"] for m in minis if m.name in verified and "latency_ms" in verified[m.name])
+    workload = database.commit_workload(workload_module(func))
+    database.commit_tuning_record(
+        ms.database.TuningRecord(
+            sch.trace, workload, [estimate / 1e3 or 1e-3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)
+        )
+    )
+    return True
+
+
+# ----------------------------------------------------------------------------- the session
+
+
+def tune_model(
+    mod,
+    model_sha256: str,
+    spec,
+    settings: TuneSettings,
+    db_dir: Path,
+    on_event: Callable[..., None] = lambda kind, **info: None,
+    runner=None,
+) -> dict:
+    """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary."""
+    graph = op_graph(mod)
+    db = TuneDB(db_dir)
+    db.open_session(
+        {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "settings": settings.to_json()}
+    )
+    _, plan = plan_tasks(mod, graph, spec, settings)
+    db.save_tasks(plan.tasks)
+    database = db.ms_database()
+    verified = db.verified
+    progress = db.progress
+    on_event("plan", tasks=[t.to_json() for t in plan.tasks])
+    work = db.root / "logs"
+    for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
+        func = plan.funcs[task.name]
+        done = len(records_of(database, func))
+        on_event("task", task=task.name, phase=task.phase, done=done, budget=task.budget)
+        if task.phase == "joined" and done == 0:
+            if seed_joined(task, plan, database, spec, verified):
+                on_event("seeded", task=task.name)
+        intensive = settings.intensive and settings.partition == "ago"
+        started = time.perf_counter()
+        while done < task.budget:
+            chunk = min(task.budget - done, 2 * settings.per_iter)
+            tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, runner)
+            lat = [latency(r) for r in records_of(database, func)]
+            done = len(lat)
+            best = min(lat) if lat else math.inf
+            progress[task.name] = {"trials": done, "best_ms": best * 1e3 if best < math.inf else None}
+            db.save_progress(progress)
+            on_event("trials", task=task.name, done=done, budget=task.budget, best_ms=best * 1e3)
+            if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
+                on_event("stable", task=task.name, done=done)
+                break
+            if chunk <= 0:
+                break
+        entry = verified.get(task.name, {})
+        if entry.get("trials") != done or entry.get("status") != "verified":
+            on_event("verify", task=task.name)
+            verified[task.name] = {**verify_task(task, func, database, spec, settings), "phase": task.phase}
+            db.save_verified(verified)
+        on_event("task_done", task=task.name, seconds=time.perf_counter() - started, result=verified[task.name])
+    return status(db_dir)
+
+
+def status(db_dir: Path) -> dict:
+    """Per task: phase, budget, trials, best verified latency, rejected count; and the model estimate."""
+    db = TuneDB(db_dir)
+    session = db.session
+    if session is None:
+        raise TuningError(f"{db_dir} is not a tuning database (no session.json); create one with `agoc tune`")
+    tasks = db.tasks
+    verified = db.verified
+    progress = db.progress
+    rows = []
+    estimate = 0.0
+    for t in tasks:
+        v = verified.get(t.name, {})
+        p = progress.get(t.name, {})
+        trials = p.get("trials", v.get("trials", 0))
+        rows.append(
+            {
+                "task": t.name,
+                "phase": t.phase,
+                "calls": t.calls,
+                "budget": t.budget,
+                "trials": trials,
+                "status": v.get("status", "pending"),
+                "best_ms": v.get("latency_ms"),
+                "best_measured_ms": p.get("best_ms"),
+                "rejected": len(v.get("rejected", [])),
+            }
+        )
+        if t.phase != "mini" and v.get("latency_ms") is not None:
+            estimate += v["latency_ms"] * t.calls
+    return {"session": session, "tasks": rows, "estimate_ms": estimate}
+
+
+# ----------------------------------------------------------------------------- applying a database
+
+
+def apply_verified(fused_mod, db_dir: Path, spec):
+    """Schedule the fused module's kernels with the verified records of ``db_dir`` (others stay default)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    db = TuneDB(db_dir)
+    if db.session is None:
+        raise TuningError(f"{db_dir} is not a tuning database; create one with `agoc tune`")
+    verified = db.verified
+    by_hash = {t.name.rsplit("-", 1)[-1]: t.name for t in db.tasks}
+    memory = ms.database.MemoryDatabase()
+    applied = 0
+    seen: set[str] = set()
+    for _, func in group_kernels(fused_mod):
+        digest = kernel_hash(func)
+        if digest in seen:
+            continue
+        seen.add(digest)
+        entry = verified.get(by_hash.get(digest, ""))
+        if not entry or entry.get("status") != "verified":
+            continue
+        mod = workload_module(func)
+        sch = tvm.s_tir.Schedule(mod)
+        tvm.s_tir.Trace.apply_json_to_schedule(entry["trace"], sch)
+        workload = memory.commit_workload(mod)
+        memory.commit_tuning_record(
+            ms.database.TuningRecord(
+                sch.trace, workload, [entry["latency_ms"] / 1e3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)
+            )
+        )
+        applied += 1
+    with spec.tvm(), memory:
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
+    return scheduled, applied
