@@ -21,7 +21,7 @@ THREADS ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
 
-.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick clean
+.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -33,6 +33,8 @@ help:
 	@echo "make bench      the host suite: every zoo model x shape, stock TVM vs onnxruntime -> bench/results/"
 	@echo "make bench-host MODELS=a,b SHAPES=56,112 QUICK=1 THREADS=2   a narrower run"
 	@echo "make bench-quick  the host suite at --quick sizes (smoke test, minutes)"
+	@echo "make bench-pairs  AGO micro-benchmarks: dw-dw, dw-pw, pw-dw, pw-pw; AGO vs AGO-NI vs AGO-NR (tuned, long)"
+	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
 
 setup: system venv
@@ -85,6 +87,13 @@ test-all: setup runners
 	$(PYTEST) -q -m "slow or not slow"
 
 bench: bench-host
+
+# AGO's micro-benchmarks (four conv pairs; AGO vs AGO-NI vs AGO-NR, equal budget) and the tuned end-to-end suite
+bench-pairs: setup
+	$(AGOC) bench-suite pairs $(BENCH_ARGS)
+
+bench-e2e: setup
+	$(AGOC) bench-suite e2e $(BENCH_ARGS)
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)

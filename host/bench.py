@@ -40,17 +40,26 @@ class Variant:
     engine: str  # "tvm" | "onnxruntime"
     description: str
     partition: str = "stock"  # for tvm: how ops are grouped into kernels
-    trials: int = 0  # tuning budget per model (0: untuned)
+    tuned: bool = False  # tuned with the suite's trial budget (same budget for every tuned variant)
+    intensive: bool = True  # tuned: offer the intensive-fusion space (False: AGO-NI)
+    reformer: bool = True  # tuned: split/join divide-and-conquer (False: AGO-NR)
 
 
-#: Every pipeline variant the suites know. Baselines are the speed-up references.
+#: Every pipeline variant the suites know.
 VARIANTS: tuple[Variant, ...] = (
     Variant("onnxruntime", "onnxruntime", "onnxruntime CPU execution provider, same thread count (the reference)"),
     Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
     Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning", partition="ago"),
+    Variant("tvm-stock-tuned", "tvm", "FuseOps partition + MetaSchedule default space (the Ansor-like baseline)",
+            partition="stock", tuned=True),
+    Variant("tvm-ago-tuned", "tvm", "AGO: partition + intensive fusion + divide-and-conquer tuning",
+            partition="ago", tuned=True),
+    Variant("tvm-ago-ni", "tvm", "AGO-NI: AGO without the intensive-fusion space", partition="ago", tuned=True,
+            intensive=False),
+    Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",
+            tuned=True, reformer=False),
 )
 VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}
-BASELINES = ("tvm-stock", "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -63,14 +72,17 @@ class Settings:
     seed: int
     quick: bool
     target: str = "host"
+    trials: int = 0  # tuning budget per tuned variant and model
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
 QUICK = dict(rounds=3, calls_per_round=3, warmup=2, gap_s=0.3)
 
 
-def default_settings(quick: bool, threads: int | None = None, seed: int = 0) -> Settings:
-    return Settings(threads=threads or os.cpu_count() or 1, seed=seed, quick=quick, **(QUICK if quick else FULL))
+def default_settings(quick: bool, threads: int | None = None, seed: int = 0, suite: "Suite | None" = None) -> Settings:
+    trials = 0 if suite is None else (suite.quick_trials if quick else suite.trials)
+    return Settings(threads=threads or os.cpu_count() or 1, seed=seed, quick=quick, trials=trials,
+                    **(QUICK if quick else FULL))
 
 
 @dataclass(frozen=True)
@@ -89,20 +101,50 @@ class Suite:
     description: str
     families: tuple[str, ...]  # which zoo families it covers
     variants: tuple[str, ...]
+    baselines: tuple[str, ...]  # speed-ups are reported against these
+    sizes: tuple[int, ...] = ()  # keep only these spatial sizes (empty: all listed shapes)
+    threshold: float | None = None  # AGO Td for this suite (None: the default)
+    trials: int = 0  # tuning budget per tuned variant and model
+    quick_trials: int = 0
 
 
 SUITES: dict[str, Suite] = {
     "host": Suite(
         "host",
-        "every zoo network at every listed shape on this machine: stock TVM vs onnxruntime",
+        "every zoo network at every listed shape on this machine, untuned: stock TVM, AGO partition, onnxruntime",
         families=("cnn", "transformer"),
         variants=("tvm-stock", "tvm-ago", "onnxruntime"),
+        baselines=("tvm-stock", "onnxruntime"),
+    ),
+    "e2e": Suite(
+        "e2e",
+        "zoo networks at 112×112 (BERT-tiny: 128 tokens), tuned at equal budget: AGO vs the stock partition, "
+        "and onnxruntime",
+        families=("cnn", "transformer"),
+        variants=("tvm-stock-tuned", "tvm-ago-tuned", "onnxruntime"),
+        baselines=("tvm-stock-tuned", "onnxruntime"),
+        sizes=(112, 128),
+        trials=256,
+        quick_trials=32,
+    ),
+    "pairs": Suite(
+        "pairs",
+        "AGO's four micro-benchmark pairs (dw→dw, dw→pw, pw→dw, pw→pw) fused into one kernel: AGO vs AGO-NI vs "
+        "AGO-NR at equal budget",
+        families=("pair",),
+        variants=("tvm-ago-tuned", "tvm-ago-ni", "tvm-ago-nr", "onnxruntime"),
+        baselines=("tvm-ago-ni", "onnxruntime"),
+        sizes=(56,),
+        threshold=1e9,  # the whole pair is one subgraph
+        trials=64,
+        quick_trials=16,
     ),
     "tiny": Suite(
         "tiny",
         "the built-in tiny models (smoke test of the harness itself)",
         families=("tiny",),
         variants=("tvm-stock", "onnxruntime"),
+        baselines=("tvm-stock", "onnxruntime"),
     ),
 }
 
@@ -121,6 +163,8 @@ def suite_cases(suite: Suite, quick: bool, models: list[str] | None = None, shap
     cases = []
     for spec in specs:
         spec_shapes = sorted(spec.shapes, key=lambda s: int(np.prod(s)))
+        if suite.sizes and not shapes:
+            spec_shapes = [s for s in spec_shapes if s[-1] in suite.sizes] or spec_shapes[-1:]
         if shapes:
             spec_shapes = [s for s in spec_shapes if s[-1] in shapes] or spec_shapes[:0]
         if quick:
@@ -212,20 +256,47 @@ class Worker:
         return reply
 
 
-def _compile_variant(case: Case, variant: Variant, settings: Settings, work_dir: Path) -> tuple[dict, Path | None]:
-    """Compile + verify one TVM variant; returns (record, artifact dir or None if it failed)."""
+def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
+                     on_event) -> tuple[dict, Path | None]:
+    """Compile (tuning first if the variant is tuned) + verify one TVM variant; (record, artifact dir or None)."""
     import models as zoo
     from host.devices import LocalDevice
+    from toolchain import build, onnx_import, tuning
     from toolchain.errors import AgocError
+    from toolchain.partition import DEFAULT_THRESHOLD
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
     from toolchain.verify import verify_artifact
 
     out = work_dir / case.label / variant.name
     record: dict = {"status": "ok"}
+    threshold = suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
     try:
         spec = resolve_target(settings.target, num_cores=settings.threads)
-        request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition)
+        model = zoo.build(case.model, case.shape)
+        db = None
+        if variant.tuned:
+            db = work_dir / case.label / f"{variant.name}.db"
+            tune_settings = tuning.TuneSettings(
+                trials=settings.trials, partition=variant.partition, threshold=threshold,
+                intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed,
+            )
+            mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+            started = time.perf_counter()
+            summary = tuning.tune_model(
+                mod, onnx_import.model_hash(model), spec, tune_settings, db,
+                on_event=lambda kind, **info: on_event("tuning", case=case.label, variant=variant.name, kind=kind,
+                                                       **info),
+            )
+            record["tuning"] = {
+                "trials": sum(r["trials"] for r in summary["tasks"]),
+                "budget": settings.trials,
+                "kernels": len([r for r in summary["tasks"] if r["phase"] != "mini"]),
+                "verified": len([r for r in summary["tasks"] if r["status"] == "verified"]),
+                "rejected_candidates": sum(r["rejected"] for r in summary["tasks"]),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db)
         artifact = compile_model(request, find_compiler(spec), out)
         record["compile_s"] = artifact.manifest.compile_seconds
         record["kernels"] = len(artifact.manifest.kernels)
@@ -268,13 +339,15 @@ def _measure(workers: dict[str, Worker], settings: Settings, rng: random.Random,
     return samples, round_medians, failures
 
 
-def run_case(case: Case, variants: list[Variant], settings: Settings, work_dir: Path, rng, on_event) -> dict:
+def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settings, work_dir: Path, rng,
+             on_event) -> dict:
     results: dict[str, dict] = {}
     artifacts: dict[str, Path] = {}
     for variant in variants:
         if variant.engine == "tvm":
-            on_event("stage", case=case.label, stage=f"compiling + verifying {variant.name}")
-            results[variant.name], path = _compile_variant(case, variant, settings, work_dir)
+            stage = "tuning + compiling" if variant.tuned else "compiling"
+            on_event("stage", case=case.label, stage=f"{stage} + verifying {variant.name}")
+            results[variant.name], path = _compile_variant(case, variant, suite, settings, work_dir, on_event)
             if path is not None:
                 artifacts[variant.name] = path
     reference_inputs = next(iter(artifacts.values()), None)
@@ -315,7 +388,7 @@ def run_case(case: Case, variants: list[Variant], settings: Settings, work_dir: 
             continue
         res["speedup_vs"] = {
             base: ratio_stats(results[base]["round_medians_ms"], res["round_medians_ms"])
-            for base in BASELINES
+            for base in suite.baselines
             if base != name and "round_medians_ms" in results.get(base, {})
         }
     return results
@@ -345,8 +418,9 @@ def run_suite(
             "versions": package_versions(),
             "settings": asdict(settings),
             "variants": [asdict(v) for v in chosen],
-            "trial_budgets": {v.name: v.trials for v in chosen},
-            "baselines": list(BASELINES),
+            "trial_budgets": {v.name: (settings.trials if v.tuned else 0) for v in chosen},
+            "threshold": suite.threshold,
+            "baselines": list(suite.baselines),
             "protocol": "one worker process per engine, one active at a time, random order per round, "
             "gap_s between workers; speed-ups are per-round median ratios",
         },
@@ -355,7 +429,7 @@ def run_suite(
     for i, case in enumerate(cases):
         on_event("case", case=case.label, index=i, total=len(cases))
         entry = {"model": case.model, "shape": list(case.shape), "label": case.label}
-        entry["variants"] = run_case(case, chosen, settings, work_dir, rng, on_event)
+        entry["variants"] = run_case(case, chosen, suite, settings, work_dir, rng, on_event)
         document["results"].append(entry)
         on_event("case_done", case=case.label, index=i, total=len(cases), variants=entry["variants"])
     document["seconds"] = round(time.time() - started, 1)

@@ -499,7 +499,7 @@ def targets():
 @app.command("bench-suite")
 @_guard
 def bench_suite(
-    suite: str = typer.Argument("host", help="Suite name: host (the zoo) or tiny (harness smoke test)."),
+    suite: str = typer.Argument("host", help="Suite: host (zoo, untuned), e2e (zoo @112, tuned), pairs (AGO micro-benchmarks), tiny."),
     models_: Optional[str] = typer.Option(None, "--models", help="Comma-separated zoo models (default: the suite's)."),
     shapes: Optional[str] = typer.Option(None, help="Comma-separated spatial sizes to keep, e.g. 56,112."),
     variants: Optional[str] = typer.Option(None, help="Comma-separated variants (default: the suite's)."),
@@ -507,7 +507,8 @@ def bench_suite(
     threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: all cores)."),
     rounds: Optional[int] = typer.Option(None, help="Measurement rounds (default 10, quick 3)."),
     calls: Optional[int] = typer.Option(None, help="Timed calls per engine per round (default 10, quick 3)."),
-    seed: int = typer.Option(0, help="Seed of the per-round engine order."),
+    seed: int = typer.Option(0, help="Seed of the per-round engine order and of tuning."),
+    trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
 ):
@@ -529,15 +530,17 @@ def bench_suite(
     except ValueError:
         raise InputShapeError(f"--shapes '{shapes}': expected comma-separated integers like 56,112") from None
     names = [m.strip() for m in models_.split(",")] if models_ else None
-    settings = bench.default_settings(quick, threads, seed)
-    settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round)
+    settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
+    settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
+                       trials=settings.trials if trials is None else trials)
     cases = bench.suite_cases(bench.SUITES[suite], quick, names, sizes)
     if not cases:
         raise UnsupportedModelError("no (model, shape) pairs selected; check --models and --shapes")
     err_console.print(
         f"[dim]suite {suite}: {len(cases)} cases × {', '.join(chosen or bench.SUITES[suite].variants)}; "
         f"{settings.threads} threads, {settings.rounds} rounds × {settings.calls_per_round} calls, "
-        f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}[/dim]",
+        f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}"
+        f"{f', {settings.trials} tuning trials per tuned variant' if settings.trials else ''}[/dim]",
         soft_wrap=True,
     )
     progress = Progress(
@@ -555,6 +558,9 @@ def bench_suite(
                 progress.update(current, description=f"{info['case']}: {info['stage']}")
             elif kind == "round":
                 progress.update(current, completed=info["round"])
+            elif kind == "tuning" and info["kind"] == "trials":
+                progress.update(current, description=f"{info['case']}: tuning {info['variant']} "
+                                f"{info['task'][:24]} {info['done']}/{info['budget']}")
             elif kind == "case_done":
                 progress.advance(overall)
 

@@ -148,6 +148,21 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
 )
 
+
+#: AGO's four micro-benchmark pairs (models/pairs.py): input 24 channels (pw first) or 144 (dw first).
+PAIRS: tuple[ModelSpec, ...] = tuple(
+    ModelSpec(
+        name=f"pair-{kind}",
+        description=f"AGO micro-benchmark: {kind.replace('-', ' → ')} convs with bias+ReLU6 (MobileNet-V2 block 3)",
+        builder=f"models.pairs:{kind.replace('-', '_')}",
+        shapes=((1, 24 if kind.startswith("pw") else 144, 56, 56), (1, 24 if kind.startswith("pw") else 144, 28, 28)),
+        family="pair",
+        source="AGO §VI-B micro benchmarks; shapes of MobileNet-V2 block 3 (Sandler et al. 2018, Table 2)",
+    )
+    for kind in ("pw-dw", "dw-pw", "dw-dw", "pw-pw")
+)
+MODELS = MODELS + PAIRS
+
 _BY_NAME = {spec.name: spec for spec in MODELS}
 
 

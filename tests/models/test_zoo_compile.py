@@ -14,7 +14,7 @@ from toolchain.verify import verify_artifact
 
 def cases():
     for spec in models.registry.MODELS:
-        if spec.family == "tiny":
+        if spec.family not in ("cnn", "transformer"):
             continue
         shapes = sorted(spec.shapes, key=lambda s: s[-1])
         for i, shape in enumerate(shapes):
@@ -35,3 +35,14 @@ def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, partit
     assert report.passed, report.to_json()
     # measured max rel error is ~1e-6 for every model (see README); 1e-5 leaves room, still catches real bugs
     assert max(o.max_rel for o in report.outputs) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["pw-dw", "dw-pw", "dw-dw", "pw-pw"])
+def test_ago_pair_fuses_into_one_kernel_and_matches_onnxruntime(kind, tmp_path):
+    spec = resolve_target("host")
+    name = f"pair-{kind}"
+    request = CompileRequest(models.build(name, models.get(name).shapes[-1]), name, spec, threshold=1e9)
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
+    assert len(artifact.manifest.kernels) == 1
+    assert artifact.manifest.partition_info["max_complex_ops"] == 2
+    assert verify_artifact(artifact, LocalDevice()).passed
