@@ -1,0 +1,104 @@
+"""The tuning driver's parts: budgets, stabilisation, the database directory, composing minis'
+schedules on join, applying verified records. The end-to-end session (real MetaSchedule trials)
+is marked slow."""
+
+import json
+import math
+
+import pytest
+
+import models
+from toolchain import build, onnx_import, partition, reform, tuning
+from toolchain.fusion import fuse_groups
+from toolchain.opgraph import op_graph
+from toolchain.targets import resolve_target
+
+SPEC = resolve_target("host")
+
+
+def test_budgets_follow_weights_in_whole_batches():
+    assert tuning._budgets([1.0, 3.0], total=64, minimum=16) == [16, 48]
+    assert tuning._budgets([1.0, 100.0], total=64, minimum=16) == [16, 64]  # every kernel gets a batch
+    assert tuning._budgets([], total=64, minimum=16) == []
+
+
+def test_stabilised_means_no_gain_over_the_last_window():
+    assert not tuning.stabilised([5, 4, 3, 2], window=2, tolerance=0.02)  # still improving
+    assert tuning.stabilised([5, 4, 3, 3, 3, 2.99], window=2, tolerance=0.02)
+    assert not tuning.stabilised([5, 4, 3], window=2, tolerance=0.02)  # too few trials to tell
+    assert not tuning.stabilised([math.inf] * 6, window=2, tolerance=0.02)
+
+
+def test_rename_blocks_rewrites_only_block_lookups():
+    trace = [[["GetSBlock", [], ["conv2d_nchw", "main"], ["b0"]], ["Split", ["l1"], [], ["l2"]]], []]
+    renamed = tuning._rename_blocks(trace, {"conv2d_nchw": "conv2d_nchw_1"})
+    assert renamed[0][0][2] == ["conv2d_nchw_1", "main"] and renamed[0][1] == trace[0][1]
+
+
+@pytest.fixture(scope="module")
+def dwsep_split():
+    model = models.build("tiny-dwsep")
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    graph = op_graph(mod)
+    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph)
+    split = reform.split_plan(graph, plan)
+    (joined,) = tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC))
+    minis = tuning.group_kernels(fuse_groups(mod, split.plan.groups, SPEC))
+    return mod, graph, plan, split, joined, minis
+
+
+def test_block_map_sends_each_mini_block_to_the_same_op_block_in_the_joined_kernel(dwsep_split):
+    _, graph, plan, split, (_, joined), minis = dwsep_split
+    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], minis[1][1], joined)
+    joined_blocks = tuning._block_names(joined)
+    mini_blocks = tuning._block_names(minis[1][1])
+    assert len(mapping) == len(mini_blocks) and set(mapping.values()) <= set(joined_blocks)
+    # the depthwise conv block of the mini is the depthwise conv block of the joined kernel
+    assert mapping["group_conv2d_nchw"].startswith("group_conv2d_nchw")
+
+
+def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
+    from tvm import s_tir
+
+    _, graph, plan, split, (_, joined), minis = dwsep_split
+    mini_func = minis[1][1]  # the depthwise mini
+    sch = s_tir.Schedule(tuning.workload_module(mini_func))
+    block = sch.get_sblock("group_conv2d_nchw")
+    outer, _ = sch.split(sch.get_loops(block)[1], [None, 8])
+    sch.parallel(outer)
+    trace = tuning.plain(sch.trace.as_json())
+    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
+    composed = tuning.compose_joined(joined, [(trace, mapping)])
+    assert composed is not None
+    assert "T.parallel" in composed.mod["main"].script()
+    # a trace that names blocks the joined kernel lacks is skipped, not fatal
+    assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
+
+
+def test_a_database_for_another_model_is_refused(tmp_path):
+    db = tuning.TuneDB(tmp_path)
+    session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
+    db.open_session(session)
+    db.open_session(session)  # same session: resumes
+    with pytest.raises(tuning.TuningError, match="different model sha256"):
+        db.open_session({**session, "model_sha256": "b" * 64})
+    with pytest.raises(tuning.TuningError, match="not a tuning database"):
+        tuning.status(tmp_path / "elsewhere")
+
+
+@pytest.mark.slow
+def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
+    db = tmp_path / "db"
+    args = ["tune", "zoo:tiny-dwsep", "--db", db, "--trials", "16", "--per-iter", "8"]
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    status = tuning.status(db)
+    assert all(r["status"] == "verified" for r in status["tasks"]) and status["estimate_ms"] > 0
+    records = (db / "ms" / "database_tuning_record.json").read_text().count("\n")
+    assert cli(*args).exit_code == 0  # resume: budget already spent, nothing new, nothing lost
+    assert (db / "ms" / "database_tuning_record.json").read_text().count("\n") == records
+    result = cli("compile", "zoo:tiny-dwsep", "--db", db, "-o", tmp_path / "art")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["tuning"]["applied"] == 1
+    assert cli("verify", tmp_path / "art").exit_code == 0
