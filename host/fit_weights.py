@@ -392,18 +392,11 @@ def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_IT
 def machine_context(spec) -> dict:
     import tvm
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from host.bench import machine_context as machine
+
     return {
-        "cpu": cpu,
+        **machine(),
         "llvm_mcpu": spec.tvm_target.get("mcpu"),
-        "cores": os.cpu_count(),
         "num_cores_target": spec.num_cores,
         "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
         "tvm_version": tvm.__version__,
