@@ -1,0 +1,68 @@
+"""A data race in a parallel loop that writes a fused intermediate is caught."""
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+
+from toolchain.race_check import parallel_races
+
+
+@T.prim_func(s_tir=True)
+def racy(A: T.Buffer((16, 8), "float32"), B: T.Buffer((16, 8), "float32")):
+    # the fused intermediate is allocated once, outside the parallel loop, and indexed by j only:
+    # every i-thread writes the same 8 elements
+    tmp = T.sblock_alloc_buffer((8,), "float32")
+    for i in T.parallel(16):
+        for j in range(8):
+            with T.sblock("produce"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                tmp[vj] = A[vi, vj] * T.float32(2)
+            with T.sblock("consume"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = tmp[vj] + T.float32(1)
+
+
+@T.prim_func(s_tir=True)
+def private_per_row(A: T.Buffer((16, 8), "float32"), B: T.Buffer((16, 8), "float32")):
+    tmp = T.sblock_alloc_buffer((16, 8), "float32")
+    for i in T.parallel(16):
+        for j in range(8):
+            with T.sblock("produce"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                tmp[vi, vj] = A[vi, vj] * T.float32(2)
+            with T.sblock("consume"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = tmp[vi, vj] + T.float32(1)
+
+
+@T.prim_func(s_tir=True)
+def parallel_reduction(A: T.Buffer((16, 8), "float32"), S: T.Buffer((8,), "float32")):
+    for k in T.parallel(16):
+        for j in range(8):
+            with T.sblock("sum"):
+                vj, vk = T.axis.remap("SR", [j, k])
+                with T.init():
+                    S[vj] = T.float32(0)
+                S[vj] = S[vj] + A[vk, vj]
+
+
+def test_shared_intermediate_in_a_parallel_loop_is_a_race():
+    (race,) = parallel_races(racy)
+    assert (race.block, race.buffer, race.loop) == ("produce", "tmp", "i")
+    assert "independently of parallel loop 'i'" in str(race)
+
+
+def test_per_iteration_intermediate_is_not_a_race():
+    assert parallel_races(private_per_row) == []
+
+
+def test_a_parallelised_reduction_is_a_race():
+    assert [(r.block, r.buffer) for r in parallel_races(parallel_reduction)] == [("sum", "S")]
+
+
+def test_the_correct_schedule_also_computes_the_right_values():
+    lib = tvm.compile(tvm.IRModule({"main": private_per_row}), target="llvm")
+    a = np.random.default_rng(0).standard_normal((16, 8)).astype("float32")
+    b = tvm.runtime.tensor(np.zeros((16, 8), "float32"))
+    lib["main"](tvm.runtime.tensor(a), b)
+    np.testing.assert_allclose(b.numpy(), a * 2 + 1, rtol=1e-6)
