@@ -1,0 +1,214 @@
+"""Intensive fusion: finding the pair, the Fig. 7 schedule (exact, nothing recomputed), the space."""
+
+import math
+
+import numpy as np
+import pytest
+
+from host.fit_weights import Calibration, extract
+from models.builder import GraphBuilder
+from toolchain import build, onnx_import
+from toolchain.fusion import fuse_groups
+from toolchain.intensive import (
+    find_pair,
+    intensive_schedule,
+    make_space_generator,
+    random_args,
+    run,
+)
+from toolchain.opgraph import op_graph
+from toolchain.schedule_check import execution_counts, format_counts
+from toolchain.targets import resolve_target
+
+SPEC = resolve_target("host")
+M56 = (1, 3, 56, 56)  # MobileNet-V2 at 56: the stem leaves 28×28
+
+
+def zoo(anchor, nth, take, model="mobilenet-v2", shape=M56):
+    return extract(Calibration("test", model, shape, anchor, nth, take), SPEC).func
+
+
+def tiny(kind):
+    """A two-conv ONNX graph on a 1×16×14×14 input, fused into one PrimFunc."""
+    g = GraphBuilder(f"tiny-{kind}", seed=0)
+    x = g.input("input", (1, 16, 14, 14))
+    if kind == "pw->pw":
+        h = g.conv(x, 16, 32, 1, name="pw1", act="relu6")
+        y, c = g.conv(h, 32, 24, 1, name="output"), 24
+    elif kind == "dw->dw":
+        h = g.conv(x, 16, 16, 3, name="dw1", groups=16, act="relu")
+        y, c = g.conv(h, 16, 16, 3, name="output", groups=16), 16
+    elif kind == "pw->conv":  # a full 3×3 conv downstream: no intensive fusion
+        h = g.conv(x, 16, 32, 1, name="pw1", act="relu6")
+        y, c = g.conv(h, 32, 8, 3, name="output"), 8
+    else:
+        raise ValueError(kind)
+    model = g.finish(y, (1, c, 14, 14))
+    inputs = onnx_import.resolve_inputs(model, {})
+    mod = build.legalize(onnx_import.to_relax(model, inputs), SPEC)
+    fused = fuse_groups(mod, [[n.id for n in op_graph(mod).nodes]], SPEC)
+    (kernel,) = build.kernels(fused)
+    return fused[kernel.name]
+
+
+#: kind -> how to get a fused PrimFunc holding it
+CASES = {
+    "pw->dw": lambda: zoo("class:pointwise_conv", 3, 8),  # expand 24→144 + relu6 → dw 3×3/1
+    "pw->dw/2": lambda: zoo("class:pointwise_conv", 1, 8),  # expand 16→96 → dw 3×3/2
+    "dw->pw": lambda: zoo("class:depthwise_conv", 2, 6),  # dw 144 + relu6 → project 144→24 + bias
+    "conv->dw": lambda: zoo("class:conv", 0, 8),  # stem 3×3/2 conv → dw (U may be any conv)
+    "pw->pw": lambda: tiny("pw->pw"),
+    "dw->dw": lambda: tiny("dw->dw"),
+    "matmul->matmul": lambda: zoo("class:matmul", 6, 8, "bert-tiny", (1, 128)),  # FFN: matmul+GELU → matmul
+}
+EXPECTED_KIND = {"pw->dw/2": "pw->dw"}
+
+_FUNCS: dict = {}
+_REFS: dict = {}
+
+
+def func_of(case):
+    if case not in _FUNCS:
+        _FUNCS[case] = CASES[case]()
+    return _FUNCS[case]
+
+
+def reference(case):
+    """(inputs, outputs of the unscheduled function) — computed once per case."""
+    if case not in _REFS:
+        func = func_of(case)
+        args = random_args(func, 0)
+        _REFS[case] = (args, run(func, args, SPEC.tvm()))
+    return _REFS[case]
+
+
+def schedule(func, seed=1):
+    import tvm
+    from tvm import s_tir
+
+    return s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), seed=seed)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_find_pair_classifies_the_ago_kinds(case):
+    pair = find_pair(func_of(case))
+    assert pair is not None
+    assert pair.kind == EXPECTED_KIND.get(case, case)
+    if pair.downstream_kind == "dw":
+        assert "channel" in pair.tiled
+    elif pair.downstream_kind == "pw":
+        assert "H × W" in pair.tiled
+    else:
+        assert "row" in pair.tiled
+    assert pair.upstream != pair.downstream and pair.downstream not in pair.chain
+
+
+def test_find_pair_names_the_blocks_of_an_inverted_residual():
+    pair = find_pair(func_of("pw->dw"))
+    assert (pair.upstream, pair.downstream) == ("conv2d_nchw", "group_conv2d_nchw")
+    assert pair.chain == ("T_add", "T_maximum", "T_minimum", "pad_temp1")  # bias, relu6, dw padding
+    assert pair.epilogue == ("T_add1", "T_maximum1", "T_minimum1")
+    assert pair.upstream_input == "pad_temp"
+
+
+def test_no_pair_for_one_complex_op_or_a_full_conv_downstream():
+    assert find_pair(zoo("class:conv", 0, 4)) is None  # stem conv + bias + relu6 alone
+    assert find_pair(zoo("class:depthwise_conv", 0, 4)) is None  # dw + bias + relu6 alone
+    assert find_pair(tiny("pw->conv")) is None  # 3×3 downstream would recompute its halo
+
+
+@pytest.mark.parametrize("seed", [1, 7, 42])
+@pytest.mark.parametrize("case", list(CASES))
+def test_intensive_schedule_is_exact_and_computes_upstream_once(case, seed):
+    func = func_of(case)
+    pair = find_pair(func)
+    sch = schedule(func, seed)
+    intensive_schedule(sch, pair, SPEC.num_cores)
+    counts = {c.name: c for c in execution_counts(sch.mod)}
+    table = format_counts(counts.values())
+    assert not any(c.dropped for c in counts.values()), table
+    for name in (pair.upstream, pair.downstream):
+        assert counts[name].executed == counts[name].needed == counts[name].domain, table
+    # U really sits inside D's tile loop: they share the outermost loop
+    u_loops = sch.get_loops(sch.get_sblock(pair.upstream))
+    d_loops = sch.get_loops(sch.get_sblock(pair.downstream))
+    assert sch.get(u_loops[0]).same_as(sch.get(d_loops[0]))
+    args, want = reference(case)
+    got = run(sch.mod, args, SPEC.tvm())
+    err = max(float(np.max(np.abs(a - b))) for a, b in zip(want, got))
+    assert err <= 1e-5, f"{case} seed {seed}: max abs error {err}"
+
+
+def test_tile_sizes_are_sampled_decisions():
+    func = func_of("pw->dw")
+    seen = set()
+    for seed in range(1, 9):
+        sch = schedule(func, seed)
+        intensive_schedule(sch, find_pair(func), SPEC.num_cores)
+        decisions = {str(inst.kind.name): 0 for inst in sch.trace.insts}
+        assert "SamplePerfectTile" in decisions and "SampleCategorical" in decisions
+        tile = sch.get_loops(sch.get_sblock("group_conv2d_nchw"))[0]
+        seen.add(int(sch.get(tile).extent))
+    assert len(seen) > 1  # different seeds, different channel tiles
+
+
+def test_space_choice():
+    pw_dw = func_of("pw->dw")
+    single = zoo("class:conv", 0, 4)
+    chosen = make_space_generator(pw_dw)
+    assert chosen.kind == "intensive" and chosen.pair.kind == "pw->dw"
+    assert make_space_generator(pw_dw, intensive=False).kind == "default"
+    assert make_space_generator(pw_dw, include_default=True).kind == "intensive+default"
+    fallback = make_space_generator(single)
+    assert fallback.kind == "default" and fallback.pair is None
+
+
+def test_the_space_carries_the_check_and_the_llvm_mutators():
+    from tvm.s_tir.meta_schedule.space_generator import ScheduleFn
+
+    gen = make_space_generator(func_of("pw->dw")).generator
+    assert isinstance(gen, ScheduleFn)
+    names = [type(p).__name__ for p in gen.postprocs]
+    assert names == ["DisallowDynamicLoop", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock",
+                     "RewriteLayout", "_PyPostproc"]  # the last one is RejectDroppedIterations
+    assert {type(m).__name__ for m in gen.mutator_probs} >= {"MutateTileSize", "MutateUnroll"}
+
+
+@pytest.mark.slow
+def test_other_complex_ops_get_multilevel_tiling(tmp_path):
+    """pw → dw → pw: the (dw, pw) pair is fused; the first pw gets the stock MultiLevelTiling branches."""
+    from toolchain.intensive import schedule_fn
+
+    func = zoo("class:pointwise_conv", 3, 11)
+    pair = find_pair(func)
+    assert pair.kind == "dw->pw"
+    schedules = schedule_fn(pair, SPEC.tvm(), SPEC.num_cores)(schedule(func, 3))
+    assert len(schedules) >= 2
+    args = random_args(func, 0)
+    want = run(func, args, SPEC.tvm())
+    for sch in schedules:
+        assert not any(c.dropped for c in execution_counts(sch.mod))
+        got = run(sch.mod, args, SPEC.tvm())
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5
+
+
+@pytest.mark.slow
+def test_tuning_smoke_with_the_intensive_space(tmp_path):
+    import tvm
+    from tvm import s_tir
+
+    from toolchain.intensive import tune_func
+
+    func = func_of("pw->dw")
+    result = tune_func(func, SPEC, tmp_path / "tune", trials=8, intensive=True, per_iter=8)
+    assert result.space == "intensive" and result.pair.kind == "pw->dw"
+    assert len(result.latencies) == 8 and all(math.isfinite(x) for x in result.latencies)
+    assert result.rejected == 0 and result.checked > 0
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    (best,) = result.database.get_top_k(result.database.commit_workload(mod), 1)
+    sch = s_tir.Schedule(mod)
+    best.trace.apply_to_schedule(sch, remove_postproc=False)
+    assert not any(c.dropped for c in execution_counts(sch.mod))
+    args, want = reference("pw->dw")
+    got = run(sch.mod, args, SPEC.tvm())
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5

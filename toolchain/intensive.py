@@ -1,0 +1,680 @@
+"""AGO intensive operator fusion (§III-B) as a MetaSchedule search space.
+
+A fused PrimFunc (``toolchain.fusion.fuse_groups``) may hold two complex ops
+joined by elementwise / padding blocks. Tiling the downstream op D and
+computing the upstream op U inside D's tile keeps U's output in cache, and
+recomputes nothing when D is tiled only on dimensions along which it does
+not reuse its input:
+
+* D depthwise conv: every output channel reads only its own input channel,
+  but a whole H×W window → tile the channel dim, H and W whole (Fig. 7a);
+* D pointwise conv or matmul: every output pixel / row reads only its own
+  input pixel / row, but all of its channels → tile H, W (matmul: rows and
+  batch dims), output channels / columns whole (Fig. 7b).
+
+Any other D (a full k×k conv) would recompute U's overlap in every tile: no
+intensive fusion there (:func:`find_pair` returns None), only joint tuning.
+
+**The schedule** (:func:`intensive_schedule`, the Fig. 7 structure):
+elementwise blocks are inlined where that duplicates no work (identity
+copies anywhere, other elementwise blocks only into elementwise consumers;
+padding blocks stay materialised), D's tiled loops are split with
+``sample_perfect_tile`` and fused (with the batch) into one outer tile loop,
+D's epilogue is ``reverse_compute_at`` into it, and D's input chain, U's
+epilogue and U are ``compute_at`` into it (producers in reverse order,
+``preserve_unit_loops=True``). U's own input padding joins the tile only
+where tiles do not overlap on it (dw→dw: channel tiles); elsewhere it stays
+a separate nest before the tile loop. Inside the tile, U and D each get
+MultiLevelTiling's "SRS" register tile: every spatial loop split in two with
+a sampled inner factor (W / columns: the vector, ≤ 16; output channels /
+rows: ≤ 8; H: ≤ 4; a depthwise conv's channels are not blocked, they share
+nothing), order [outer spatials, reductions, inner spatials], innermost
+vectorised. AGO leaves this inner tiling free (Fig. 7, red dashes). The root block gets
+``meta_schedule.parallel`` / ``vectorize`` / ``unroll_explicit`` (sampled)
+annotations, which ``RewriteParallelVectorizeUnroll`` turns into a parallel
+tile loop, vectorised innermost loops and auto-unroll. Every tile size and
+the unroll depth is a sampling decision, so ``MutateTileSize`` /
+``MutateUnroll`` / ``MutateParallel`` explore them.
+
+Complex blocks outside the pair (a third conv in the group) get the stock
+``MultiLevelTiling`` rule, applied inside the same schedule function so
+that the trace stays one replayable trace.
+
+**The space** (:func:`make_space_generator`): when :func:`find_pair` finds a
+pair and a dry run of the schedule is exact (no dropped iterations, U
+computed once), the space is that ``ScheduleFn`` alone — the AGO space. With
+``include_default=True`` it is ``SpaceGeneratorUnion([intensive, default])``
+so the search may also pick the unfused stock schedules. Without a pair (or
+with ``intensive=False``) it is the stock ``PostOrderApply``. In every case the
+generator carries ``postprocs = Postproc.create("llvm") +
+[RejectDroppedIterations()]`` and ``mutator_probs="llvm"`` explicitly —
+``tune_tir(space=<callable>)`` would silently drop both.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
+UNROLL_STEPS = (0, 16, 64, 512)
+MAX_JOBS_PER_CORE = 16
+MAX_VECTORIZE_EXTENT = 64
+VECTOR_FACTOR_MAX = 16  # innermost (vectorised) tile factor
+REGISTER_FACTOR_MAX = 8  # channel / row register tile factor
+OTHER_FACTOR_MAX = 4  # other spatial dims (H) in the register tile
+TILE_FACTOR_MAX = 64  # D's tiled-dim inner factor (the tile the intensive fusion keeps in cache)
+
+
+@dataclass(frozen=True)
+class IntensivePair:
+    """Two complex blocks of one PrimFunc that intensive fusion can fuse without re-computation.
+
+    Block names refer to the unscheduled function (they survive scheduling).
+    """
+
+    upstream: str  # U
+    downstream: str  # D
+    upstream_kind: str  # "pw" | "dw" | "conv" | "matmul"
+    downstream_kind: str  # "dw" | "pw" | "matmul"
+    chain: tuple[str, ...]  # simple blocks between U and D (program order)
+    epilogue: tuple[str, ...]  # simple blocks after D that depend only on D (program order)
+    upstream_input: str | None  # U's data-input producer (a padding / copy block), if in the function
+    tiled: str  # what D's tile loop runs over, in words
+
+    @property
+    def kind(self) -> str:
+        return f"{self.upstream_kind}->{self.downstream_kind}"
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        extra = (self.upstream_input,) if self.upstream_input else ()
+        return extra + (self.upstream,) + self.chain + (self.downstream,) + self.epilogue
+
+
+# --------------------------------------------------------------------------------------------
+# Reading block signatures
+
+
+def _h(obj) -> int:
+    return obj.__chandle__()
+
+
+def _int(x) -> int:
+    return int(x.value) if hasattr(x, "value") else int(x)
+
+
+@dataclass
+class _Info:
+    name: str
+    block: object
+    spatial: list  # [(var, extent)]
+    reduce: list
+    reads: list  # buffer handles (excluding what the block itself writes)
+    writes: list
+    kind: str = "simple"  # simple | reduce | pw | dw | conv | matmul
+    data_buf: int | None = None  # the operand D's tiled dims index (conv input / matmul A)
+    consumers: list = field(default_factory=list)
+    producers: list = field(default_factory=list)
+
+
+def _vars_in(expr) -> set[int]:
+    from toolchain.schedule_check import free_vars
+
+    return set(free_vars(expr).keys())
+
+
+def _region_vars(region) -> list[set[int]]:
+    return [_vars_in(r.min) | _vars_in(r.extent) for r in region.region]
+
+
+def _classify(info: _Info) -> None:
+    block = info.block
+    if not info.reduce:
+        return
+    name = block.name_hint.lower()
+    own = {_h(w.source) for w in block.writes}
+    operands = [r for r in block.reads if _h(r.source) not in own]
+    sp = [_h(v) for v, _ in info.spatial]
+    if "conv" in name and len(info.spatial) == 4 and len(info.reduce) == 3 and len(operands) >= 2:
+        # NCHW conv2d: spatial (n, f, y, x), reduce (rc, ry, rx); the data operand is indexed by x
+        data = next((r for r in operands if len(r.region) == 4 and sp[3] in set().union(*_region_vars(r))), None)
+        if data is None:
+            info.kind = "reduce"
+            return
+        info.data_buf = _h(data.source)
+        rc, ry, rx = (e for _, e in info.reduce)
+        channel_vars = _region_vars(data)[1]
+        if rc == 1 and info.spatial[1][1] > 1 and sp[1] in channel_vars:
+            info.kind = "dw"
+        elif ry == 1 and rx == 1 and sp[1] not in channel_vars:
+            info.kind = "pw"
+        else:
+            info.kind = "conv"
+        return
+    if ("matmul" in name or "dense" in name) and len(info.reduce) == 1 and len(info.spatial) >= 2 and len(operands) >= 2:
+        row = sp[-2]
+        a = next((r for r in operands if row in set().union(*_region_vars(r))), None)
+        if a is None:
+            info.kind = "reduce"
+            return
+        info.data_buf = _h(a.source)
+        info.kind = "matmul"
+        return
+    info.kind = "reduce"
+
+
+def block_infos(func) -> list[_Info]:
+    """Root-level blocks of an unscheduled PrimFunc with class, producers and consumers."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    infos: list[_Info] = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        b = sch.get(rv)
+        spatial = [(iv.var, _int(iv.dom.extent)) for iv in b.iter_vars if int(iv.iter_type) != 2]
+        reduce = [(iv.var, _int(iv.dom.extent)) for iv in b.iter_vars if int(iv.iter_type) == 2]
+        writes = [_h(w.source) for w in b.writes]
+        reads = [_h(r.source) for r in b.reads if _h(r.source) not in writes]
+        info = _Info(b.name_hint, b, spatial, reduce, reads, writes)
+        _classify(info)
+        infos.append(info)
+    writer: dict[int, int] = {}
+    for i, info in enumerate(infos):
+        for w in info.writes:
+            writer[w] = i
+    for i, info in enumerate(infos):
+        for r in info.reads:
+            j = writer.get(r)
+            if j is not None and j != i and j not in info.producers:
+                info.producers.append(j)
+                infos[j].consumers.append(i)
+    return infos
+
+
+def _is_copy(block) -> bool:
+    """A block whose body stores a plain load (an identity 'padding' with no padding)."""
+    body = block.body
+    value = getattr(body, "value", None)
+    return value is not None and type(value).__name__ in ("TensorLoad", "BufferLoad")
+
+
+def _writer_of(infos: list[_Info], buf: int) -> int | None:
+    for i, info in enumerate(infos):
+        if buf in info.writes:
+            return i
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the pair
+
+
+TILED = {
+    "dw": "batch × output-channel tiles (H, W whole)",
+    "pw": "batch × H × W tiles (output channels whole)",
+    "matmul": "batch dims × row tiles (columns whole)",
+}
+
+
+def find_pair(func) -> IntensivePair | None:
+    """The (U, D) pair for intensive fusion in a fused PrimFunc, or None.
+
+    D is the *last* complex block that is a depthwise conv, a pointwise conv
+    or a matmul whose data input is computed from another complex block U
+    through elementwise / padding blocks only (every path back from D's
+    data input ends at U or at a function parameter). U may be any conv or
+    matmul. The blocks between them must not be read outside the pair.
+    """
+    infos = block_infos(func)
+    for d_idx in range(len(infos) - 1, -1, -1):
+        pair = _pair_for(infos, d_idx)
+        if pair is not None:
+            return pair
+    return None
+
+
+def _pair_for(infos: list[_Info], d_idx: int) -> IntensivePair | None:
+    d = infos[d_idx]
+    if d.kind not in ("dw", "pw", "matmul") or d.data_buf is None:
+        return None
+    start = _writer_of(infos, d.data_buf)
+    if start is None:
+        return None
+    chain: set[int] = set()
+    ups: set[int] = set()
+    frontier = [start]
+    while frontier:
+        i = frontier.pop()
+        if i in chain or i in ups:
+            continue
+        info = infos[i]
+        if info.kind in ("pw", "dw", "conv", "matmul"):
+            ups.add(i)
+            continue
+        if info.kind != "simple":
+            return None  # a reduction (mean, softmax) in between: not a pair
+        chain.add(i)
+        frontier.extend(info.producers)
+    if len(ups) != 1:
+        return None
+    (u_idx,) = ups
+    inside = chain | {d_idx}
+    for i in chain | {u_idx}:
+        if any(c not in inside for c in infos[i].consumers):
+            return None  # an intermediate is read outside the pair
+    # D's epilogue: simple blocks after D fed only by D or the epilogue itself
+    epilogue: list[int] = []
+    members = {d_idx}
+    for i in range(d_idx + 1, len(infos)):
+        info = infos[i]
+        if info.kind == "simple" and info.producers and all(p in members for p in info.producers):
+            epilogue.append(i)
+            members.add(i)
+    u = infos[u_idx]
+    u_input = None
+    if u.data_buf is not None:
+        p = _writer_of(infos, u.data_buf)
+        if p is not None and infos[p].kind == "simple" and infos[p].consumers == [u_idx]:
+            u_input = infos[p].name
+    return IntensivePair(
+        upstream=u.name,
+        downstream=d.name,
+        upstream_kind=u.kind,
+        downstream_kind=d.kind,
+        chain=tuple(infos[i].name for i in sorted(chain)),
+        epilogue=tuple(infos[i].name for i in epilogue),
+        upstream_input=u_input,
+        tiled=TILED[d.kind],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The schedule
+
+
+def _try(fn, *args, **kwargs) -> bool:
+    from tvm.s_tir import ScheduleError
+
+    try:
+        fn(*args, **kwargs)
+        return True
+    except ScheduleError:
+        return False
+
+
+def _exists(sch, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+        return True
+    except Exception:  # noqa: BLE001 - tvm raises a generic error for a missing block
+        return False
+
+
+def _has_if_then_else(block) -> bool:
+    return "if_then_else" in str(getattr(block.body, "value", ""))
+
+
+def _inline(sch, pair: IntensivePair) -> None:
+    """Inline elementwise blocks of the pair where it duplicates no work."""
+    complex_names = {pair.upstream, pair.downstream}
+    names = ([pair.upstream_input] if pair.upstream_input else []) + list(pair.chain) + list(pair.epilogue)
+    for name in names:
+        rv = sch.get_sblock(name)
+        block = sch.get(rv)
+        consumers = [sch.get(c).name_hint for c in sch.get_consumers(rv)]
+        if not consumers:
+            continue  # writes an output
+        if _is_copy(block):
+            _try(sch.compute_inline, rv)
+        elif not _has_if_then_else(block) and not any(c in complex_names for c in consumers):
+            _try(sch.compute_inline, rv)
+
+
+def _split(sch, loop, n_max: int):
+    factors = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=n_max)
+    return sch.split(loop, factors=factors)
+
+
+def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spatial: int) -> None:
+    """Inside the tile, MultiLevelTiling's "SRS": every spatial loop split (outer, inner) with a
+    sampled inner factor, order [outer spatials, reductions, inner spatials]. The inner tile is the
+    register tile: the last spatial dim (W / columns) is the vector, ``reg_iter`` (channels / rows)
+    and the other dims (H) give accumulator reuse; a factor of 1 turns a dim's blocking off."""
+    block = sch.get_sblock(block_name)
+    loops = list(sch.get_loops(block))
+    pos = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(outer_loop)))
+    inner = loops[pos + 1:]
+    spatial, reduce = inner[:n_spatial], inner[n_spatial:]
+    outers, inners, vector = [], [], None
+    for k, lp in enumerate(spatial):
+        if _int(sch.get(lp).extent) == 1 or (reg_iter is None and k < n_spatial - 2):
+            outers.append(lp)  # unit loops, and a depthwise conv's channels (and batch)
+            continue
+        cap = VECTOR_FACTOR_MAX if k == n_spatial - 1 else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
+        o, i = _split(sch, lp, cap)
+        outers.append(o)
+        inners.append(i)
+        if k == n_spatial - 1:
+            vector = i
+    sch.reorder(*outers, *reduce, *inners)
+    if vector is not None:
+        sch.vectorize(vector)
+
+
+def _reg_iter(kind: str, n_spatial: int) -> int | None:
+    """The register-blocked dim of U / D: NCHW output channels, or matmul rows. None for a depthwise
+    conv, whose channels share nothing (blocking them reuses no operand): only H and W are blocked."""
+    if kind == "matmul":
+        return n_spatial - 2
+    if kind == "dw":
+        return None
+    return 1
+
+
+def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None) -> None:
+    """Apply the Fig. 7 intensive-fusion structure of ``pair`` to ``sch`` (in place).
+
+    All tile sizes and the unroll depth are sampling decisions of ``sch``.
+    """
+    _inline(sch, pair)
+    d_rv = sch.get_sblock(pair.downstream)
+    n_sp = sum(1 for iv in sch.get(d_rv).iter_vars if int(iv.iter_type) != 2)
+    spatial = list(sch.get_loops(d_rv))[:n_sp]
+    kind = pair.downstream_kind
+    if kind == "dw":  # (n, f, y, x): tile f; inside the tile (f_i, y, x)
+        n, f, y, x = spatial
+        f_o, f_i = _split(sch, f, TILE_FACTOR_MAX)
+        sch.reorder(n, f_o, f_i)
+        tile = sch.fuse(n, f_o)
+        d_inner, d_reg = 3, None
+    elif kind == "pw":  # (n, f, y, x): tile y, x; inside the tile (f, y_i, x_i)
+        n, f, y, x = spatial
+        y_o, y_i = _split(sch, y, TILE_FACTOR_MAX)
+        x_o, x_i = _split(sch, x, TILE_FACTOR_MAX)
+        sch.reorder(n, y_o, x_o, f, y_i, x_i)
+        tile = sch.fuse(n, y_o, x_o)
+        d_inner, d_reg = 3, 0
+    else:  # matmul (batch..., i, j): tile batch dims and i; inside the tile (i_i, j)
+        *batch, i, j = spatial
+        i_o, i_i = _split(sch, i, TILE_FACTOR_MAX)
+        sch.reorder(*batch, i_o, i_i, j)
+        tile = sch.fuse(*batch, i_o) if batch else i_o
+        d_inner, d_reg = 2, 0
+    for name in pair.epilogue:
+        if _exists(sch, name):
+            sch.reverse_compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
+    for name in reversed(pair.chain):
+        if _exists(sch, name):
+            sch.compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
+    sch.compute_at(sch.get_sblock(pair.upstream), tile, preserve_unit_loops=True)
+    if pair.upstream_input and _exists(sch, pair.upstream_input) and _input_joins_tile(pair):
+        sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
+    # register tiles inside the tile loop
+    u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
+    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp), u_sp)
+    _register_tile(sch, pair.downstream, tile, d_reg, d_inner)
+    _annotate_root(sch, num_cores)
+
+
+def _input_joins_tile(pair: IntensivePair) -> bool:
+    """U's input padding goes into the tile only where tiles partition it (dw→dw channel tiles)."""
+    return pair.downstream_kind == "dw" and pair.upstream_kind == "dw"
+
+
+def _annotate_root(sch, num_cores: int | None) -> None:
+    root = sch.get_sblock("root")
+    cores = num_cores or os.cpu_count() or 1
+    sch.annotate(root, "meta_schedule.parallel", MAX_JOBS_PER_CORE * cores)
+    sch.annotate(root, "meta_schedule.vectorize", MAX_VECTORIZE_EXTENT)
+    step = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS))
+    sch.annotate(root, "meta_schedule.unroll_explicit", step)
+
+
+# --------------------------------------------------------------------------------------------
+# The space
+
+
+def postprocs(check: bool = True) -> list:
+    """``Postproc.create("llvm")`` plus the dropped-iteration check."""
+    from tvm.s_tir.meta_schedule.postproc import Postproc
+
+    from toolchain.schedule_check import RejectDroppedIterations
+
+    return list(Postproc.create("llvm")) + ([RejectDroppedIterations()] if check else [])
+
+
+def _rest_rules(target, mod):
+    """The stock MultiLevelTiling rule, initialised for ``target`` (for complex blocks outside the pair)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    rules = [r for r in ms.schedule_rule.ScheduleRule.create("llvm") if type(r).__name__ == "MultiLevelTiling"]
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply")
+    for r in rules:
+        r._initialize_with_tune_context(ctx)
+    return rules
+
+
+def schedule_fn(pair: IntensivePair, target=None, num_cores: int | None = None):
+    """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks."""
+    state: dict = {}
+
+    def apply(sch):
+        intensive_schedule(sch, pair, num_cores)
+        rest = _rest_complex(sch, pair)
+        if not rest or target is None:
+            return [sch]
+        if "rules" not in state:
+            state["rules"] = _rest_rules(target, sch.mod)
+        schs = [sch]
+        for name in rest:
+            nxt = []
+            for s in schs:
+                for rule in state["rules"]:
+                    nxt.extend(rule.apply(s, s.get_sblock(name)))
+            schs = nxt or schs
+        return schs
+
+    return apply
+
+
+def _rest_complex(sch, pair: IntensivePair) -> list[str]:
+    """Root-level reduction blocks not in the pair, consumers first (as PostOrderApply visits them)."""
+    mine = set(pair.blocks)
+    root = sch.get_sblock("root")
+    names = []
+    for rv in sch.get_child_blocks(root):
+        b = sch.get(rv)
+        if b.name_hint not in mine and any(int(iv.iter_type) == 2 for iv in b.iter_vars):
+            names.append(b.name_hint)
+    return names[::-1]
+
+
+def space(pair: IntensivePair | None, target=None, num_cores: int | None = None, check: bool = True):
+    """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if pair is None:
+        return ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs=postprocs(check), mutator_probs="llvm")
+    return ms.space_generator.ScheduleFn(
+        schedule_fn(pair, target, num_cores), sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm"
+    )
+
+
+@dataclass(frozen=True)
+class SpaceChoice:
+    """What :func:`make_space_generator` chose, and why."""
+
+    generator: object  # tvm.s_tir.meta_schedule.SpaceGenerator
+    pair: IntensivePair | None
+    kind: str  # "intensive" | "intensive+default" | "default"
+    reason: str
+
+
+def dry_run(func, pair: IntensivePair, seeds=(1, 2, 3), num_cores: int | None = None) -> str | None:
+    """Apply the schedule with a few random decisions; None when exact and U runs once, else why not."""
+    import tvm
+    from tvm import s_tir
+
+    from toolchain.schedule_check import execution_counts
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    for seed in seeds:
+        sch = s_tir.Schedule(mod, seed=seed)
+        try:
+            intensive_schedule(sch, pair, num_cores)
+        except Exception as exc:  # noqa: BLE001
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            return f"schedule failed: {(lines[-1] if lines else type(exc).__name__)[:200]}"
+        counts = {c.name: c for c in execution_counts(sch.mod)}
+        bad = [c for c in counts.values() if c.dropped]
+        if bad:
+            return f"drops iterations of {bad[0].name}"
+        u = counts.get(pair.upstream)
+        if u is None or u.executed != u.needed:
+            return f"recomputes {pair.upstream} ({u.ratio if u else '?'}x)"
+    return None
+
+
+def make_space_generator(func, intensive: bool = True, include_default: bool = False, target=None,
+                         num_cores: int | None = None, check: bool = True) -> SpaceChoice:
+    """The search space for one fused PrimFunc (see the module doc for the decision)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    default = space(None, check=check)
+    if not intensive:
+        return SpaceChoice(default, None, "default", "intensive fusion disabled")
+    pair = find_pair(func)
+    if pair is None:
+        return SpaceChoice(default, None, "default", "no depthwise/pointwise/matmul fed by another complex op")
+    why_not = dry_run(func, pair, num_cores=num_cores)
+    if why_not:
+        return SpaceChoice(default, pair, "default", f"{pair.kind}: {why_not}")
+    gen = space(pair, target, num_cores, check)
+    if include_default:
+        union = ms.space_generator.SpaceGeneratorUnion(
+            [gen, default], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",
+        )
+        return SpaceChoice(union, pair, "intensive+default", f"{pair.kind}, {pair.tiled}")
+    return SpaceChoice(gen, pair, "intensive", f"{pair.kind}, {pair.tiled}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning
+
+
+@dataclass
+class TuneResult:
+    latencies: list[float]  # per trial (s), measurement order; inf = failed
+    database: object  # ms.database.JSONDatabase
+    space: str  # SpaceChoice.kind
+    reason: str
+    pair: IntensivePair | None
+    rejected: int  # candidates RejectDroppedIterations rejected (all sampled ones, not only measured)
+    checked: int  # candidates it looked at
+    work_dir: Path
+
+    @property
+    def best(self) -> float:
+        finite = [x for x in self.latencies if math.isfinite(x)]
+        return min(finite) if finite else math.inf
+
+
+def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include_default: bool = False,
+              per_iter: int = 16, seed: int = 0, check: bool = True) -> TuneResult:
+    """Tune one PrimFunc with the intensive (or default) space and the dropped-iteration check.
+
+    Same measuring setup as ``host.fit_weights.tune`` (fast builder, 5 repeats
+    of ≥ 30 ms, a fresh JSON database in ``work_dir``).
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from host.fit_weights import fast_build, trial_latencies
+    from toolchain import schedule_check
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
+    work_dir = Path(work_dir)
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True)
+    func = func.with_attr("global_symbol", "main")
+    mod = tvm.IRModule({"main": func})
+    target = spec.tvm()
+    choice = make_space_generator(func, intensive, include_default, target, spec.num_cores, check)
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
+    runner = ms.runner.LocalRunner(
+        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=30), timeout_sec=60
+    )
+    database = ms.database.JSONDatabase(work_dir=str(work_dir))
+    before = dict(schedule_check.STATS)
+    ms.tune_tir(
+        mod,
+        target=target,
+        work_dir=str(work_dir),
+        max_trials_global=trials,
+        num_trials_per_iter=min(per_iter, trials),
+        builder=builder,
+        runner=runner,
+        database=database,
+        space=choice.generator,
+        num_tuning_cores=spec.num_cores,
+        seed=seed,
+    )
+    after = schedule_check.STATS
+    return TuneResult(
+        latencies=trial_latencies(work_dir),
+        database=database,
+        space=choice.kind,
+        reason=choice.reason,
+        pair=choice.pair,
+        rejected=after["rejected"] - before["rejected"],
+        checked=after["applied"] - before["applied"],
+        work_dir=work_dir,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a schedule numerically
+
+
+def random_args(func, seed: int = 0) -> list:
+    """Numpy arrays for every parameter of ``func`` (inputs random, outputs zero)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in func.params:
+        ty = p.ty
+        shape = [int(s) for s in ty.shape]
+        arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(str(ty.dtype)))
+    return arrays
+
+
+def run(mod_or_func, arrays: list, target) -> list:
+    """Compile with ``tvm.compile`` and run ``main`` on copies of ``arrays``; returns every buffer after the call."""
+    import numpy as np
+    import tvm
+    from tvm import tirx
+
+    mod = mod_or_func
+    if isinstance(mod, tirx.PrimFunc):
+        mod = tvm.IRModule({"main": mod.with_attr("global_symbol", "main")})
+    lib = tvm.compile(mod, target=target)
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(np.array(a), dev) for a in arrays]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def max_abs_error(func, scheduled, target, seed: int = 0) -> float:
+    """Largest |scheduled - unscheduled| over every parameter after the call (outputs; inputs stay equal)."""
+    import numpy as np
+
+    arrays = random_args(func, seed)
+    ref = run(func, arrays, target)
+    got = run(scheduled, arrays, target)
+    return max(float(np.max(np.abs(r - g))) if r.size else 0.0 for r, g in zip(ref, got))

@@ -1,0 +1,545 @@
+"""Static execution counts of a (scheduled) PrimFunc: re-computation and dropped iterations.
+
+For every block of a PrimFunc this module counts
+
+``executed``
+    how many times the block body runs: the product of the extents of every
+    loop enclosing the block (loops of outer blocks included), in the
+    scheduled TIR, with ``T.where`` predicates (of the block and of enclosing
+    blocks) applied exactly by enumerating the loops they mention;
+``domain``
+    the product of the block's iter var extents;
+``needed``
+    how many of the block's instances some consumer actually reads — the
+    *consumer's view* (design §3): walking blocks from the outputs back, a
+    block's needed box is, per spatial iter var, the hull of what its
+    consumers read when they run over *their* needed boxes, clipped to the
+    block's domain; reduction iter vars are always needed whole. A block
+    writing a parameter buffer (an output), or a buffer nobody in the function
+    reads, needs its whole domain.
+
+``executed / needed`` above 1 is re-computation (AGO §III-B1: a conv tiled
+and fused under a consumer's spatial tile runs its overlap again in every
+tile); ``executed < needed`` is a schedule that skips instances somebody
+reads — a wrong kernel that may still run "exactly" by luck of a zeroed
+page (the MultiLevelTiling ``reuse_write`` bug, design §3). A stride-2 conv's
+padding block that skips the last padded row no consumer reads is fine:
+its needed count is smaller than its domain.
+
+Limits (documented, deliberate): counts are totals, not coverage — a
+schedule that runs half of the needed instances twice and the other half
+never would pass; the needed box is the *hull* of the consumers' reads (a
+stride-2 read of every other row needs the rows in between too). Buffers
+written through non-trivial index maps (``transform_layout``) fall back to
+needing the whole domain.
+
+Walking TIR in TVM 0.27: there is no Python statement visitor
+(``tvm.tirx.stmt_functor`` / ``post_order_visit`` do not exist in this
+wheel; only ``relax.analysis.post_order_visit``). The statement tree is
+walked directly through the node fields (``For.body``, ``SeqStmt.seq``,
+``SBlockRealize.block/predicate``, ``SBlock.body``, ``IfThenElse``, ...),
+block signatures come from ``SBlock.iter_vars/reads/writes``, and index
+expressions are evaluated with a small interval / numpy evaluator over the
+``tvm.tirx`` expression classes (``Add``, ``FloorDiv``, ``LT``, ...).
+
+:class:`RejectDroppedIterations` is the check as a MetaSchedule
+``PyPostproc``: it rejects (returns False for) any candidate with a block
+whose ``executed < needed``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: predicates are enumerated exactly up to this many points of the loops they mention
+MAX_PREDICATE_POINTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class BlockCount:
+    name: str
+    executed: int  # body executions in the scheduled loop nest
+    domain: int  # product of the iter var extents
+    needed: int  # instances read by consumers (whole domain for output blocks)
+    exact: bool = True  # False when a predicate was too large / opaque to enumerate (executed is an upper bound)
+
+    @property
+    def ratio(self) -> float:
+        """executed / needed: 1 = each needed instance once; > 1 re-computation; < 1 dropped."""
+        if self.needed == 0:
+            return math.inf if self.executed else 1.0
+        return self.executed / self.needed
+
+    @property
+    def dropped(self) -> bool:
+        return self.executed < self.needed
+
+    @property
+    def recomputes(self) -> bool:
+        return self.executed > self.needed
+
+
+class CheckError(ValueError):
+    """The function has a structure the counter cannot analyse (dynamic extents, ...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Expression evaluation (numpy for predicates, intervals for regions)
+
+
+def _int(x) -> int:
+    return int(x.value) if hasattr(x, "value") else int(x)
+
+
+def _handle(obj) -> int:
+    return obj.__chandle__()
+
+
+_BIN = None
+
+
+def _classes():
+    global _BIN
+    if _BIN is None:
+        from tvm import tirx
+
+        _BIN = tirx
+    return _BIN
+
+
+def free_vars(expr, out: dict | None = None) -> dict:
+    """Var handle -> Var of every variable in ``expr``."""
+    t = _classes()
+    out = {} if out is None else out
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, t.Var):
+            out[_handle(e)] = e
+        elif isinstance(e, (t.IntImm, t.FloatImm)):
+            continue
+        elif isinstance(e, t.Not):
+            stack.append(e.a)
+        elif isinstance(e, t.Cast):
+            stack.append(e.value)
+        elif isinstance(e, t.Select):
+            stack.extend([e.condition, e.true_value, e.false_value])
+        elif hasattr(e, "a") and hasattr(e, "b"):
+            stack.extend([e.a, e.b])
+        else:
+            raise CheckError(f"unsupported expression {type(e).__name__}: {e}")
+    return out
+
+
+def _np_eval(expr, env: dict):
+    """Evaluate an integer / boolean expression with numpy arrays bound to var handles."""
+    import numpy as np
+
+    t = _classes()
+    ev = lambda e: _np_eval(e, env)  # noqa: E731
+    if isinstance(expr, t.IntImm):
+        return int(expr.value)
+    if isinstance(expr, t.Var):
+        return env[_handle(expr)]
+    if isinstance(expr, t.Cast):
+        return ev(expr.value)
+    if isinstance(expr, t.Not):
+        return np.logical_not(ev(expr.a))
+    if isinstance(expr, t.Select):
+        return np.where(ev(expr.condition), ev(expr.true_value), ev(expr.false_value))
+    ops = {
+        t.Add: lambda a, b: a + b,
+        t.Sub: lambda a, b: a - b,
+        t.Mul: lambda a, b: a * b,
+        t.FloorDiv: lambda a, b: np.floor_divide(a, b),
+        t.FloorMod: lambda a, b: np.mod(a, b),
+        t.Div: lambda a, b: np.trunc(np.true_divide(a, b)).astype(np.int64),
+        t.Mod: lambda a, b: np.fmod(a, b),
+        t.Min: np.minimum,
+        t.Max: np.maximum,
+        t.LT: lambda a, b: a < b,
+        t.LE: lambda a, b: a <= b,
+        t.GT: lambda a, b: a > b,
+        t.GE: lambda a, b: a >= b,
+        t.EQ: lambda a, b: a == b,
+        t.NE: lambda a, b: a != b,
+        t.And: np.logical_and,
+        t.Or: np.logical_or,
+    }
+    fn = ops.get(type(expr))
+    if fn is None:
+        raise CheckError(f"unsupported expression {type(expr).__name__}: {expr}")
+    return fn(ev(expr.a), ev(expr.b))
+
+
+def _interval(expr, box: dict) -> tuple[int, int]:
+    """Inclusive [lo, hi] of an integer expression with var handle -> (lo, hi) bounds."""
+    t = _classes()
+    if isinstance(expr, t.IntImm):
+        v = int(expr.value)
+        return v, v
+    if isinstance(expr, t.Var):
+        key = _handle(expr)
+        if key not in box:
+            raise CheckError(f"free variable {expr} in an index expression")
+        return box[key]
+    if isinstance(expr, t.Cast):
+        return _interval(expr.value, box)
+    a_lo, a_hi = _interval(expr.a, box)
+    b_lo, b_hi = _interval(expr.b, box)
+    if isinstance(expr, t.Add):
+        return a_lo + b_lo, a_hi + b_hi
+    if isinstance(expr, t.Sub):
+        return a_lo - b_hi, a_hi - b_lo
+    if isinstance(expr, t.Mul):
+        p = (a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi)
+        return min(p), max(p)
+    if isinstance(expr, (t.FloorDiv, t.Div)) and b_lo == b_hi and b_lo > 0:
+        return a_lo // b_lo, a_hi // b_lo
+    if isinstance(expr, (t.FloorMod, t.Mod)) and b_lo == b_hi and b_lo > 0:
+        if a_lo // b_lo == a_hi // b_lo:
+            return a_lo % b_lo, a_hi % b_lo
+        return 0, b_lo - 1
+    if isinstance(expr, t.Min):
+        return min(a_lo, b_lo), min(a_hi, b_hi)
+    if isinstance(expr, t.Max):
+        return max(a_lo, b_lo), max(a_hi, b_hi)
+    raise CheckError(f"unsupported index expression {type(expr).__name__}: {expr}")
+
+
+# --------------------------------------------------------------------------------------------
+# Walking the statement tree
+
+
+@dataclass
+class _Seen:
+    block: object  # tvm.s_tir.SBlock
+    executed: int
+    exact: bool
+
+
+def _is_true(expr) -> bool:
+    t = _classes()
+    return isinstance(expr, t.IntImm) and int(expr.value) == 1
+
+
+def _count(loops: list, preds: list) -> tuple[int, bool]:
+    """Executions of a body under ``loops`` [(var, min, extent)] guarded by all ``preds``."""
+    import numpy as np
+
+    total = 1
+    for _, _, ext in loops:
+        total *= ext
+    preds = [p for p in preds if not _is_true(p)]
+    if not preds or total == 0:
+        return total, True
+    used: dict = {}
+    for p in preds:
+        free_vars(p, used)
+    by_handle = {_handle(v): (v, lo, ext) for v, lo, ext in loops}
+    if any(h not in by_handle for h in used):
+        return total, False  # predicate on something other than loop vars: upper bound
+    mentioned = [by_handle[h] for h in by_handle if h in used]
+    points = 1
+    for _, _, ext in mentioned:
+        points *= ext
+    if points > MAX_PREDICATE_POINTS:
+        return total, False
+    env = {}
+    for axis, (v, lo, ext) in enumerate(mentioned):
+        shape = [1] * len(mentioned)
+        shape[axis] = ext
+        env[_handle(v)] = (lo + np.arange(ext, dtype=np.int64)).reshape(shape)
+    mask = np.ones([ext for _, _, ext in mentioned], dtype=bool)
+    for p in preds:
+        mask &= np.broadcast_to(np.asarray(_np_eval(p, env), dtype=bool), mask.shape)
+    return int(mask.sum()) * (total // points), True
+
+
+def _walk(stmt, loops: list, preds: list, out: list) -> None:
+    from tvm import s_tir
+
+    t = _classes()
+    if stmt is None:
+        return
+    if isinstance(stmt, t.For):
+        try:
+            ext, lo = _int(stmt.extent), _int(stmt.min)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CheckError(f"loop {stmt.loop_var} has a non-constant extent") from exc
+        _walk(stmt.body, loops + [(stmt.loop_var, lo, ext)], preds, out)
+    elif isinstance(stmt, t.SeqStmt):
+        for s in stmt.seq:
+            _walk(s, loops, preds, out)
+    elif isinstance(stmt, s_tir.SBlockRealize):
+        inner = preds + [stmt.predicate]
+        executed, exact = _count(loops, inner)
+        out.append(_Seen(stmt.block, executed, exact))
+        _walk(stmt.block.body, loops, inner, out)
+    elif isinstance(stmt, s_tir.SBlock):
+        _walk(stmt.body, loops, preds, out)
+    elif isinstance(stmt, t.IfThenElse):  # rare before lowering: count both branches (upper bound)
+        _walk(stmt.then_case, loops, preds, out)
+        _walk(stmt.else_case, loops, preds, out)
+    else:
+        body = getattr(stmt, "body", None)
+        if body is not None:
+            _walk(body, loops, preds, out)
+
+
+def _primfunc(obj):
+    """A PrimFunc from a PrimFunc, an IRModule (its ``main`` or only PrimFunc) or a Schedule."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    if isinstance(obj, s_tir.Schedule):
+        obj = obj.mod
+    if isinstance(obj, tirx.PrimFunc):
+        return obj
+    if isinstance(obj, tvm.IRModule):
+        funcs = [(gv.name_hint, f) for gv, f in obj.functions_items() if isinstance(f, tirx.PrimFunc)]
+        for name, f in funcs:
+            if name == "main":
+                return f
+        if len(funcs) == 1:
+            return funcs[0][1]
+        raise CheckError(f"module has {len(funcs)} PrimFuncs and none named main")
+    raise TypeError(f"expected a PrimFunc, IRModule or Schedule, got {type(obj).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Needed instances (consumer's view)
+
+
+def _domain(block) -> list[tuple[int, int, bool]]:
+    """[(min, extent, is_reduce)] of the block's iter vars."""
+    return [(_int(iv.dom.min), _int(iv.dom.extent), int(iv.iter_type) == 2) for iv in block.iter_vars]
+
+
+def _write_map(region, iters: dict) -> list | None:
+    """Per buffer dim: (iter var handle or None, offset), when the write index is ``v + c`` / ``c``."""
+    t = _classes()
+    dims = []
+    for rng in region.region:
+        if not isinstance(rng.extent, t.IntImm) or int(rng.extent.value) != 1:
+            return None
+        m = rng.min
+        if isinstance(m, t.IntImm):
+            dims.append((None, int(m.value)))
+        elif isinstance(m, t.Var) and _handle(m) in iters:
+            dims.append((_handle(m), 0))
+        elif isinstance(m, (t.Add, t.Sub)) and isinstance(m.a, t.Var) and _handle(m.a) in iters and isinstance(m.b, t.IntImm):
+            off = int(m.b.value)
+            dims.append((_handle(m.a), off if isinstance(m, t.Add) else -off))
+        else:
+            return None
+    return dims
+
+
+def _needed_boxes(blocks: list, outputs: set[int]) -> list[dict]:
+    """Per block (program order): iter var handle -> (lo, hi) needed; hi < lo = nothing.
+
+    ``outputs``: handles of the function's parameter buffers — a block writing one is needed whole,
+    whoever else reads it."""
+    readers: dict[int, list[int]] = {}
+    for i, b in enumerate(blocks):
+        for r in b.reads:
+            readers.setdefault(_handle(r.source), []).append(i)
+    boxes: list[dict | None] = [None] * len(blocks)
+    full: list[dict] = []
+    for b in blocks:
+        full.append({_handle(iv.var): (lo, lo + ext - 1) for iv, (lo, ext, _) in zip(b.iter_vars, _domain(b))})
+
+    def consumers_of(i: int, buf_handle: int) -> list[int]:
+        return [j for j in readers.get(buf_handle, []) if j != i]
+
+    # consumers before producers: reverse program order, then fix up the few blocks whose
+    # consumer comes earlier (a reduction's init block read by its own update block)
+    order = list(range(len(blocks)))[::-1]
+    pending = set(order)
+    for _ in range(len(blocks) + 1):
+        progressed = False
+        for i in order:
+            if i not in pending:
+                continue
+            b = blocks[i]
+            if any(_handle(w.source) in outputs for w in b.writes):
+                boxes[i] = dict(full[i])
+                pending.discard(i)
+                progressed = True
+                continue
+            cons = [j for w in b.writes for j in consumers_of(i, _handle(w.source))]
+            if any(j in pending for j in cons):
+                continue
+            boxes[i] = _box_from_consumers(i, b, full[i], cons, blocks, boxes)
+            pending.discard(i)
+            progressed = True
+        if not pending or not progressed:
+            break
+    for i in pending:  # a cycle through buffers (in-place updates): be conservative
+        boxes[i] = dict(full[i])
+    return boxes
+
+
+def _box_from_consumers(i, block, full_box, cons, blocks, boxes) -> dict:
+    if not cons:
+        return dict(full_box)
+    iters = {_handle(iv.var): None for iv in block.iter_vars}
+    reduce = {_handle(iv.var) for iv in block.iter_vars if int(iv.iter_type) == 2}
+    box: dict = {}
+    for w in block.writes:
+        wmap = _write_map(w, iters)
+        buf = _handle(w.source)
+        hull = None  # per dim [lo, hi] over every consumer read of this buffer
+        for j in cons:
+            cbox = boxes[j]
+            if any(lo > hi for lo, hi in cbox.values()):
+                continue  # a consumer needing nothing reads nothing
+            for r in blocks[j].reads:
+                if _handle(r.source) != buf:
+                    continue
+                dims = []
+                for rng in r.region:
+                    lo, hi = _interval(rng.min, cbox)
+                    _, ext_hi = _interval(rng.extent, cbox)
+                    dims.append((lo, hi + ext_hi - 1))
+                hull = dims if hull is None else [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(hull, dims)]
+        if wmap is None:
+            return dict(full_box)  # cannot map the buffer back to iterations: whole domain
+        for d, (var, off) in enumerate(wmap):
+            if var is None or var in reduce:
+                continue
+            lo, hi = (math.inf, -math.inf) if hull is None else (hull[d][0] - off, hull[d][1] - off)
+            f_lo, f_hi = full_box[var]
+            lo, hi = max(lo, f_lo), min(hi, f_hi)
+            if var in box:  # several written buffers / dims: the union of what they need
+                p_lo, p_hi = box[var]
+                if p_lo <= p_hi:
+                    lo, hi = (p_lo, p_hi) if lo > hi else (min(lo, p_lo), max(hi, p_hi))
+            box[var] = (lo, hi)
+    for var, rng in full_box.items():
+        box.setdefault(var, rng)  # reduction iters and iters not in the write index: all of them
+    return {k: (int(lo), int(hi)) if lo <= hi else (0, -1) for k, (lo, hi) in box.items()}
+
+
+def _box_size(box: dict) -> int:
+    n = 1
+    for lo, hi in box.values():
+        n *= max(0, hi - lo + 1)
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+
+
+def execution_counts(func) -> list[BlockCount]:
+    """One :class:`BlockCount` per block (program order) of a PrimFunc / IRModule / Schedule."""
+    from tvm import s_tir
+
+    func = _primfunc(func)
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize):  # the implicit root block: not counted
+        body = body.block.body
+    seen: list = []
+    _walk(body, [], [], seen)
+    blocks = [s.block for s in seen]
+    boxes = _needed_boxes(blocks, {_handle(p) for p in func.params})
+    counts = []
+    for s, box in zip(seen, boxes):
+        domain = 1
+        for _, ext, _ in _domain(s.block):
+            domain *= ext
+        counts.append(BlockCount(s.block.name_hint, s.executed, domain, _box_size(box), s.exact))
+    return counts
+
+
+def max_recompute(func) -> float:
+    """The largest executed / needed over the blocks (1.0: nothing is computed twice)."""
+    return max((c.ratio for c in execution_counts(func) if c.needed > 0), default=1.0)
+
+
+def dropped_blocks(func) -> list[BlockCount]:
+    """Blocks that run fewer instances than their consumers read: the schedule is wrong."""
+    return [c for c in execution_counts(func) if c.dropped]
+
+
+def format_counts(counts: Iterable[BlockCount]) -> str:
+    rows = [f"{'block':32} {'executed':>12} {'needed':>12} {'domain':>12} {'ratio':>7}"]
+    for c in counts:
+        flag = "  DROPPED" if c.dropped else ("" if c.exact else "  (upper bound)")
+        rows.append(f"{c.name:32} {c.executed:12d} {c.needed:12d} {c.domain:12d} {c.ratio:7.3f}{flag}")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The MetaSchedule postprocessor
+
+#: process-wide tallies of :class:`RejectDroppedIterations` (its instances are cloned per thread)
+STATS = {"applied": 0, "rejected": 0, "errors": 0}
+_STATS_LOCK = threading.Lock()
+
+
+def reset_stats() -> None:
+    with _STATS_LOCK:
+        for k in STATS:
+            STATS[k] = 0
+
+
+def _tally(key: str) -> None:
+    with _STATS_LOCK:
+        STATS[key] += 1
+
+
+def _make_postproc_class():
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.postproc import PyPostproc
+
+    @derived_object
+    class RejectDroppedIterations(PyPostproc):
+        """Reject a candidate in which some block runs fewer instances than its consumers read, or
+        in which a parallel loop writes a shared buffer independently of its variable (a data race,
+        see :mod:`toolchain.race_check`).
+
+        Append it after ``Postproc.create("llvm")``. A candidate the counter
+        cannot analyse is kept (and counted in ``STATS["errors"]``): the check
+        is a filter for a known failure, not a verifier of arbitrary TIR.
+        """
+
+        def _initialize_with_tune_context(self, context) -> None:
+            pass
+
+        def apply(self, sch) -> bool:
+            from toolchain.race_check import parallel_races
+
+            _tally("applied")
+            try:
+                bad = dropped_blocks(sch.mod)
+                races = [] if bad else parallel_races(sch.mod)  # after the llvm postprocs: real parallel loops
+            except Exception:  # noqa: BLE001 - unanalysable structure: keep the candidate
+                _tally("errors")
+                return True
+            if bad or races:
+                _tally("rejected")
+                return False
+            return True
+
+        def clone(self):
+            return RejectDroppedIterations()
+
+    return RejectDroppedIterations
+
+
+_CLASS = None
+
+
+def __getattr__(name):  # the class is built on first use: importing this module must not import tvm
+    global _CLASS
+    if name == "RejectDroppedIterations":
+        if _CLASS is None:
+            _CLASS = _make_postproc_class()
+        return _CLASS
+    raise AttributeError(name)
