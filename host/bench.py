@@ -285,7 +285,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
             started = time.perf_counter()
             summary = tuning.tune_model(
                 mod, onnx_import.model_hash(model), spec, tune_settings, db,
-                on_event=lambda kind, **info: on_event("tuning", case=case.label, variant=variant.name, kind=kind,
+                on_event=lambda kind, **info: on_event("tuning", case=case.label, variant=variant.name, event=kind,
                                                        **info),
             )
             record["tuning"] = {

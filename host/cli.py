@@ -558,7 +558,7 @@ def bench_suite(
                 progress.update(current, description=f"{info['case']}: {info['stage']}")
             elif kind == "round":
                 progress.update(current, completed=info["round"])
-            elif kind == "tuning" and info["kind"] == "trials":
+            elif kind == "tuning" and info["event"] == "trials":
                 progress.update(current, description=f"{info['case']}: tuning {info['variant']} "
                                 f"{info['task'][:24]} {info['done']}/{info['budget']}")
             elif kind == "case_done":
