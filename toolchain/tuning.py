@@ -492,14 +492,20 @@ def compose_joined(joined_func, minis: list[tuple[object, dict]]):
 
 
 def _rename_blocks(trace_json, mapping: dict):
-    """Rewrite the block names of GetSBlock instructions in a trace JSON."""
+    """The search part of a trace JSON (up to ``EnterPostproc``) with its block names mapped.
+
+    Postprocessing steps are left out: they depend on the whole function (e.g. the number of the
+    root's child blocks), and MetaSchedule applies its postprocessors again to every seed it replays.
+    """
     insts, decisions = trace_json
     out = []
     for inst in insts:
+        if inst[0] == "EnterPostproc":
+            break
         if inst[0] in ("GetSBlock", "GetBlock") and inst[2] and isinstance(inst[2][0], str):
             inst = [inst[0], inst[1], [mapping.get(inst[2][0], inst[2][0]), *inst[2][1:]], *inst[3:]]
         out.append(inst)
-    return [out, decisions]
+    return [out, [d for d in decisions if int(d[0]) < len(out)]]
 
 
 def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict) -> bool:

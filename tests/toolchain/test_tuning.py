@@ -29,10 +29,19 @@ def test_stabilised_means_no_gain_over_the_last_window():
     assert not tuning.stabilised([math.inf] * 6, window=2, tolerance=0.02)
 
 
-def test_rename_blocks_rewrites_only_block_lookups():
-    trace = [[["GetSBlock", [], ["conv2d_nchw", "main"], ["b0"]], ["Split", ["l1"], [], ["l2"]]], []]
+def test_rename_blocks_rewrites_block_lookups_and_drops_postprocessing():
+    trace = [
+        [
+            ["GetSBlock", [], ["conv2d_nchw", "main"], ["b0"]],
+            ["SamplePerfectTile", ["l1"], [2, 64], ["v0", "v1"]],
+            ["EnterPostproc", [], [], []],
+            ["GetChildBlocks", ["b9"], [], ["b10", "b11"]],
+        ],
+        [[1, [4, 8]], [3, [0]]],
+    ]
     renamed = tuning._rename_blocks(trace, {"conv2d_nchw": "conv2d_nchw_1"})
     assert renamed[0][0][2] == ["conv2d_nchw_1", "main"] and renamed[0][1] == trace[0][1]
+    assert len(renamed[0]) == 2 and renamed[1] == [[1, [4, 8]]]  # postproc steps depend on the whole func
 
 
 @pytest.fixture(scope="module")
