@@ -57,7 +57,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -318,39 +317,8 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 # Tuning
 
 
-def fast_build(mod, target, _params=None):
-    """``LocalBuilder`` ``f_build`` without the stock one's ``import tvm.s_tir.tensor_intrin`` (≈11 s per batch).
-
-    Same two steps as ``meta_schedule.builder.default_build``: drop the weight
-    layout-rewrite blocks, then ``tvm.driver.build``. Only CPU (llvm) schedules
-    are built here, which use no tensor intrinsics.
-    """
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
-
-
-def trial_latencies(work_dir: Path) -> list[float]:
-    """Measured latency (s, median of the repeats) of every trial, in the order the tuner committed them.
-
-    ``JSONDatabase`` appends one line per record to ``database_tuning_record.json``
-    as results come in: ``[workload_index, [trace, run_secs, target, args_info]]``
-    (``TuningRecord.as_json``; ``run_secs`` holds one entry per runner repeat).
-    A failed build or run is recorded with a run time of 1e10 s; it stays in the
-    list as ``inf``.
-    """
-    path = Path(work_dir) / "database_tuning_record.json"
-    out: list[float] = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        _, record = json.loads(line)
-        secs = [float(s) for s in (record[1] or [])]
-        lat = statistics.median(secs) if secs else math.inf
-        out.append(math.inf if lat >= FAILED_SECS else lat)
-    return out
+# the fast builder and the database reader live with the tuner (toolchain.tuning)
+from toolchain.tuning import fast_build, trial_latencies  # noqa: E402
 
 
 def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER, seed: int = DEFAULT_SEED) -> list[float]:

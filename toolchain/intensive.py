@@ -593,7 +593,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from host.fit_weights import fast_build, trial_latencies
+    from toolchain.tuning import fast_build, trial_latencies
     from toolchain import schedule_check
 
     os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))

@@ -119,6 +119,27 @@ def plain(obj):
     return str(obj)
 
 
+def trial_latencies(work_dir: Path) -> list[float]:
+    """Measured latency (s, median of the repeats) of every trial, in the order the tuner committed them.
+
+    ``JSONDatabase`` appends one line per record to ``database_tuning_record.json``
+    as results come in: ``[workload_index, [trace, run_secs, target, args_info]]``
+    (``TuningRecord.as_json``; ``run_secs`` holds one entry per runner repeat).
+    A failed build or run is recorded with a run time of 1e10 s; it stays in the
+    list as ``inf``.
+    """
+    path = Path(work_dir) / "database_tuning_record.json"
+    out: list[float] = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        _, record = json.loads(line)
+        secs = [float(s) for s in (record[1] or [])]
+        lat = sorted(secs)[len(secs) // 2] if secs else math.inf
+        out.append(math.inf if lat >= FAILED_SECS else lat)
+    return out
+
+
 def workload_module(func):
     import tvm
 
