@@ -186,7 +186,7 @@ def _budgets(weights: list[float], total: int, minimum: int) -> list[int]:
 class TaskPlan:
     tasks: tuple[Task, ...]
     funcs: dict = field(hash=False)  # task name -> PrimFunc
-    block_maps: dict = field(hash=False)  # mini task name -> {mini block name: joined block name}
+    compositions: dict = field(hash=False)  # joined task -> [(mini task, {mini block: joined block}), ...]
     kernels: tuple[str, ...]  # final kernels' task names in call order
 
 
@@ -233,7 +233,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 
     tasks: list[Task] = []
-    block_maps: dict = {}
+    compositions: dict = {}
     if settings.partition == "ago" and settings.reformer:
         split = reform.split_plan(graph, plan, threshold)
         mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
@@ -244,6 +244,10 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
                 continue
             for (kernel, func), mini in minis:
                 name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+                # every instance composes onto the joined kernel, even when identical minis share a task
+                compositions.setdefault(parent, []).append(
+                    (name, _map_blocks(graph, mini, parent_task.members, func, funcs[parent]))
+                )
                 if name in funcs:
                     continue  # an identical mini (or kernel) elsewhere is tuned once
                 weight = sum(plan.weights[n] for n in mini)
@@ -251,13 +255,12 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
                 budget = max(settings.per_iter, int(round(share / settings.per_iter)) * settings.per_iter)
                 funcs[name] = func
                 tasks.append(Task(name, "mini", tuple(mini), parent, weight, budget))
-                block_maps[name] = _map_blocks(graph, mini, parent_task.members, func, funcs[parent])
             minis_budget = sum(t.budget for t in tasks if t.parent == parent)
             final[parent] = replace(
                 parent_task, phase="joined", budget=max(settings.per_iter, parent_task.budget - minis_budget)
             )
     tasks.extend(final.values())
-    return fused, TaskPlan(tuple(tasks), funcs, block_maps, tuple(order))
+    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(order))
 
 
 def _nests(func):
@@ -529,29 +532,39 @@ def _rename_blocks(trace_json, mapping: dict):
     return [out, [d for d in decisions if int(d[0]) < len(out)]]
 
 
-def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict) -> bool:
-    """Commit the composition of the minis' verified schedules as a record of the joined kernel."""
+def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                runner=None) -> bool:
+    """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
+    static checks and builds, measure it and commit it as the joined kernel's first record: the
+    search then starts from it. Its latency is measured like any candidate's, never estimated."""
     from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    minis = [t for t in plan.tasks if t.parent == task.name]
+    from toolchain.race_check import parallel_races
+    from toolchain.schedule_check import dropped_blocks
+
     parts = [
-        (verified[m.name]["trace"], plan.block_maps.get(m.name, {}))
-        for m in minis
-        if verified.get(m.name, {}).get("status") == "verified"
+        (verified[name]["trace"], mapping)
+        for name, mapping in plan.compositions.get(task.name, [])
+        if verified.get(name, {}).get("status") == "verified"
     ]
-    if not parts:
-        return False
     func = plan.funcs[task.name]
-    sch = compose_joined(func, parts)
-    if sch is None:
+    sch = compose_joined(func, parts) if parts else None
+    if sch is None or dropped_blocks(sch.mod) or parallel_races(sch.mod):
         return False
-    estimate = sum(verified[m.name]["latency_ms"] for m in minis if m.name in verified and "latency_ms" in verified[m.name])
+    built = ms.builder.LocalBuilder(f_build=fast_build, max_workers=1, timeout_sec=120).build(
+        [BuilderInput(sch.mod, spec.tvm())]
+    )[0]
+    if built.error_msg:
+        return False
+    args = ms.arg_info.ArgInfo.from_prim_func(func)
+    result = _runner(settings, runner).run([RunnerInput(built.artifact_path, "llvm", args)])[0].result()
+    if result.error_msg or not result.run_secs:
+        return False
+    run_secs = [float(getattr(x, "value", x)) for x in result.run_secs]
     workload = database.commit_workload(workload_module(func))
-    database.commit_tuning_record(
-        ms.database.TuningRecord(
-            sch.trace, workload, [estimate / 1e3 or 1e-3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)
-        )
-    )
+    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, spec.tvm(), args))
     return True
 
 
@@ -585,7 +598,7 @@ def tune_model(
         done = len(records_of(database, func))
         on_event("task", task=task.name, phase=task.phase, done=done, budget=task.budget)
         if task.phase == "joined" and done == 0:
-            if seed_joined(task, plan, database, spec, verified):
+            if seed_joined(task, plan, database, spec, verified, settings, runner):
                 on_event("seeded", task=task.name)
         intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
