@@ -172,11 +172,19 @@ def group_kernels(fused_mod) -> list[tuple[str, object]]:
 
 
 def _budgets(weights: list[float], total: int, minimum: int) -> list[int]:
-    """Split ``total`` trials in proportion to ``weights``, at least ``minimum`` each."""
+    """Split ``total`` trials in whole batches of ``minimum`` in proportion to ``weights``
+    (largest remainder), at least one batch each: the sum is ``total`` rounded to batches, or
+    one batch per kernel when there are more kernels than batches."""
     if not weights:
         return []
+    units = max(total // minimum, len(weights))
     scale = sum(weights) or 1.0
-    return [max(minimum, int(round(total * w / scale / minimum)) * minimum) for w in weights]
+    shares = [units * w / scale for w in weights]
+    alloc = [max(1, int(x)) for x in shares]
+    spare = units - sum(alloc)
+    for i in sorted(range(len(weights)), key=lambda i: shares[i] - int(shares[i]), reverse=True)[: max(spare, 0)]:
+        alloc[i] += 1
+    return [a * minimum for a in alloc]
 
 
 # ----------------------------------------------------------------------------- planning
@@ -187,7 +195,6 @@ class TaskPlan:
     tasks: tuple[Task, ...]
     funcs: dict = field(hash=False)  # task name -> PrimFunc
     compositions: dict = field(hash=False)  # joined task -> [(mini task, {mini block: joined block}), ...]
-    kernels: tuple[str, ...]  # final kernels' task names in call order
 
 
 def _block_names(func) -> list[str]:
@@ -222,12 +229,12 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         funcs[name] = func
         final[name] = Task(name, "kernel", tuple(group), None, weight, 0)
     if settings.partition == "stock":  # weights of FuseOps kernels: from their own loop nests
-        from toolchain.opgraph import OpNode
+        from toolchain.opgraph import OpNode, block_nests
         from toolchain.weights import loop_term
 
         model = load_model()
         for name, task in final.items():
-            term = loop_term(OpNode(name, name, "simple", tuple(_nests(funcs[name])), ()))
+            term = loop_term(OpNode(name, name, "simple", block_nests(funcs[name]), ()))
             final[name] = replace(task, weight=model.c * term + model.b)
     budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter)
     final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
@@ -260,13 +267,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
                 parent_task, phase="joined", budget=max(settings.per_iter, parent_task.budget - minis_budget)
             )
     tasks.extend(final.values())
-    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(order))
-
-
-def _nests(func):
-    from toolchain.opgraph import block_nests
-
-    return block_nests(func)
+    return fused, TaskPlan(tuple(tasks), funcs, compositions)
 
 
 def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:

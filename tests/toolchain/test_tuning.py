@@ -16,9 +16,11 @@ from toolchain.targets import resolve_target
 SPEC = resolve_target("host")
 
 
-def test_budgets_follow_weights_in_whole_batches():
+def test_budgets_follow_weights_in_whole_batches_and_add_up():
     assert tuning._budgets([1.0, 3.0], total=64, minimum=16) == [16, 48]
-    assert tuning._budgets([1.0, 100.0], total=64, minimum=16) == [16, 64]  # every kernel gets a batch
+    assert tuning._budgets([1.0, 100.0], total=64, minimum=16) == [16, 48]  # every kernel gets a batch
+    assert sum(tuning._budgets([1.0, 1.0, 1.0], total=64, minimum=16)) == 64  # remainders are not lost
+    assert tuning._budgets([1.0] * 5, total=64, minimum=16) == [16] * 5  # more kernels than batches
     assert tuning._budgets([], total=64, minimum=16) == []
 
 
