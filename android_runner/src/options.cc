@@ -17,7 +17,7 @@ usage:
   agoc-runner bench --artifact DIR [--warmup N] [--repeat M] [--min-time-ms T]
                     [--threads K] [--cores 4,5,6,7] [--random-inputs [--seed S]]
                     [--outputs-dir DIR] [--per-kernel] [--entry NAME]
-  agoc-runner rpc [--host 127.0.0.1] [--port 9090] [--port-end 9199] [--key KEY]
+  agoc-runner rpc [--host 127.0.0.1] [--port 9090] [--port-end 9199] [--key KEY (or env AGOC_RPC_KEY)]
                   [--once] [--work-dir DIR]
   agoc-runner --help
 
@@ -141,7 +141,11 @@ RpcOptions ParseRpc(int argc, char** argv) {
       {"--once", {false, [&](const std::string&) { o.once = true; }}},
       {"--work-dir", {true, [&](const std::string& v) { o.work_dir = v; }}},
   };
+  bool key_given = false;
+  for (int i = 0; i < argc; ++i) key_given = key_given || std::string(argv[i]) == "--key";
   ApplyFlags(flags, "rpc", argc, argv);
+  // a secret session key is better passed in the environment: argv is world-readable in /proc
+  if (const char* env_key = std::getenv("AGOC_RPC_KEY"); !key_given && env_key && *env_key) o.key = env_key;
   if (o.host.empty()) throw RunnerError(kExitUsage, "--host must not be empty");
   if (o.key.find_first_of(" \t\n") != std::string::npos) throw RunnerError(kExitUsage, "--key must not contain spaces");
   if (!port_end_given && o.port > o.port_end) o.port_end = o.port;

@@ -25,6 +25,7 @@
 
 #include "errors.h"
 #include "json.h"
+#include "sysinfo.h"
 
 namespace agoc {
 namespace ffi = tvm::ffi;
@@ -191,9 +192,29 @@ bool Handshake(int fd, const std::string& key, SessionRequest* request) {
          SendAll(fd, server_key.data(), server_key.size());
 }
 
+// What the device says about its state right now, as one JSON object: the cpus' current
+// frequencies and the thermal zones' temperatures (empty objects where sysfs hides them). The
+// host reads it before and after each measurement to spot throttled samples.
+std::string SysInfoJson() {
+  std::ostringstream out;
+  JsonWriter j(out);
+  j.BeginObject();
+  j.Key("cpu_freq_khz").BeginObject();
+  for (const CpuFreq& f : ReadCpuFreqs()) j.Key("cpu" + std::to_string(f.cpu)).Int(f.khz);
+  j.EndObject();
+  j.Key("thermal_c").BeginObject();
+  for (const ThermalZone& z : ReadThermalZones()) j.Key(z.zone).Double(z.celsius, 6);
+  j.EndObject();
+  j.EndObject();
+  return out.str();
+}
+
 // The functions a TVM RPC server provides on top of the runtime's own (python/tvm/rpc/server.py
 // `_server_env`): files the client uploads go to the session dir; load_module loads one of them.
+// Plus agoc.sysinfo (see SysInfoJson).
 void RegisterSessionEnvironment(const std::string& session_dir) {
+  ffi::Function::SetGlobal("agoc.sysinfo", ffi::Function::FromTyped([]() -> ffi::String { return SysInfoJson(); }),
+                           true);
   auto workpath = [session_dir](const ffi::String& name) -> ffi::String {
     return ffi::String(session_dir + "/" + std::string(name));
   };
@@ -307,7 +328,7 @@ int RunRpcServer(const RpcOptions& options) {
   Fd listener = Listen(options, &port);
   {
     JsonWriter json(std::cout);
-    json.BeginObject().Key("listening").Int(port).Key("host").String(options.host).Key("key").String(options.key);
+    json.BeginObject().Key("listening").Int(port).Key("host").String(options.host).Key("pid").Int(getpid());
     json.EndObject();
     std::cout << std::endl;
   }
