@@ -313,16 +313,25 @@ def bench(
     device: Optional[str] = typer.Option(None, help="qemu, local, or a phone's serial (default: ANDROID_SERIAL or the only phone)."),
     threads: Optional[int] = typer.Option(None, help="Runtime threads (default: the runtime's)."),
     cores: Optional[str] = typer.Option(None, help="Pin to these cores, e.g. 4,5,6,7 (the big cluster)."),
-    warmup: int = typer.Option(5, help="Untimed runs first."),
-    repeat: int = typer.Option(20, help="Timed runs."),
+    warmup: Optional[int] = typer.Option(None, help="Untimed runs first (default 5; with --proxy 2)."),
+    repeat: Optional[int] = typer.Option(None, help="Timed runs (default 20; with --proxy 1)."),
     min_time_ms: float = typer.Option(0.0, help="Keep timing until this much time has passed."),
     per_kernel: bool = typer.Option(False, "--per-kernel", help="Also time each fused kernel."),
+    proxy: Optional[str] = typer.Option(
+        None, "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a55, "
+        "small-slc) and report instructions, D1 misses, L2 traffic and DRAM bytes per inference."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with median_ms)."),
 ):
     """Time the artifact on a device with the C++ runner (median, spread, cpufreq, temperature)."""
     from host.devices import BenchOptions, get_device
     from toolchain.artifact import load_artifact
 
+    if proxy is not None:
+        _bench_proxy(artifact_dir, device, proxy, 2 if warmup is None else warmup, 1 if repeat is None else repeat,
+                     as_json)
+        return
+    warmup = 5 if warmup is None else warmup
+    repeat = 20 if repeat is None else repeat
     try:
         core_list = tuple(int(c) for c in cores.split(",")) if cores else None
     except ValueError:
@@ -347,14 +356,47 @@ def bench(
         err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
 
 
+def _bench_proxy(artifact_dir: Path, device: Optional[str], geometry: str, warmup: int, calls: int,
+                 as_json: bool) -> None:
+    """`agoc bench OUT --proxy GEOMETRY`: the phone-cache proxy (host/proxy.py) on this machine."""
+    from host import proxy
+    from toolchain.artifact import load_artifact
+
+    if device not in (None, "local"):
+        raise proxy.ProxyError(f"--proxy simulates a phone cache on this machine; drop --device {device}")
+    if calls < 1:
+        raise proxy.ProxyError("--repeat must be at least 1")
+    geo = proxy.geometry(geometry)
+    art = load_artifact(artifact_dir)
+    sizes = ", ".join(c.label for c in (geo.l2, *geo.llc))
+    err_console.print(
+        f"[dim]phone-cache proxy {geo.name}: {escape(art.manifest.model_name)} under valgrind callgrind, "
+        f"D1 {geo.l1d.label} {geo.l1d.assoc}-way, LL {sizes}; warm-up {warmup}, {calls} collected call(s), "
+        f"1 thread, env -i[/dim]",
+        soft_wrap=True,
+    )
+    with err_console.status(f"simulating {geo.name} caches"):
+        result = proxy.measure(art, geo, warmup=warmup, calls=calls)
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(render.proxy_result_table(result))
+
+
 @app.command()
 @_guard
 def tune(
     model: Optional[str] = typer.Argument(None, help="An ONNX file or zoo:NAME[@SHAPE]."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuning database directory (created; re-running resumes)."),
     status_dir: Optional[Path] = typer.Option(None, "--status", help="Show a database's per-kernel progress and exit."),
-    target: str = typer.Option("host", "--target", "-t", help="Target preset (tuning measures on this machine: host)."),
-    device: str = typer.Option("local", help="Where candidates are measured: local."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset (default: what the device runs)."),
+    device: Optional[list[str]] = typer.Option(
+        None, help="Where candidates are measured: local (default), qemu, or a phone's serial; repeat for several."),
+    rpc: bool = typer.Option(False, "--rpc", help="Measure on this machine through the runner's RPC server too."),
+    tracker: Optional[str] = typer.Option(None, help="HOST:PORT of a TVM RPC tracker (a farm; default: a private one)."),
+    key: Optional[str] = typer.Option(None, help="Tracker key of the devices to use (default: their target, e.g. linux-arm64)."),
+    cooldown: float = typer.Option(0.0, help="Seconds to pause before each candidate (RPC measurements)."),
+    max_spread: float = typer.Option(0.15, help="Re-measure a candidate whose repeats spread more than this."),
     input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
     trials: int = typer.Option(256, help="Trial budget for the whole model (split over kernels by AGO weight)."),
     partition: str = typer.Option("ago", help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline)."),
@@ -376,11 +418,19 @@ def tune(
     from toolchain import build, onnx_import
     from toolchain.targets import resolve_target
 
-    if target != "host" or device != "local":
-        raise tuning.TuningError(
-            f"tuning measures candidates where they run; --target {target} --device {device} needs the on-device "
-            "RPC tuning session (not built yet): tune with --target host --device local"
-        )
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+
+    devices = [get_device(name) for name in (device or [])]
+    farm = tracker is not None and not devices
+    if not devices and not farm:
+        devices = [get_device("local")]
+    local_only = not farm and all(d.kind == "local" for d in devices) and not rpc and len(devices) == 1
+    if farm and key is None:
+        raise UnsupportedModelError("with --tracker and no --device, say which devices with --key (e.g. linux-arm64)")
+    target = target or (rpc_mod.device_target(devices[0]) if devices else key)
+    if devices and len({rpc_mod.device_target(d) for d in devices}) > 1:
+        raise UnsupportedModelError("the devices of one tuning run must run the same target; tune them separately")
     if partition not in ("ago", "stock"):
         raise UnsupportedModelError(f"unknown partition '{partition}'; choose ago or stock")
     settings = tuning.TuneSettings(
@@ -389,10 +439,15 @@ def tune(
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
-    spec = resolve_target(target)
+    cores = None
+    if devices and devices[0].kind != "local":
+        cores = devices[0].describe().get("cores")
+    spec = resolve_target(target, num_cores=cores)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
+    where = "this machine" if local_only else (
+        f"tracker {tracker} key {key}" if farm else ", ".join(d.name for d in devices) + " over RPC")
     err_console.print(
-        f"[dim]tuning {escape(label)} into {escape(str(db))}: {trials} trials, partition {partition}, "
+        f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where)}: {trials} trials, partition {partition}, "
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
         f"split {split_fraction:g}, {per_iter}/batch, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
@@ -426,9 +481,32 @@ def tune(
             rejected = f", {len(r.get('rejected', []))} wrong candidates rejected" if r.get("rejected") else ""
             progress.console.print(f"{escape(info['task'])}: {note}{rejected}")
 
-    with progress:
-        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event)
+    if local_only:
+        with progress:
+            summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event)
+        console.print(render.tune_status_table(summary, db))
+        console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
+        return
+    from host.measure import Hygiene
+
+    def on_device(kind, **info):
+        if kind in ("attached", "restart", "session_failed"):
+            detail = info.get("error") or info.get("reason") or f"port {info.get('port')}"
+            progress.console.print(f"[dim]device {escape(info['device'])}: {kind} ({escape(str(detail))})[/dim]")
+
+    hygiene = Hygiene(cooldown_s=cooldown, max_spread=max_spread)
+    db.mkdir(parents=True, exist_ok=True)
+    session = rpc_mod.RpcSession(
+        spec, devices, rpc_mod.parse_address(tracker) if tracker else None, key, hygiene,
+        db / "measurements.jsonl", on_event=on_device,
+    )
+    with progress, session:
+        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event,
+                                    measure=session.measure())
+        report = session.report()
+    (db / "devices.json").write_text(json.dumps(report, indent=2))
     console.print(render.tune_status_table(summary, db))
+    console.print(render.rpc_report_table(report))
     console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
 
 
@@ -511,6 +589,9 @@ def bench_suite(
     trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
+    proxy: Optional[str] = typer.Option(
+        None, "--proxy", help="Also simulate this phone cache geometry (a76, a55, small-slc) for every TVM variant: "
+        "DRAM bytes, L2 traffic, D1 misses, instructions beside latency (needs valgrind)."),
 ):
     """Compile each model with each variant, verify it, time it against onnxruntime; write JSON + PNG."""
     from dataclasses import replace
@@ -532,7 +613,12 @@ def bench_suite(
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
-                       trials=settings.trials if trials is None else trials)
+                       trials=settings.trials if trials is None else trials, proxy=proxy)
+    if proxy is not None:  # fail before compiling anything
+        from host import proxy as proxy_mod
+
+        proxy_mod.geometry(proxy)
+        proxy_mod.find_valgrind()
     cases = bench.suite_cases(bench.SUITES[suite], quick, names, sizes)
     if not cases:
         raise UnsupportedModelError("no (model, shape) pairs selected; check --models and --shapes")
@@ -540,7 +626,8 @@ def bench_suite(
         f"[dim]suite {suite}: {len(cases)} cases × {', '.join(chosen or bench.SUITES[suite].variants)}; "
         f"{settings.threads} threads, {settings.rounds} rounds × {settings.calls_per_round} calls, "
         f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}"
-        f"{f', {settings.trials} tuning trials per tuned variant' if settings.trials else ''}[/dim]",
+        f"{f', {settings.trials} tuning trials per tuned variant' if settings.trials else ''}"
+        f"{f', phone-cache proxy {proxy}' if proxy else ''}[/dim]",
         soft_wrap=True,
     )
     progress = Progress(
@@ -567,8 +654,10 @@ def bench_suite(
         document = bench.run_suite(bench.SUITES[suite], cases, settings, work_dir, chosen, on_event)
     json_path, png_path = bench.write_results(document, out)
     console.print(render.bench_table(document))
+    if proxy:
+        console.print(render.proxy_bench_table(document))
     console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
-    if any(r["status"] != "ok" for r in bench.summary_rows(document)):
+    if any(r["status"] != "ok" or r["proxy_status"] not in (None, "ok") for r in bench.summary_rows(document)):
         raise typer.Exit(1)
 
 

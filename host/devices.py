@@ -21,10 +21,14 @@ import hashlib
 import json
 import os
 import platform
+import select
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +120,86 @@ def _parse_runner_json(stdout: str, stderr: str, rc: int, where: str) -> dict:
 # ----------------------------------------------------------------------------- transports
 
 
+class Spawned:
+    """A long-running program started on a device (the runner's RPC server): its first stdout
+    line, whether it still runs, and stopping it. Subclasses say how the bytes arrive."""
+
+    pid: int | None = None
+
+    def first_line(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        data = b""
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeviceError(f"no output from the program within {timeout:.0f} s")
+            chunk = self._read(min(left, 0.5))
+            if chunk == b"":
+                raise DeviceError("the program exited before it printed its first line")
+            data += chunk or b""
+        return data.decode(errors="replace").strip()
+
+    def _read(self, timeout: float) -> bytes | None:
+        """Up to 4 KiB of stdout; None when nothing came within ``timeout``; b"" at its end."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class PopenSpawned(Spawned):
+    """A program run as a child process of this one (host, or qemu-user)."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def _read(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        if ready:
+            return os.read(self.popen.stdout.fileno(), 4096)
+        return b"" if self.popen.poll() is not None else None
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        if self.popen.stdout:
+            self.popen.stdout.close()
+
+
+class HostTransport:
+    """This machine as a device for the runner's RPC mode (``--device local``)."""
+
+    kind = "local"
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
+        popen = subprocess.Popen(
+            argv, cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=open(Path(cwd) / "rpc.stderr", "ab"), start_new_session=True,
+        )
+        return PopenSpawned(popen)
+
+    def forward(self, device_port: int) -> int:
+        return device_port  # same machine: the port is reachable as it is
+
+    def unforward(self, host_port: int) -> None:
+        pass
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+
+
 class QemuTransport:
     """A sandbox directory standing in for a device filesystem; aarch64 programs run under qemu."""
 
@@ -145,7 +229,7 @@ class QemuTransport:
     def exists(self, remote: str) -> bool:
         return self._local(remote).exists()
 
-    def execute(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
+    def _command(self, argv: list[str], env: dict[str, str]) -> list[str]:
         program = str(self._local(argv[0]))
         args = [self._local(a).as_posix() if a.startswith("/") and self.exists(a) else a for a in argv[1:]]
         qemu_env = []
@@ -153,7 +237,28 @@ class QemuTransport:
             if key == "LD_LIBRARY_PATH":
                 value = ":".join(str(self._local(p)) for p in value.split(":"))
             qemu_env += ["-E", f"{key}={value}"]
-        cmd = [self.qemu, "-L", self.sysroot, *qemu_env, program, *args]
+        return [self.qemu, "-L", self.sysroot, *qemu_env, program, *args]
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
+        """Start a long-running program (the RPC server) under qemu; its stderr goes to cwd/rpc.stderr."""
+        local_cwd = self._local(cwd)
+        popen = subprocess.Popen(
+            self._command(argv, env), cwd=local_cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=open(local_cwd / "rpc.stderr", "ab"), start_new_session=True,
+        )
+        return PopenSpawned(popen)
+
+    def forward(self, device_port: int) -> int:
+        return device_port  # qemu-user shares this machine's network
+
+    def unforward(self, host_port: int) -> None:
+        pass
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+
+    def execute(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
+        cmd = self._command(argv, env)
         try:
             done = subprocess.run(cmd, cwd=self._local(cwd), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -198,6 +303,26 @@ class AdbTransport:
         stderr = self.device.shell2(f"cat {shlex.quote(cwd + '/runner.stderr')}", timeout=30).output
         return result.returncode, result.output, stderr
 
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
+        """Start a long-running program over a streaming ``adb shell``; ``exec`` replaces the shell
+        (whose command line shows the environment assignments only until then)."""
+        assignments = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+        command = f"cd {shlex.quote(cwd)} && {' '.join(assignments)} exec {shlex.join(argv)} 2> rpc.stderr"
+        return AdbSpawned(self, self.device.shell(command, stream=True, timeout=None))
+
+    def forward(self, device_port: int) -> int:
+        """A free host port relayed by the adb server to ``device_port`` on the phone."""
+        return self.device.forward_port(device_port)
+
+    def unforward(self, host_port: int) -> None:
+        try:
+            self.device.forward_remove(f"tcp:{host_port}", raise_non_found=False)
+        except Exception:  # the device may be gone already
+            pass
+
+    def kill(self, pid: int) -> None:
+        self.device.shell2(shlex.join(["kill", "-9", str(int(pid))]), timeout=30)
+
     def describe(self) -> dict:
         prop = self.device.getprop
         info = {
@@ -213,12 +338,52 @@ class AdbTransport:
         return info
 
 
+class AdbSpawned(Spawned):
+    """A program running behind a streaming adb shell connection."""
+
+    def __init__(self, transport: AdbTransport, connection):
+        self.transport = transport
+        self.connection = connection
+        self.sock = connection.conn
+
+    def _read(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            return self.sock.recv(4096)
+        except OSError:
+            return b""
+
+    def alive(self) -> bool:
+        try:
+            ready, _, _ = select.select([self.sock], [], [], 0)
+            if not ready:
+                return True
+            return bool(self.sock.recv(4096, socket.MSG_PEEK))
+        except (OSError, ValueError):
+            return False
+
+    def stop(self) -> None:
+        if self.pid and self.alive():
+            try:
+                self.transport.kill(self.pid)
+            except Exception:
+                pass
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+
+
 # ----------------------------------------------------------------------------- devices
 
 
 class LocalDevice:
     name = "local"
     kind = "local"
+    runner_target = "host"
+    transport = HostTransport()
     description = f"this machine ({platform.machine()}), in-process Relax VM"
 
     def _check(self, artifact: Artifact) -> None:
@@ -274,6 +439,25 @@ class RunnerDevice:
                 "artifact: recompile with --target linux-arm64 (qemu) or android-arm64 (phones)"
             )
 
+    def deploy_runner(self) -> str:
+        """Push the runner and its runtime libraries (once per content) and return their directory."""
+        runner, libs = runner_build(self.runner_target)
+        remote = f"{self.base}/runner-{_digest([runner, *libs])}"
+        if self.transport.exists(f"{remote}/.complete"):
+            return remote
+        self.transport.mkdir(f"{remote}/lib")
+        self.transport.put(runner, f"{remote}/agoc-runner")
+        for lib in libs:
+            self.transport.put(lib, f"{remote}/lib/{lib.name}")
+        self._mark_complete(remote)
+        return remote
+
+    def _mark_complete(self, remote: str) -> None:
+        with tempfile.NamedTemporaryFile("w", delete=False) as marker:
+            marker.write("ok\n")
+        self.transport.put(Path(marker.name), f"{remote}/.complete")
+        os.unlink(marker.name)
+
     def deploy(self, artifact: Artifact) -> str:
         """Push runner, runtime libraries and artifact into a fresh content-addressed directory."""
         self._check(artifact)
@@ -289,10 +473,7 @@ class RunnerDevice:
         for f in files:
             rel = f.relative_to(artifact.root).as_posix()
             self.transport.put(f, f"{remote}/artifact/{rel}")
-        with tempfile.NamedTemporaryFile("w", delete=False) as marker:
-            marker.write("ok\n")
-        self.transport.put(Path(marker.name), f"{remote}/.complete")
-        os.unlink(marker.name)
+        self._mark_complete(remote)
         return remote
 
     def _runner(self, remote: str, args: list[str], timeout: float) -> dict:

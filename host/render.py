@@ -111,6 +111,74 @@ def bench_table(document: dict) -> Table:
     return table
 
 
+def _mega(value) -> str:
+    return "" if value is None else f"{value / 1e6:.2f}"
+
+
+def _kilo(value) -> str:
+    return "" if value is None else f"{value / 1e3:.1f}"
+
+
+def proxy_result_table(result: dict) -> Table:
+    """`agoc bench OUT --proxy G`: simulated figures per inference, the model and each fused kernel."""
+    geo = result["geometry"]
+    llc = [f"{c['size'] // 2**20}MiB" if c["size"] % 2**20 == 0 else f"{c['size'] // 1024}KiB" for c in geo["llc"]]
+    l2 = geo["l2"]["size"] // 1024
+    table = Table(
+        title=f"phone-cache proxy '{geo['name']}': {result['model']}, per inference (valgrind callgrind, "
+              f"{result['calls']} collected call(s) after {result['warmup']} warm-up, 1 thread, {result['seconds']:.1f} s)",
+        title_justify="left",
+    )
+    table.add_column("kernel")
+    for col in ("instructions M", "D1 misses k", f"L2 misses k (LL {l2} KiB)", f"L2 traffic MB",
+                *(f"DRAM MB (LL {size})" for size in llc)):
+        table.add_column(col, justify="right")
+
+    def row(name: str, f: dict, style: str = "") -> None:
+        cells = [_mega(f["instructions"]), _kilo(f["d1_misses"]), _kilo(f["l2_misses"]), _mega(f["l2_bytes"]),
+                 *(_mega(f["dram_bytes"].get(size)) for size in llc)]
+        table.add_row(f"[{style}]{name}[/]" if style else name, *cells)
+
+    row("whole model", result["model_figures"], "bold")
+    for kernel in result["kernels"]:
+        row(kernel["name"], kernel)
+    return table
+
+
+def proxy_bench_table(document: dict) -> Table:
+    """Simulated phone-cache traffic of every variant of a suite (`bench-suite --proxy`), and ratios."""
+    from host.bench import summary_rows
+
+    proxy = document["context"].get("proxy") or {}
+    rows = summary_rows(document)
+    sizes = next((list(r["proxy"]["dram_bytes"]) for r in rows if r.get("proxy")), [])
+    bases = [b for b in proxy.get("baselines", []) if any(b in r.get("dram_vs", {}) for r in rows)]
+    table = Table(title=f"phone-cache proxy '{proxy.get('geometry')}': per inference (lower is better)",
+                  title_justify="left")
+    table.add_column("case")
+    table.add_column("variant")
+    for col in ("instr. M", "D1 misses k", "L2 misses k", *(f"DRAM MB ({s})" for s in sizes)):
+        table.add_column(col, justify="right")
+    for base in bases:
+        table.add_column(f"DRAM ÷ {base} ({' / '.join(sizes)})", justify="right")
+    for r in rows:
+        if r.get("proxy_status") is None:
+            continue
+        if r["proxy_status"] != "ok":
+            table.add_row(r["case"], r["variant"], f"[red]{r['proxy_status']}[/red]",
+                          *([""] * (2 + len(sizes) + len(bases))))
+            continue
+        f = r["proxy"]
+        cells = [_mega(f["instructions"]), _kilo(f["d1_misses"]), _kilo(f["l2_misses"]),
+                 *(_mega(f["dram_bytes"].get(s)) for s in sizes)]
+        for base in bases:
+            ratio = r["dram_vs"].get(base)
+            cells.append("" if not ratio else " / ".join(
+                "–" if v is None else f"[{'green' if v <= 1 else 'red'}]{v:.2f}[/]" for v in ratio.values()))
+        table.add_row(r["case"], r["variant"], *cells)
+    return table
+
+
 STAT_ROWS = (
     ("subgraphs", "subgraphs", "{:d}"),
     ("trivial", "trivial subgraphs", "{:d}"),
@@ -210,4 +278,39 @@ def tune_status_table(summary: dict, db_dir) -> Table:
         best = "" if r["best_ms"] is None else f"{r['best_ms']:.4f}"
         table.add_row(r["task"], r["phase"], str(r["calls"]), f"{r['trials']}/{r['budget']}", best,
                       str(r["rejected"]), r["status"])
+    return table
+
+
+def rpc_report_table(report: dict) -> Table:
+    """What each device of an RPC tuning run did (sessions, measurements, losses)."""
+    table = Table(
+        title=f"devices (tracker {report.get('tracker')}, key {report.get('key')}): "
+              f"{report.get('retried', 0)} candidates retried after a device failure, {report.get('failed', 0)} failed",
+        title_justify="left",
+    )
+    for col, just in (("device", "left"), ("measured", "right"), ("sessions", "right"), ("lost sessions", "right"),
+                      ("runner restarts", "right"), ("state", "left")):
+        table.add_column(col, justify=just)
+    for name, d in report.get("devices", {}).items():
+        table.add_row(name, str(d.get("measured", 0)), str(d.get("sessions", "")), str(d.get("failed", "")),
+                      str(d.get("restarts", "")), str(d.get("state", "")))
+    return table
+
+
+def tracker_table(summary: dict, where: str) -> Table:
+    """`agoc tracker status`: registered servers and the queue per key."""
+    table = Table(title=f"RPC tracker {where}", title_justify="left")
+    for col, just in (("key", "left"), ("servers", "right"), ("free", "right"), ("pending requests", "right"),
+                      ("addresses", "left")):
+        table.add_column(col, justify=just)
+    queue = summary.get("queue_info", {})
+    servers: dict[str, list[str]] = {}
+    for s in summary.get("server_info", []):
+        k = s.get("key", "").split(":", 1)[-1]
+        addr = s.get("addr") or ["?", "?"]
+        servers.setdefault(k, []).append(f"{addr[0]}:{addr[1]}")
+    for k in sorted(set(servers) | set(queue)):
+        q = queue.get(k, {})
+        table.add_row(k, str(len(servers.get(k, []))), str(q.get("free", 0)), str(q.get("pending", 0)),
+                      ", ".join(servers.get(k, [])))
     return table

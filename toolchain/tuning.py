@@ -408,9 +408,29 @@ def space_for(func, spec, intensive: bool):
 # ----------------------------------------------------------------------------- one task
 
 
+@dataclass(frozen=True)
+class Measure:
+    """Where candidates are measured. The default (``None`` everywhere) is this machine:
+    MetaSchedule's LocalRunner on the stock export. A device session (host/measure.py) passes
+    its RPC runner and an export that makes a shared object the device loads (cross-compiled)."""
+
+    runner: object = None
+    export: Callable | None = None  # LocalBuilder f_export
+    where: str = "local"
+
+
+def _builder(spec, measure: "Measure | None", max_workers: int):
+    from tvm.s_tir import meta_schedule as ms
+
+    export = measure.export if measure is not None else None
+    return ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers, timeout_sec=120)
+
+
 def _runner(settings: TuneSettings, runner=None):
     from tvm.s_tir import meta_schedule as ms
 
+    if isinstance(runner, Measure):
+        runner = runner.runner
     if runner is not None:
         return runner
     return ms.runner.LocalRunner(
@@ -419,14 +439,15 @@ def _runner(settings: TuneSettings, runner=None):
     )
 
 
-def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path, runner=None):
+def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,
+                measure: "Measure | None" = None):
     """Run ``trials`` more MetaSchedule trials of one kernel into ``database``."""
     from tvm.s_tir import meta_schedule as ms
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
     # (its full logs still go to work_dir/logs)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=120)
+    builder = _builder(spec, measure, max(1, min(spec.num_cores, os.cpu_count() or 1)))
     ms.tune_tir(
         workload_module(func),
         target=spec.tvm(),
@@ -434,12 +455,25 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         max_trials_global=trials,
         num_trials_per_iter=min(settings.per_iter, trials),
         builder=builder,
-        runner=_runner(settings, runner),
+        runner=_runner(settings, measure),
         database=database,
         space=space_for(func, spec, intensive).generator,
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
     )
+
+
+def check_target(spec) -> dict:
+    """The target a candidate is checked on: its own when it runs here; otherwise this machine's
+    (the schedule — the trace — is what is checked: the known wrong candidates are wrong in TIR,
+    on every target; the final model is verified on the device itself against onnxruntime)."""
+    if spec.runs_on_host:
+        return spec.tvm_target
+    from toolchain.targets import resolve_target
+
+    host = dict(resolve_target("host").tvm_target)
+    host["num-cores"] = spec.num_cores
+    return host
 
 
 def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> dict:
@@ -451,7 +485,7 @@ def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> 
     request = {
         "workload": tvm.ir.save_json(workload_module(func)),
         "trace": plain(record.trace.as_json()),
-        "target": spec.tvm_target,
+        "target": check_target(spec),
         "seed": seed,
     }
     env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
@@ -534,7 +568,7 @@ def _rename_blocks(trace_json, mapping: dict):
 
 
 def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
-                runner=None) -> bool:
+                measure: "Measure | None" = None) -> bool:
     """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
     static checks and builds, measure it and commit it as the joined kernel's first record: the
     search then starts from it. Its latency is measured like any candidate's, never estimated."""
@@ -554,13 +588,11 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     sch = compose_joined(func, parts) if parts else None
     if sch is None or dropped_blocks(sch.mod) or parallel_races(sch.mod):
         return False
-    built = ms.builder.LocalBuilder(f_build=fast_build, max_workers=1, timeout_sec=120).build(
-        [BuilderInput(sch.mod, spec.tvm())]
-    )[0]
+    built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
     if built.error_msg:
         return False
     args = ms.arg_info.ArgInfo.from_prim_func(func)
-    result = _runner(settings, runner).run([RunnerInput(built.artifact_path, "llvm", args)])[0].result()
+    result = _runner(settings, measure).run([RunnerInput(built.artifact_path, "cpu", args)])[0].result()
     if result.error_msg or not result.run_secs:
         return False
     run_secs = [float(getattr(x, "value", x)) for x in result.run_secs]
@@ -579,9 +611,11 @@ def tune_model(
     settings: TuneSettings,
     db_dir: Path,
     on_event: Callable[..., None] = lambda kind, **info: None,
-    runner=None,
+    measure: Measure | None = None,
 ) -> dict:
-    """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary."""
+    """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
+
+    ``measure``: where candidates run (default: this machine; see :class:`Measure`)."""
     graph = op_graph(mod)
     db = TuneDB(db_dir)
     db.open_session(
@@ -599,13 +633,13 @@ def tune_model(
         done = len(records_of(database, func))
         on_event("task", task=task.name, phase=task.phase, done=done, budget=task.budget)
         if task.phase == "joined" and done == 0:
-            if seed_joined(task, plan, database, spec, verified, settings, runner):
+            if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
         intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
         while done < task.budget:
             chunk = min(task.budget - done, 2 * settings.per_iter)
-            tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, runner)
+            tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
             lat = [latency(r) for r in records_of(database, func)]
             done = len(lat)
             best = min(lat) if lat else math.inf

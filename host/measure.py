@@ -1,0 +1,229 @@
+"""Measuring candidates on devices for MetaSchedule: the RPC runner, its hygiene, retries, the log.
+
+:func:`make_rpc_runner` gives MetaSchedule's own ``RPCRunner`` (its worker pool, one connection
+per registered device, sessions requested from the TVM RPC tracker) with three functions of ours:
+
+* upload: the candidate is a shared object cross-compiled for the device (:func:`export_so`),
+  uploaded into the session's directory and loaded there;
+* evaluate (:func:`evaluate`): measurement hygiene — the runtime's thread pool pinned to the big
+  cores (``runtime.config_threadpool``), warm-up calls, TVM's ``time_evaluator`` with a minimum
+  repeat time, an optional cool-down before each candidate, the device's cpu frequencies and
+  temperatures read before and after (``agoc.sysinfo`` of our runner), and a re-measurement when
+  the repeats spread more than ``max_spread`` (the least spread set is kept);
+* cleanup: remove the uploaded file (the runner also drops the whole session directory).
+
+:class:`RetryingRunner` wraps it: a candidate whose measurement failed because the device went
+away (connection lost, session refused) is measured again — on whichever device the tracker gives —
+up to ``retries`` times; then it is recorded as failed, like any candidate that crashes, and the
+search goes on. Every measurement and every failure is one JSON line in ``log`` (the tuning
+database's ``measurements.jsonl``): device, latencies, spread, frequencies, temperatures.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: errors after which a candidate is worth measuring again elsewhere (the device, not the kernel, failed)
+RETRYABLE = ("connection", "socket", "closed", "broken pipe", "refused", "eof", "reset by peer", "cannot find server",
+             "session", "tracker")
+
+
+@dataclass(frozen=True)
+class Hygiene:
+    warmup: int = 1  # calls before timing
+    number: int = 3  # calls per repeat
+    repeat: int = 3
+    min_repeat_ms: int = 20  # each repeat runs at least this long (number grows)
+    cooldown_s: float = 0.0  # pause before each candidate (a phone's big cores cool down)
+    pin: str = "big"  # runtime thread pool: big | little | none
+    threads: int = 0  # 0: the runtime's default
+    max_spread: float = 0.15  # (max - min) / median of the repeats above this: measure again
+    remeasure: int = 2  # at most this many extra measurements
+    session_timeout_s: int = 120  # a session (upload, load, measure) is killed on the device after this
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def log_line(log: str | None, record: dict) -> None:
+    """Append one JSON line (O_APPEND: the runner's worker processes write concurrently)."""
+    if not log:
+        return
+    data = (json.dumps({"time": round(time.time(), 3), **record}) + "\n").encode()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_log(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def export_so(mod, compiler: str | None = None) -> str:
+    """``LocalBuilder`` ``f_export``: a shared object the device's runner can load (cross-compiled
+    with ``compiler`` for ARM64 targets; the stock export makes a .tar only TVM's Python server opens)."""
+    import tempfile
+
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(prefix="agoc-cand-"), "candidate.so")
+    kwargs = {"fcompile": cc.cross_compiler(compiler)} if compiler else {}
+    mod.export_library(path, **kwargs)
+    return path
+
+
+def _sysinfo(session) -> dict:
+    try:
+        return json.loads(session.get_function("agoc.sysinfo")())
+    except Exception:  # not our runner (TVM's own server): no device state to read
+        return {}
+
+
+def _spread(costs: list[float]) -> float:
+    med = statistics.median(costs)
+    return (max(costs) - min(costs)) / med if med > 0 else 0.0
+
+
+def upload(session, local_path: str, remote_path: str):
+    session.upload(local_path, remote_path)
+    return session.load_module(remote_path)
+
+
+def cleanup(session, remote_path: str | None) -> None:
+    if session is not None and remote_path:
+        try:
+            session.remove(remote_path)
+        except Exception:  # the session may be gone; the runner removes its directory anyway
+            pass
+
+
+def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: Hygiene,
+             log: str | None = None) -> list[float]:
+    """MetaSchedule ``f_run_evaluator`` with measurement hygiene; logs one line per candidate."""
+    if hygiene.cooldown_s > 0:
+        time.sleep(hygiene.cooldown_s)
+    if hygiene.pin != "none":
+        try:  # TVM's affinity modes: 1 = big cores, -1 = little cores
+            session.get_function("runtime.config_threadpool")(1 if hygiene.pin == "big" else -1, hygiene.threads)
+        except Exception:
+            pass
+    before = _sysinfo(session)
+    func = rt_mod[rt_mod.entry_name]
+    for args in repeated_args:
+        for _ in range(hygiene.warmup):
+            func(*args)
+    device.sync()
+    evaluator = rt_mod.time_evaluator(
+        rt_mod.entry_name, device, number=hygiene.number, repeat=hygiene.repeat, min_repeat_ms=hygiene.min_repeat_ms
+    )
+    attempts = []
+    for _ in range(1 + hygiene.remeasure):
+        costs = []
+        for args in repeated_args:
+            device.sync()
+            costs += [float(c) for c in evaluator(*args).results]
+        attempts.append(costs)
+        if _spread(costs) <= hygiene.max_spread:
+            break
+    costs = min(attempts, key=_spread)
+    after = _sysinfo(session)
+    log_line(log, {
+        "status": "ok", "device": after.get("device") or before.get("device", ""),
+        "median_ms": statistics.median(costs) * 1e3, "spread": _spread(costs), "measurements": len(attempts),
+        "cpu_freq_khz": {"before": before.get("cpu_freq_khz", {}), "after": after.get("cpu_freq_khz", {})},
+        "thermal_c": {"before": before.get("thermal_c", {}), "after": after.get("thermal_c", {})},
+    })
+    return costs
+
+
+def make_rpc_runner(tracker: tuple[str, int], key: str, workers: int, hygiene: Hygiene, log: Path | None = None,
+                    retries: int = 1):
+    """MetaSchedule's RPCRunner on the tracker's ``key`` devices, with our upload/evaluate/cleanup."""
+    from tvm.s_tir import meta_schedule as ms
+
+    inner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(
+            tracker_host=tracker[0], tracker_port=tracker[1], tracker_key=key, session_priority=1,
+            session_timeout_sec=hygiene.session_timeout_s,
+        ),
+        evaluator_config=ms.runner.EvaluatorConfig(number=hygiene.number, repeat=hygiene.repeat,
+                                                   min_repeat_ms=hygiene.min_repeat_ms),
+        f_upload_module=upload,
+        f_run_evaluator=functools.partial(evaluate, hygiene=hygiene, log=str(log) if log else None),
+        f_cleanup=cleanup,
+        max_workers=max(1, workers),
+    )
+    return RetryingRunner(inner, retries, str(log) if log else None)
+
+
+def _last_line(message: str) -> str:
+    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _retryable(message: str) -> bool:
+    """Judged on the exception line only (a traceback mentions sessions everywhere)."""
+    low = _last_line(message).lower()
+    return "timeout" not in low and any(word in low for word in RETRYABLE)
+
+
+def _make_classes():
+    """The PyRunner / PyRunnerFuture subclasses (defined lazily: importing TVM is slow)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
+
+    @derived_object
+    class RetryingFuture(PyRunnerFuture):
+        def __init__(self, inner, runner_input, future, retries: int, log: str | None):
+            super().__init__()
+            self.inner, self.runner_input, self.future = inner, runner_input, future
+            self.retries, self.log, self._result = retries, log, None
+
+        def done(self) -> bool:
+            return self._result is not None or self.future.done()
+
+        def result(self) -> RunnerResult:
+            if self._result is None:
+                result = self.future.result()
+                tries = 0
+                while result.error_msg and _retryable(result.error_msg) and tries < self.retries:
+                    tries += 1
+                    log_line(self.log, {"status": "retry", "error": _last_line(result.error_msg)[:300]})
+                    result = self.inner.run([self.runner_input])[0].result()
+                if result.error_msg:
+                    log_line(self.log, {"status": "failed", "retries": tries,
+                                        "error": _last_line(result.error_msg)[:300]})
+                self._result = RunnerResult(result.run_secs, result.error_msg)
+            return self._result
+
+    @derived_object
+    class RetryingRunner(PyRunner):
+        def __init__(self, inner, retries: int = 1, log: str | None = None):
+            super().__init__()
+            self.inner, self.retries, self.log = inner, retries, log
+
+        def run(self, runner_inputs):
+            futures = self.inner.run(runner_inputs)
+            return [RetryingFuture(self.inner, i, f, self.retries, self.log) for i, f in zip(runner_inputs, futures)]
+
+    return RetryingRunner
+
+
+def RetryingRunner(inner, retries: int = 1, log: str | None = None):  # noqa: N802 (a class, built lazily)
+    global _RETRYING
+    if _RETRYING is None:
+        _RETRYING = _make_classes()
+    return _RETRYING(inner, retries, log)
+
+
+_RETRYING = None
