@@ -192,13 +192,16 @@ bool Handshake(int fd, const std::string& key, SessionRequest* request) {
          SendAll(fd, server_key.data(), server_key.size());
 }
 
-// What the device says about its state right now, as one JSON object: the cpus' current
-// frequencies and the thermal zones' temperatures (empty objects where sysfs hides them). The
-// host reads it before and after each measurement to spot throttled samples.
+// What the device says about its state right now, as one JSON object: its name (env
+// AGOC_DEVICE_NAME, set by whoever started the server), the cpus' current frequencies and the
+// thermal zones' temperatures (empty objects where sysfs hides them). The host reads it before
+// and after each measurement to spot throttled samples.
 std::string SysInfoJson() {
   std::ostringstream out;
   JsonWriter j(out);
   j.BeginObject();
+  const char* name = std::getenv("AGOC_DEVICE_NAME");
+  j.Key("device").String(name ? name : "");
   j.Key("cpu_freq_khz").BeginObject();
   for (const CpuFreq& f : ReadCpuFreqs()) j.Key("cpu" + std::to_string(f.cpu)).Int(f.khz);
   j.EndObject();
