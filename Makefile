@@ -11,7 +11,8 @@ STAMP  := $(VENV)/.agoc-installed
 DEMO   ?= build/demo
 
 # command:debian-package pairs `make setup` installs when missing (as root; otherwise it says what to run)
-SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz cmake:cmake
+SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz cmake:cmake \
+                valgrind:valgrind
 
 # benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2
 MODELS  ?=
@@ -21,7 +22,7 @@ THREADS ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
 
-.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e clean
+.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-cuda clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -34,7 +35,10 @@ help:
 	@echo "make bench-host MODELS=a,b SHAPES=56,112 QUICK=1 THREADS=2   a narrower run"
 	@echo "make bench-quick  the host suite at --quick sizes (smoke test, minutes)"
 	@echo "make bench-pairs  AGO micro-benchmarks: dw-dw, dw-pw, pw-dw, pw-pw; AGO vs AGO-NI vs AGO-NR (tuned, long)"
+	@echo "make bench-cuda   CUDA path: fused (APOLLO/FusionStitching) vs stock TVM training steps; kernel counts, GPU times when a GPU exists"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
+	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
+	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
 
 setup: system venv
@@ -88,12 +92,28 @@ test-all: setup runners
 
 bench: bench-host
 
+# the CUDA path: kernel counts + llvm numerics everywhere; fused vs stock timings only where an NVIDIA GPU is present
+bench-cuda: setup
+	$(AGOC) bench-cuda $(if $(ARCH),--arch $(ARCH))
+
 # AGO's micro-benchmarks (four conv pairs; AGO vs AGO-NI vs AGO-NR, equal budget) and the tuned end-to-end suite
 bench-pairs: setup
 	$(AGOC) bench-suite pairs $(BENCH_ARGS)
 
 bench-e2e: setup
 	$(AGOC) bench-suite e2e $(BENCH_ARGS)
+
+# the phone-cache proxy (host/proxy.py, design §5): DRAM bytes / L2 traffic of every variant in a simulated
+# phone cache, recorded beside latency. PROXY=a76|a55|small-slc; VARIANTS narrows the variants.
+PROXY    ?= a76
+VARIANTS ?= tvm-stock,tvm-ago,tvm-stock-tuned,tvm-ago-tuned,tvm-ago-ni,tvm-ago-nr,onnxruntime
+LOCALITY_MODELS ?= mobilenet-v2,mnasnet
+LOCALITY_ARGS = --proxy $(PROXY) --variants "$(VARIANTS)" $(if $(QUICK),--trials 16) $(if $(THREADS),--threads $(THREADS))
+
+bench-locality: setup
+	$(MAKE) --no-print-directory runner TARGET=host
+	$(AGOC) bench-suite pairs $(LOCALITY_ARGS)
+	$(AGOC) bench-suite e2e --models "$(or $(MODELS),$(LOCALITY_MODELS))" --shapes 112 $(LOCALITY_ARGS)
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)

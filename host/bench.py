@@ -73,6 +73,7 @@ class Settings:
     quick: bool
     target: str = "host"
     trials: int = 0  # tuning budget per tuned variant and model
+    proxy: str | None = None  # phone-cache proxy geometry (host/proxy.py) simulated for every TVM variant
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
@@ -313,6 +314,45 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
     return record, out
 
 
+def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
+                   artifact_dir: Path) -> dict:
+    """Phone-cache proxy figures of one compiled TVM variant (design §5).
+
+    valgrind cannot run AVX-512 kernels: unless the artifact is already at AVX2 or below, the same
+    kernels (same partition, same verified schedules) are rebuilt for ``host-avx2`` and verified.
+    """
+    import models as zoo
+    from host import proxy
+    from host.devices import LocalDevice
+    from toolchain.artifact import load_artifact
+    from toolchain.errors import AgocError
+    from toolchain.partition import DEFAULT_THRESHOLD
+    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.targets import find_compiler, resolve_target
+    from toolchain.verify import verify_artifact
+
+    try:
+        geo = proxy.geometry(settings.proxy)
+        artifact = load_artifact(artifact_dir)
+        if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
+            spec = resolve_target("host-avx2", num_cores=settings.threads)
+            threshold = suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
+            db = work_dir / case.label / f"{variant.name}.db" if variant.tuned else None
+            request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,
+                                     threshold=threshold, db=db)
+            artifact = compile_model(request, find_compiler(spec), work_dir / case.label / f"{variant.name}@{spec.preset}")
+            if not verify_artifact(artifact, LocalDevice()).passed:
+                return {"status": "wrong", "reason": f"the {spec.preset} build differs from onnxruntime"}
+        return {"status": "ok", **proxy.measure(artifact, geo)}
+    except AgocError as exc:
+        return {"status": "failed", "reason": str(exc)}
+
+
+def proxy_baselines(suite: Suite) -> tuple[str, ...]:
+    """What simulated traffic is compared with: the stock partition (untuned and tuned), then the suite's baselines."""
+    return tuple(dict.fromkeys(("tvm-stock", "tvm-stock-tuned", *suite.baselines)))
+
+
 def _measure(workers: dict[str, Worker], settings: Settings, rng: random.Random, on_event):
     """Interleaved rounds: every live worker once per round, random order, gap between workers.
 
@@ -350,6 +390,11 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             results[variant.name], path = _compile_variant(case, variant, suite, settings, work_dir, on_event)
             if path is not None:
                 artifacts[variant.name] = path
+    if settings.proxy:  # before any timing, so no simulation runs beside a timed engine
+        for name, path in artifacts.items():
+            on_event("stage", case=case.label, stage=f"phone-cache proxy ({settings.proxy}) {name}")
+            results[name]["proxy"] = _proxy_variant(case, VARIANTS_BY_NAME[name], suite, settings, work_dir, path)
+        _proxy_ratios(results, suite)
     reference_inputs = next(iter(artifacts.values()), None)
     if reference_inputs is None:  # onnxruntime needs an artifact's model copy and inputs
         for variant in variants:
@@ -394,6 +439,16 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
     return results
 
 
+def _proxy_ratios(results: dict[str, dict], suite: Suite) -> None:
+    """``proxy_vs``: each variant's simulated figures ÷ each proxy baseline's (below 1: less traffic)."""
+    from host import proxy
+
+    ok = {name: res["proxy"] for name, res in results.items() if res.get("proxy", {}).get("status") == "ok"}
+    for name, figures in ok.items():
+        results[name]["proxy_vs"] = {base: proxy.ratios(figures, ok[base]) for base in proxy_baselines(suite)
+                                     if base != name and base in ok}
+
+
 def run_suite(
     suite: Suite,
     cases: list[Case],
@@ -421,6 +476,11 @@ def run_suite(
             "trial_budgets": {v.name: (settings.trials if v.tuned else 0) for v in chosen},
             "threshold": suite.threshold,
             "baselines": list(suite.baselines),
+            "proxy": None if not settings.proxy else {
+                "geometry": settings.proxy, "baselines": list(proxy_baselines(suite)),
+                "method": "callgrind cache simulation of the host-avx2 build, one thread, timed calls only; "
+                "figures per inference (host/proxy.py)",
+            },
             "protocol": "one worker process per engine, one active at a time, random order per round, "
             "gap_s between workers; speed-ups are per-round median ratios",
         },
@@ -476,6 +536,9 @@ def summary_rows(document: dict) -> list[dict]:
                     "max_abs": res.get("verify", {}).get("max_abs"),
                     "speedup_vs": {b: s["median"] for b, s in res.get("speedup_vs", {}).items()},
                     "reason": res.get("reason", ""),
+                    "proxy_status": res.get("proxy", {}).get("status"),
+                    "proxy": res.get("proxy", {}).get("model_figures"),
+                    "dram_vs": {b: r["dram_bytes"] for b, r in res.get("proxy_vs", {}).items()},
                 }
             )
     return rows

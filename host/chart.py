@@ -3,7 +3,8 @@
 One panel per baseline; one bar per (case, variant) that has a speed-up over
 that baseline. The x axis is log2: bars grow right of the 1x line when the
 variant is faster than the baseline (green), left when slower (red), so a
-0.02x and a 50x are equally readable.
+0.02x and a 50x are equally readable. With the phone-cache proxy (``--proxy``), one more panel per
+proxy baseline shows how many times less DRAM traffic each variant needs in the simulated cache.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ GREEN = (46, 139, 87)
 RED = (200, 64, 64)
 GREY = (200, 200, 200)
 INK = (30, 30, 30)
+PROXY_CLAMP = 64.0  # proxy traffic ratios are drawn within [1/64, 64] (the JSON keeps the exact ones)
 
 
 def _font(size: int):
@@ -40,8 +42,29 @@ def _rows(document: dict, baseline: str) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _proxy_rows(document: dict, baseline: str) -> list[tuple[str, float, float]]:
+    """Simulated DRAM traffic of the baseline ÷ the variant's, at the geometry's first shared-cache size."""
+    rows = []
+    for entry in document["results"]:
+        for name, res in entry["variants"].items():
+            ratio = res.get("proxy_vs", {}).get(baseline)
+            value = next(iter(ratio["dram_bytes"].values()), None) if ratio else None
+            if value:  # clamped: a near-zero baseline or variant would squash every other panel's axis
+                shown = min(max(1.0 / value, 1 / PROXY_CLAMP), PROXY_CLAMP)
+                rows.append((f"{entry['label']}  {name}", shown, shown))
+    return rows
+
+
 def speedup_chart(document: dict, path: Path) -> Path:
-    panels = [(b, _rows(document, b)) for b in document["context"]["baselines"]]
+    panels = [(f"vs {b}", _rows(document, b)) for b in document["context"]["baselines"]]
+    proxy = document["context"].get("proxy") or {}
+    for base in proxy.get("baselines", []):
+        rows = _proxy_rows(document, base)
+        if rows:  # a locality panel: how many times less DRAM traffic than the baseline (simulated phone cache)
+            size = next(iter(next(
+                res["proxy"]["model_figures"]["dram_bytes"] for e in document["results"] for res in e["variants"].values()
+                if res.get("proxy", {}).get("status") == "ok")))
+            panels.append((f"simulated DRAM traffic ({proxy['geometry']}, LL {size}): x less than {base}", rows))
     panel_heights = [40 + max(len(rows), 1) * ROW_H + 24 for _, rows in panels]
     width = LABEL_W + PANEL_W + 2 * MARGIN
     image = Image.new("RGB", (width, 56 + sum(panel_heights)), "white")
@@ -66,7 +89,7 @@ def speedup_chart(document: dict, path: Path) -> Path:
 
     top = 56
     for (baseline, rows), panel_h in zip(panels, panel_heights):
-        draw.text((MARGIN, top + 6), f"vs {baseline}", fill=INK, font=title_font)
+        draw.text((MARGIN, top + 6), baseline, fill=INK, font=title_font)
         bars_top = top + 32
         bottom = bars_top + max(len(rows), 1) * ROW_H
         for k in range(-span, span + 1):

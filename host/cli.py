@@ -37,6 +37,11 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="The built-in model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+tracker_app = typer.Typer(
+    help="A farm of devices: TVM's RPC tracker, and devices serving it (see README, 'RPC tuning').",
+    no_args_is_help=True,
+)
+app.add_typer(tracker_app, name="tracker")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -110,6 +115,45 @@ def _load_source(model: str, shapes: list[str]):
     return proto, label, overrides
 
 
+def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, training: bool) -> None:
+    """--target cuda: APOLLO/FusionStitching fusion → CUDA source (+ PTX with nvcc); see toolchain/cuda."""
+    import time
+
+    from toolchain import onnx_import
+    from toolchain.cuda import codegen
+    from toolchain.cuda import compile as cuda_compile
+    from toolchain.cuda import training as cuda_training
+    from toolchain.pipeline import package_versions
+
+    started = time.perf_counter()
+    target_spec = codegen.cuda_target(arch)
+    builtin = None
+    if model.startswith("zoo:") and training:
+        name = model[4:].split("@")[0]
+        builtin = {"bert-tiny": "bert-tiny", "mobilenet-v2": "mobilenet-v2-block"}.get(name, name)
+        if builtin not in cuda_training.GRAPHS:
+            builtin = None
+    if builtin is None:
+        proto, label, overrides = _load_source(model, shapes)
+        onnx_import.check_supported(proto)
+        inputs = onnx_import.resolve_inputs(proto, overrides)
+    else:
+        proto, label, inputs = None, builtin, []
+    graph = cuda_compile.graph_from_source(proto, label, inputs, training, builtin)
+    err_console.print(f"[dim]compiling {escape(graph.description)} for cuda {escape(arch)}[/dim]", soft_wrap=True)
+    with err_console.status("compiling") as status:
+        compiled = cuda_compile.compile_graph(graph, target_spec, on_stage=lambda s: status.update(s))
+        manifest = cuda_compile.write_artifact(graph, target_spec, compiled, output, started=started,
+                                               versions=package_versions())
+    counts = manifest["kernel_counts"]
+    ptx = manifest["nvcc"].get("ptx") or manifest["nvcc"].get("skipped", "no PTX")
+    console.print(
+        f"[green]✓[/green] {escape(graph.name)} → {escape(str(output))}  ({counts['fused']['launches_per_step']} kernel "
+        f"launches per step fused vs {counts['stock']['launches_per_step']} stock TVM, "
+        f"{counts['fused']['stitched_groups']} stitched groups; {escape(str(ptx))})"
+    )
+
+
 @app.command()
 @_guard
 def compile(
@@ -126,8 +170,12 @@ def compile(
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
     db: Optional[Path] = typer.Option(None, "--db", help="Apply the verified schedules of this tuning database."),
+    arch: str = typer.Option("sm_90", "--arch", help="CUDA compute capability (--target cuda only)."),
+    training: bool = typer.Option(False, "--training", help="Compile forward + loss + backward (--target cuda only)."),
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
+    if target == "cuda":
+        return _compile_cuda(model, output, input_shape or [], arch, training)
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
 
@@ -489,16 +537,11 @@ def tune(
         return
     from host.measure import Hygiene
 
-    def on_device(kind, **info):
-        if kind in ("attached", "restart", "session_failed"):
-            detail = info.get("error") or info.get("reason") or f"port {info.get('port')}"
-            progress.console.print(f"[dim]device {escape(info['device'])}: {kind} ({escape(str(detail))})[/dim]")
-
     hygiene = Hygiene(cooldown_s=cooldown, max_spread=max_spread)
     db.mkdir(parents=True, exist_ok=True)
     session = rpc_mod.RpcSession(
         spec, devices, rpc_mod.parse_address(tracker) if tracker else None, key, hygiene,
-        db / "measurements.jsonl", on_event=on_device,
+        db / "measurements.jsonl", work_dir=db / "agents",
     )
     with progress, session:
         summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event,
@@ -659,6 +702,145 @@ def bench_suite(
     console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
     if any(r["status"] != "ok" or r["proxy_status"] not in (None, "ok") for r in bench.summary_rows(document)):
         raise typer.Exit(1)
+
+
+def _tracker_address(tracker: Optional[str]) -> tuple[str, int]:
+    from host import rpc as rpc_mod
+    from toolchain.errors import DeviceError
+
+    text = tracker or os.environ.get("AGOC_TRACKER")
+    if text:
+        return rpc_mod.parse_address(text)
+    found = rpc_mod.tracker_from_state()
+    if found is None:
+        raise DeviceError("no tracker: start one with `agoc tracker start`, or pass --tracker HOST:PORT")
+    return found
+
+
+@tracker_app.command("start")
+@_guard
+def tracker_start(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default; 0.0.0.0 serves a network)."),
+    port: int = typer.Option(9190, help="First port to try (the next free one up to PORT+100 is taken)."),
+):
+    """Start TVM's RPC tracker in the background and remember where it is."""
+    from host import rpc as rpc_mod
+
+    known = rpc_mod.tracker_from_state()
+    if known is not None:
+        try:
+            rpc_mod.tracker_summary(*known, timeout=3)
+            console.print(f"a tracker already runs at {known[0]}:{known[1]} (`agoc tracker stop` first)")
+            return
+        except (OSError, AgocError):
+            pass  # a stale state file
+    info = rpc_mod.start_tracker(host, port, detach=True)
+    state = rpc_mod.state_file()
+    state.write_text(json.dumps({k: info[k] for k in ("pid", "host", "port")}))
+    console.print(f"[green]✓[/green] RPC tracker at {info['host']}:{info['port']} (pid {info['pid']}); "
+                  f"devices join with `agoc tracker serve --device D`")
+
+
+@tracker_app.command("status")
+@_guard
+def tracker_status(
+    tracker: Optional[str] = typer.Option(None, help="HOST:PORT (default: the one `agoc tracker start` started)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the tracker's summary as JSON."),
+):
+    """Devices registered with the tracker, per key, and queued requests."""
+    from host import rpc as rpc_mod
+
+    host, port = _tracker_address(tracker)
+    summary = rpc_mod.tracker_summary(host, port)
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        console.print(render.tracker_table(summary, f"{host}:{port}"))
+
+
+@tracker_app.command("stop")
+@_guard
+def tracker_stop():
+    """Stop the tracker `agoc tracker start` started."""
+    from host import rpc as rpc_mod
+
+    state = rpc_mod.state_file()
+    if not state.exists():
+        console.print("no tracker was started here")
+        return
+    info = json.loads(state.read_text())
+    rpc_mod.stop_process(int(info["pid"]))
+    state.unlink()
+    console.print(f"stopped the tracker at {info['host']}:{info['port']}")
+
+
+@tracker_app.command("serve")
+@_guard
+def tracker_serve(
+    device: str = typer.Option(..., help="The device to offer: local, qemu, or a phone's serial."),
+    key: Optional[str] = typer.Option(None, help="Tracker key (default: the device's target, e.g. linux-arm64)."),
+    tracker: Optional[str] = typer.Option(None, help="HOST:PORT (default: the one `agoc tracker start` started)."),
+    name: Optional[str] = typer.Option(None, help="Name in logs and reports (default: the device's)."),
+    bind: str = typer.Option("127.0.0.1", help="Address the agent listens on for sessions (loopback by default)."),
+    status_file: Optional[Path] = typer.Option(None, help="Keep the agent's state (JSON) in this file."),
+):
+    """Offer one device to the tracker until interrupted.
+
+    Starts the device's runner in RPC mode, relays the sessions the tracker sends it, restarts the
+    runner when it dies and re-attaches the device when it returns."""
+    import threading
+
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+
+    address = _tracker_address(tracker)
+    dev = get_device(device)
+    key = key or rpc_mod.device_target(dev)
+
+    def on_event(kind, **info):
+        detail = info.get("error") or info.get("reason") or (f"port {info['port']}" if "port" in info else "")
+        if kind != "session":
+            err_console.print(f"[dim]{escape(info['device'])}: {kind} {escape(str(detail))}[/dim]")
+
+    import signal
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)  # stop cleanly: the runner on the device is stopped too
+    agent = rpc_mod.Agent(rpc_mod.DeviceServer(dev, name), address, key, bind=bind, on_event=on_event,
+                          status_file=status_file)
+    agent.start()
+    console.print(f"serving {escape(agent.server.name)} to the tracker {address[0]}:{address[1]} under key "
+                  f"'{escape(key)}' (Ctrl-C to stop)")
+    stopped = threading.Event()
+    try:
+        while not stopped.wait(30):
+            err_console.print(f"[dim]{escape(agent.server.name)}: {agent.stats.sessions} sessions, "
+                              f"{agent.stats.failed} lost, {agent.stats.restarts} restarts; {agent.stats.state}[/dim]")
+    finally:
+        agent.stop()
+        console.print(f"{escape(agent.server.name)}: served {agent.stats.sessions} sessions, lost {agent.stats.failed}, "
+                      f"restarted the runner {agent.stats.restarts} times")
+
+
+@app.command("bench-cuda")
+@_guard
+def bench_cuda(
+    graphs: Optional[str] = typer.Option(None, "--graphs", help="Comma-separated: bert-tiny, mobilenet-v2-block, layernorm, softmax, bias-gelu (default: all)."),
+    arch: str = typer.Option("sm_90", "--arch", help="CUDA compute capability."),
+    rounds: int = typer.Option(20, help="Timing rounds on the GPU."),
+    number: int = typer.Option(50, help="Calls per timing sample."),
+    seed: int = typer.Option(0, help="Seed of the inputs and of the per-round order."),
+    out: Path = typer.Option(Path("bench/results"), help="Where the JSON goes."),
+):
+    """Fused (APOLLO + FusionStitching) vs stock TVM CUDA training steps: kernel counts always, times on a GPU."""
+    from host import bench_cuda as suite
+
+    names = [g.strip() for g in graphs.split(",")] if graphs else list(suite.GRAPHS)
+    _, path = suite.run(names, arch=arch, rounds=rounds, number=number, seed=seed, out_dir=out,
+                        on_event=lambda line: console.print(escape(line), soft_wrap=True))
+    console.print(f"wrote {escape(str(path))}")
 
 
 @models_app.command("list")

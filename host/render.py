@@ -130,7 +130,7 @@ def proxy_result_table(result: dict) -> Table:
         title_justify="left",
     )
     table.add_column("kernel")
-    for col in ("instructions M", "D1 misses k", f"L2 misses k (LL {l2} KiB)", f"L2 traffic MB",
+    for col in ("instructions M", "D1 misses k", f"L2 misses k (LL {l2} KiB)", "L2 traffic MB",
                 *(f"DRAM MB (LL {size})" for size in llc)):
         table.add_column(col, justify="right")
 

@@ -196,13 +196,15 @@ class Agent(threading.Thread):
     """
 
     def __init__(self, server: DeviceServer, tracker: tuple[str, int], key: str, bind: str = "127.0.0.1",
-                 retry_s: float = 2.0, on_event: Callable[..., None] = lambda kind, **info: None):
+                 retry_s: float = 2.0, on_event: Callable[..., None] = lambda kind, **info: None,
+                 status_file: Path | None = None):
         super().__init__(name=f"agoc-agent-{server.name}", daemon=True)
         self.server = server
         self.tracker = tracker
         self.key = key
         self.retry_s = retry_s
         self.on_event = on_event
+        self.status_file = status_file
         self.stats = AgentStats()
         self._halt = threading.Event()
         self._listen = socket.create_server((bind, 0))
@@ -221,6 +223,19 @@ class Agent(threading.Thread):
     def _event(self, kind: str, **info) -> None:
         self.stats.events.append({"t": time.time(), "kind": kind, **info})
         self.on_event(kind, device=self.server.name, **info)
+        self.write_status()
+
+    def write_status(self) -> None:
+        """The agent's state as JSON (atomically replaced): what `agoc tune` reports per device."""
+        if self.status_file is None:
+            return
+        process = self.server.process
+        data = {"device": self.server.name, "key": self.key, "port": self.port,
+                "runner_pid": process.pid if process is not None else None,
+                "runner_port": self.server.endpoint.port if self.server.endpoint else None, **self.stats.to_json()}
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.status_file)
 
     # -- tracker
     def _drop_tracker(self) -> None:
@@ -269,6 +284,7 @@ class Agent(threading.Thread):
                 if self._tracker_conn is None:
                     self._register()
                     self.stats.state = "offered"
+                    self.write_status()
                 ready, _, _ = select.select([self._listen], [], [], 1.0)
                 if not ready:
                     # a match key handed to a client that never came is replaced (as TVM's server does)
@@ -288,6 +304,7 @@ class Agent(threading.Thread):
                 self._drop_tracker()
                 self._halt.wait(self.retry_s)
         self.stats.state = "stopped"
+        self.write_status()
 
     def _serve(self, client: socket.socket) -> None:
         """One session: check the client's match key, open the runner, relay until done."""
@@ -327,8 +344,8 @@ class Agent(threading.Thread):
                 self._event("session_failed", error=self.stats.last_error)
             else:
                 self.stats.sessions += 1
-                self._event("session")
             self.stats.state = "offered"
+            self.write_status()
 
 
 def _relay(client: socket.socket, device: socket.socket) -> bool:
@@ -474,15 +491,19 @@ def tracker_from_state() -> tuple[str, int] | None:
 class RpcSession:
     """Everything one RPC tuning run needs, as a context manager.
 
-    With ``devices``: a private tracker on loopback (unless ``tracker`` is given) and one
-    :class:`Agent` per device. With only ``tracker`` and ``key``: the farm someone else runs
-    (``agoc tracker start`` + ``agoc tracker serve`` per device). ``measure()`` gives the
-    :class:`toolchain.tuning.Measure` to tune with; ``report()`` says what each device did.
+    With ``devices``: a private tracker on loopback (unless ``tracker`` is given) and one agent per
+    device, each an ``agoc tracker serve`` process (agents are processes, not threads: a blocking
+    TVM call holds the interpreter lock, so an in-process relay could stall its own caller). With
+    only ``tracker`` and ``key``: the farm someone else runs (``agoc tracker start`` + ``agoc
+    tracker serve`` per device). ``measure()`` gives the :class:`toolchain.tuning.Measure` to tune
+    with; ``report()`` says what each device did.
     """
 
     def __init__(self, spec, devices: list | None = None, tracker: tuple[str, int] | None = None,
                  key: str | None = None, hygiene=None, log: Path | None = None, retries: int = 1,
-                 on_event: Callable[..., None] = lambda kind, **info: None, wait_s: float = 180):
+                 wait_s: float = 180, work_dir: Path | None = None):
+        import tempfile
+
         from host.measure import Hygiene
 
         self.spec = spec
@@ -492,14 +513,25 @@ class RpcSession:
         self.hygiene = hygiene or Hygiene()
         self.log = log
         self.retries = retries
-        self.on_event = on_event
         self.wait_s = wait_s
-        self.agents: list[Agent] = []
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="agoc-rpc-"))
+        self.names = _unique_names([d.name for d in self.devices])
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.servers = 0
         self._tracker_proc = None
         if self.key is None:
             raise DeviceError("an RPC session needs a device (--device) or a tracker key (--key)")
         if not self.devices and self.tracker is None:
             raise DeviceError("no tracker: start one with `agoc tracker start`, or pass --tracker HOST:PORT")
+
+    def status_path(self, name: str) -> Path:
+        return self.work_dir / f"agent-{name}.json"
+
+    def agent_status(self, name: str) -> dict:
+        try:
+            return json.loads(self.status_path(name).read_text())
+        except (OSError, ValueError):
+            return {}
 
     def __enter__(self) -> "RpcSession":
         try:
@@ -507,11 +539,12 @@ class RpcSession:
                 info = start_tracker(port=DEFAULT_TRACKER_PORT + 1000, detach=False)
                 self._tracker_proc = info["process"]
                 self.tracker = (info["host"], info["port"])
-            names = _unique_names([d.name for d in self.devices])
-            for device, name in zip(self.devices, names):
-                agent = Agent(DeviceServer(device, name), self.tracker, self.key, on_event=self.on_event)
-                agent.start()
-                self.agents.append(agent)
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            for device, name in zip(self.devices, self.names):
+                argv = [sys.executable, "-m", "host.cli", "tracker", "serve", "--device", device.name, "--key", self.key,
+                        "--tracker", f"{self.tracker[0]}:{self.tracker[1]}", "--name", name,
+                        "--status-file", str(self.status_path(name))]
+                self.agents[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             self._wait_for_servers()
         except BaseException:
             self.__exit__(None, None, None)
@@ -526,20 +559,22 @@ class RpcSession:
             if have >= want:
                 self.servers = have
                 return
-            if time.monotonic() > deadline:
-                why = "; ".join(f"{a.server.name}: {a.stats.state}" for a in self.agents) or "none registered"
+            dead = [n for n, p in self.agents.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                why = "; ".join(f"{n}: {self.agent_status(n).get('state', 'exited' if n in dead else 'starting')}"
+                                for n in self.agents) or "none registered"
                 raise DeviceError(f"no device serves key '{self.key}' on the tracker {self.tracker[0]}:{self.tracker[1]} "
-                                  f"after {self.wait_s:.0f} s ({why})")
+                                  f"({why})")
             time.sleep(0.3)
 
     def measure(self):
+        import functools
+
         from host.measure import export_so, make_rpc_runner
         from toolchain.targets import find_compiler
         from toolchain.tuning import Measure
 
         compiler = None if self.spec.runs_on_host else find_compiler(self.spec).path
-        import functools
-
         runner = make_rpc_runner(self.tracker, self.key, self.servers, self.hygiene, self.log, self.retries)
         return Measure(runner=runner, export=functools.partial(export_so, compiler=compiler),
                        where=f"rpc:{self.key}@{self.tracker[0]}:{self.tracker[1]}")
@@ -549,9 +584,8 @@ class RpcSession:
         from host.measure import read_log
 
         lines = read_log(self.log) if self.log else []
-        devices = {}
-        for agent in self.agents:
-            devices[agent.server.name] = agent.stats.to_json()
+        devices = {name: {k: v for k, v in self.agent_status(name).items() if k not in ("device", "port")}
+                   for name in self.agents}
         for line in lines:
             if line.get("status") == "ok":
                 entry = devices.setdefault(line.get("device") or "?", {})
@@ -565,8 +599,14 @@ class RpcSession:
         }
 
     def __exit__(self, *exc) -> None:
-        for agent in self.agents:
-            agent.stop()
+        for proc in self.agents.values():
+            if proc.poll() is None:
+                proc.terminate()  # the agent stops its runner on the device, then exits
+        for proc in self.agents.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         if self._tracker_proc is not None:
             stop_process(self._tracker_proc.pid)
             self._tracker_proc.wait(timeout=10)

@@ -48,6 +48,15 @@ PRESETS: tuple[Preset, ...] = (
         runs_on_host=True,
     ),
     Preset(
+        name="host-avx2",
+        description="this x86-64 machine at AVX2 (haswell): kernels valgrind can run, for the phone-cache proxy",
+        mtriple=None,
+        mcpu="haswell",  # valgrind 3.19 rejects AVX-512 (design §5)
+        mattr=(),
+        linker="host",
+        runs_on_host=True,
+    ),
+    Preset(
         name="linux-arm64",
         description="aarch64 Linux (glibc): Debian cross g++; runs under qemu-aarch64 or on ARM64 boards",
         mtriple="aarch64-linux-gnu",

@@ -10,8 +10,16 @@ from toolchain.errors import TargetError
 from toolchain.targets import PRESETS_BY_NAME, find_compiler, resolve_target
 
 
-def test_presets_table_has_the_three_targets():
-    assert set(PRESETS_BY_NAME) == {"host", "linux-arm64", "android-arm64"}
+def test_presets_table_has_the_targets():
+    assert set(PRESETS_BY_NAME) == {"host", "host-avx2", "linux-arm64", "android-arm64"}
+
+
+def test_host_avx2_preset_stays_below_avx512_for_valgrind():
+    from tvm.target import codegen
+
+    spec = resolve_target("host-avx2")
+    assert spec.tvm_target["mcpu"] == "haswell" and spec.runs_on_host
+    assert not codegen.llvm_cpu_has_features("avx512f", spec.tvm())
 
 
 def test_host_preset_names_the_cpu_and_core_count():
@@ -32,7 +40,7 @@ def test_arm64_presets_set_triple_neon_and_four_cores():
 
 
 def test_unknown_target_lists_the_choices():
-    with pytest.raises(TargetError, match="unknown target 'x86'; choose one of: host, linux-arm64, android-arm64"):
+    with pytest.raises(TargetError, match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64"):
         resolve_target("x86")
 
 

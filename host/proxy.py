@@ -1,0 +1,349 @@
+"""Phone-cache proxy: deterministic memory-traffic figures from a simulated phone cache (design §5).
+
+This x86 host's caches (2 MiB L2 per core, 32 MiB L3) hide the locality that fusion buys on a
+phone (64 KiB L1D, 256–512 KiB L2, 1–4 MiB L3/SLC). valgrind's callgrind simulates a cache of any
+geometry, deterministically. The proxy runs the host build of the C++ runner under callgrind:
+
+* only the timed calls are collected: the runner wraps them in ``CALLGRIND_ZERO_STATS`` /
+  ``CALLGRIND_TOGGLE_COLLECT`` and valgrind starts with ``--collect-atstart=no``; the cache is
+  simulated from the start, so the warm-up calls leave it (and the VM's memory pool) in steady state;
+* one thread (``--threads 1``), in a fixed environment (``env -i`` with a fixed PATH and
+  ``TVM_NUM_THREADS=1``), so two runs give bit-identical counts;
+* kernels built at AVX2 or below (``--target host-avx2``): valgrind 3.19 rejects AVX-512.
+
+callgrind simulates two levels (I1/D1 and one last level, LL), so every geometry is simulated once
+per last-level size: LL = the core's private L2 gives the **L2 traffic**, LL = each shared L3/SLC
+size gives the **DRAM bytes** = (LL misses + dirty evictions) × line size.
+
+Figures are per inference (per timed call), for the whole model (everything the VM does during
+the call) and for each fused kernel (the inclusive cost of its ``__tvm_ffi_<kernel>`` entry).
+They are a locality signal to report beside latency, never a latency: there is no device to
+calibrate them on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from toolchain.artifact import Artifact
+from toolchain.errors import AgocError
+
+SCHEMA = "agoc.proxy/1"
+KIB, MIB = 1024, 1024 * 1024
+
+
+class ProxyError(AgocError):
+    """The phone-cache proxy cannot run (no valgrind, an AVX-512 artifact, a runner without client requests)."""
+
+
+@dataclass(frozen=True)
+class Cache:
+    size: int  # bytes
+    assoc: int
+    line: int = 64
+
+    @property
+    def label(self) -> str:
+        return f"{self.size // MIB}MiB" if self.size % MIB == 0 else f"{self.size // KIB}KiB"
+
+    def flag(self) -> str:
+        """valgrind's ``size,associativity,line`` form."""
+        return f"{self.size},{self.assoc},{self.line}"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    name: str
+    description: str
+    l1i: Cache
+    l1d: Cache
+    l2: Cache  # the core's private L2: "L2 traffic" = LL misses with LL = this
+    llc: tuple[Cache, ...]  # shared L3 / system-level cache sizes: "DRAM bytes" with LL = each
+    source: str
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "llc": [asdict(c) for c in self.llc]}
+
+
+#: Cache geometries, selectable by name (``agoc bench OUT --proxy a76``).
+GEOMETRIES: tuple[Geometry, ...] = (
+    Geometry(
+        "a76",
+        "Cortex-A76-class big core (Snapdragon 855, Kirin 980, Dimensity 1000): 64 KiB L1D, 512 KiB L2, "
+        "2–4 MiB shared L3",
+        l1i=Cache(64 * KIB, 4),
+        l1d=Cache(64 * KIB, 4),
+        l2=Cache(512 * KIB, 8),
+        llc=(Cache(2 * MIB, 16), Cache(4 * MIB, 16)),
+        source="Arm Cortex-A76 Core TRM (DDI 100798): L1 I and D 64 KiB 4-way, 64 B lines; private L2 "
+        "128/256/512 KiB 8-way. Arm DynamIQ Shared Unit TRM (100453): L3 up to 4 MiB, 16-way. "
+        "Snapdragon 855: 512 KiB L2 on the prime core, 2 MiB L3; Kirin 980: 4 MiB L3 (vendor specs, WikiChip)",
+    ),
+    Geometry(
+        "a55",
+        "Cortex-A55-class little core (the efficiency cluster of the same phones): 32 KiB L1D, 128 KiB L2, "
+        "1–2 MiB shared L3",
+        l1i=Cache(32 * KIB, 4),
+        l1d=Cache(32 * KIB, 4),
+        l2=Cache(128 * KIB, 4),
+        llc=(Cache(1 * MIB, 16), Cache(2 * MIB, 16)),
+        source="Arm Cortex-A55 Core TRM (DDI 100442): L1 I and D 16–64 KiB 4-way, 64 B lines; optional "
+        "private L2 64/128/256 KiB 4-way. Phone parts pair 32 KiB L1 with 128 KiB L2 (Snapdragon 855 "
+        "silver cores); DSU L3 1–2 MiB on mid-range SoCs (WikiChip)",
+    ),
+    Geometry(
+        "small-slc",
+        "A76-class core in a mid-range phone with a small shared cache (Snapdragon 730/730G, Helio G90): "
+        "64 KiB L1D, 256 KiB L2, 1 MiB L3",
+        l1i=Cache(64 * KIB, 4),
+        l1d=Cache(64 * KIB, 4),
+        l2=Cache(256 * KIB, 8),
+        llc=(Cache(1 * MIB, 16),),
+        source="Arm Cortex-A76 Core TRM (DDI 100798) for L1 and the 8-way L2; Snapdragon 730: Kryo 470 Gold "
+        "(Cortex-A76) cores with 256 KiB L2 and a 1 MiB shared L3 (Qualcomm specs, WikiChip)",
+    ),
+)
+GEOMETRIES_BY_NAME = {g.name: g for g in GEOMETRIES}
+
+#: callgrind's events with --cache-sim=yes --simulate-wb=yes (ILdmr/DLdmr/DLdmw: LL misses that
+#: evicted a dirty line, i.e. a write-back to memory).
+LL_MISS_EVENTS = ("ILmr", "DLmr", "DLmw")
+DIRTY_EVENTS = ("ILdmr", "DLdmr", "DLdmw")
+
+#: What the simulated process sees: nothing inherited from the caller's shell.
+FIXED_ENV = ("PATH=/usr/bin:/bin", "LC_ALL=C", "TVM_NUM_THREADS=1", "OMP_NUM_THREADS=1")
+
+KERNEL_PREFIX = "__tvm_ffi_"  # the packed entry of a fused kernel in the library (it calls *_compute_)
+
+
+def geometry(name: str) -> Geometry:
+    try:
+        return GEOMETRIES_BY_NAME[name]
+    except KeyError:
+        raise ProxyError(f"unknown cache geometry '{name}'; choose one of: {', '.join(GEOMETRIES_BY_NAME)}") from None
+
+
+def find_valgrind() -> str:
+    path = shutil.which("valgrind")
+    if not path:
+        raise ProxyError("valgrind not found: the phone-cache proxy needs it; run `make setup` "
+                         "(or apt-get install valgrind), then `make runner TARGET=host`")
+    return path
+
+
+def valgrind_version(valgrind: str) -> str:
+    out = subprocess.run([valgrind, "--version"], capture_output=True, text=True, check=False, timeout=30)
+    return out.stdout.strip() or "unknown"
+
+
+def check_artifact(artifact: Artifact) -> None:
+    """Raise :class:`ProxyError` when the artifact cannot run under valgrind on this machine."""
+    from toolchain.targets import PRESETS_BY_NAME
+
+    preset = PRESETS_BY_NAME.get(artifact.target_preset)
+    if preset is None or not preset.runs_on_host:
+        raise ProxyError(f"{artifact.root} was built for {artifact.target_preset}; the proxy runs host builds: "
+                         "compile with --target host-avx2")
+    target = artifact.manifest.target["tvm_target"]
+    if platform.machine() in ("x86_64", "AMD64") and has_avx512(target):
+        raise ProxyError(f"{artifact.root} was built with mcpu={target.get('mcpu')} (AVX-512), which valgrind cannot "
+                         "run: compile it with --target host-avx2")
+
+
+def has_avx512(tvm_target: dict) -> bool:
+    """Whether LLVM emits AVX-512 for this TVM target (what valgrind 3.19 cannot run)."""
+    import tvm
+    from tvm.target import codegen
+
+    return bool(codegen.llvm_cpu_has_features("avx512f", tvm.target.Target(tvm_target)))
+
+
+def callgrind_command(valgrind: str, runner: Path, artifact_dir: Path, geo: Geometry, ll: Cache, out_file: Path,
+                      warmup: int, calls: int) -> list[str]:
+    """The argument vector of one simulation: ``env -i`` + valgrind + the runner (bench mode, one thread)."""
+    return [
+        "env", "-i", *FIXED_ENV,
+        valgrind, "--tool=callgrind", "--cache-sim=yes", "--simulate-wb=yes", "--collect-atstart=no",
+        f"--I1={geo.l1i.flag()}", f"--D1={geo.l1d.flag()}", f"--LL={ll.flag()}",
+        "--compress-strings=no", "--compress-pos=no", f"--callgrind-out-file={out_file}",
+        str(runner), "bench", "--artifact", str(artifact_dir), "--warmup", str(warmup), "--repeat", str(calls),
+        "--threads", "1",
+    ]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One callgrind output file: event names, program totals, inclusive costs of called functions."""
+
+    events: tuple[str, ...]
+    totals: dict[str, int]  # the summary: line (falls back to totals:)
+    inclusive: dict[str, dict[str, int]]  # callee name -> summed cost of every call to it
+
+
+def parse_callgrind(text: str) -> Profile:
+    """Read callgrind's output format (written with ``--compress-strings=no --compress-pos=no``)."""
+    events: list[str] = []
+    totals: list[int] | None = None
+    inclusive: dict[str, list[int]] = {}
+    callee: str | None = None
+    take_call_cost = False
+    for line in text.splitlines():
+        if take_call_cost:  # the line after calls=: the call's inclusive cost (position first)
+            costs = [int(x) for x in line.split()[1:]]
+            acc = inclusive.setdefault(callee, [0] * len(events))
+            for i, c in enumerate(costs):
+                acc[i] += c
+            take_call_cost = False
+        elif line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("summary:"):
+            totals = [int(x) for x in line.split()[1:]]
+        elif line.startswith("totals:") and totals is None:
+            # totals: is the sum of the self-cost lines; with collection toggled mid-run it can
+            # differ from summary: (the events counted while collecting), which is the one to use.
+            totals = [int(x) for x in line.split()[1:]]
+        elif line.startswith("cfn="):
+            callee = _strip_id(line[4:])
+        elif line.startswith("calls="):
+            take_call_cost = True
+    if not events or totals is None:
+        raise ProxyError("callgrind wrote no events/totals (is this a callgrind output file?)")
+
+    def named(values: list[int]) -> dict[str, int]:
+        values = values + [0] * (len(events) - len(values))
+        return dict(zip(events, values))
+
+    return Profile(tuple(events), named(totals), {k: named(v) for k, v in inclusive.items()})
+
+
+def _strip_id(name: str) -> str:
+    """``(12) name`` → ``name`` (in case names were compressed after all)."""
+    return re.sub(r"^\(\d+\)\s*", "", name.strip())
+
+
+def ll_misses(costs: dict[str, int]) -> int:
+    return sum(costs.get(e, 0) for e in LL_MISS_EVENTS)
+
+
+def memory_bytes(costs: dict[str, int], line: int) -> int:
+    """(LL misses + dirty evictions) × line: the bytes that cross the last level to memory."""
+    return (ll_misses(costs) + sum(costs.get(e, 0) for e in DIRTY_EVENTS)) * line
+
+
+def _figures(by_ll: dict[Cache, dict[str, int]], geo: Geometry, calls: int) -> dict:
+    """Per-call figures of one cost scope (the model, or one kernel) from the runs at each LL size."""
+    first = by_ll[geo.l2]
+
+    def per_call(value: int):
+        return value // calls if value % calls == 0 else value / calls
+
+    return {
+        "instructions": per_call(first.get("Ir", 0)),
+        "d1_misses": per_call(first.get("D1mr", 0) + first.get("D1mw", 0)),
+        "l2_misses": per_call(ll_misses(first)),
+        "l2_bytes": per_call(memory_bytes(first, geo.l2.line)),
+        "dram_bytes": {c.label: per_call(memory_bytes(by_ll[c], c.line)) for c in geo.llc},
+    }
+
+
+def _simulate(command: list[str], out_file: Path, timeout: float) -> tuple[Profile, dict, float]:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ProxyError(f"the simulation ran past {timeout:.0f} s; try a smaller shape") from None
+    seconds = time.perf_counter() - started
+    if done.returncode != 0 or not out_file.exists():
+        tail = done.stderr.strip().splitlines()
+        illegal = [ln for ln in tail if "unhandled instruction" in ln or "Illegal opcode" in ln]
+        if illegal:
+            raise ProxyError("valgrind met an instruction it cannot simulate (AVX-512?): compile the artifact with "
+                             f"--target host-avx2 ({illegal[0].strip()[:120]})")
+        detail = next((ln for ln in reversed(tail) if "agoc-runner" in ln), tail[-1] if tail else "")
+        raise ProxyError(f"the runner under valgrind failed (exit {done.returncode}): {detail.strip()[:300]}")
+    result = json.loads(next(ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("{")))
+    return parse_callgrind(out_file.read_text(errors="replace")), result, seconds
+
+
+def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmup: int = 2, calls: int = 1,
+            jobs: int | None = None, timeout: float = 3600.0) -> dict:
+    """Simulate ``artifact`` on ``geo``: one callgrind run per last-level size; returns a JSON-ready dict.
+
+    ``warmup`` uncollected calls bring the cache and the VM's memory pool to steady state (two are
+    needed: the first call also allocates); ``calls`` timed calls are collected and divided out.
+    """
+    from host.devices import runner_build
+
+    valgrind = find_valgrind()
+    check_artifact(artifact)
+    if runner is None:
+        runner, _ = runner_build("host")
+    sizes = [geo.l2, *[c for c in geo.llc if c != geo.l2]]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(sizes)))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="agoc-proxy-") as tmp:
+        commands = {
+            c: callgrind_command(valgrind, Path(runner), artifact.root.resolve(), geo, c,
+                                 Path(tmp) / f"callgrind.{c.label}.out", warmup, calls)
+            for c in sizes
+        }
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {c: pool.submit(_simulate, cmd, Path(tmp) / f"callgrind.{c.label}.out", timeout)
+                       for c, cmd in commands.items()}
+            runs = {c: f.result() for c, f in futures.items()}
+    profiles = {c: r[0] for c, r in runs.items()}
+    if all(v == 0 for v in profiles[geo.l2].totals.values()):
+        raise ProxyError(f"callgrind collected nothing: {runner} was built without valgrind's client requests; "
+                         "install valgrind (`make setup`) and rebuild it: `make runner TARGET=host`")
+    samples = len(runs[geo.l2][1].get("samples_ms", [])) or calls
+
+    kernels = []
+    for k in artifact.manifest.kernels:
+        name = k["name"]
+        by_ll = {c: p.inclusive.get(KERNEL_PREFIX + name, {}) for c, p in profiles.items()}
+        kernels.append({"name": name, **_figures(by_ll, geo, samples)})
+    model = _figures({c: p.totals for c, p in profiles.items()}, geo, samples)
+    return {
+        "schema": SCHEMA,
+        "geometry": geo.to_json(),
+        "artifact": str(artifact.root),
+        "model": artifact.manifest.model_name,
+        "target": artifact.manifest.target["tvm_target"],
+        "valgrind": valgrind_version(valgrind),
+        "warmup": warmup,
+        "calls": samples,
+        "threads": 1,
+        "environment": list(FIXED_ENV),
+        "command": commands[geo.l2],
+        "model_figures": model,
+        "kernels": kernels,
+        "outputs": runs[geo.l2][1].get("outputs", []),
+        "events": {c.label: profiles[c].totals for c in sizes},
+        "seconds": round(time.perf_counter() - started, 2),
+        "run_seconds": {c.label: round(r[2], 2) for c, r in runs.items()},
+    }
+
+
+def ratios(result: dict, baseline: dict) -> dict:
+    """``result ÷ baseline`` for the model figures (None where the baseline is 0)."""
+    a, b = result["model_figures"], baseline["model_figures"]
+
+    def div(x, y):
+        return None if not y else x / y
+
+    return {
+        "instructions": div(a["instructions"], b["instructions"]),
+        "d1_misses": div(a["d1_misses"], b["d1_misses"]),
+        "l2_misses": div(a["l2_misses"], b["l2_misses"]),
+        "dram_bytes": {k: div(v, b["dram_bytes"].get(k)) for k, v in a["dram_bytes"].items()},
+    }

@@ -1,0 +1,228 @@
+"""On-device RPC tuning: the runner's RPC server on devices, agents on TVM's tracker, MetaSchedule
+measuring through them, and what happens when a device fails.
+
+The qemu device and the fake adb phone (tests/fakeadb) stand in for phones: their outputs are real,
+their times are not (nothing here asserts on time).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_tool
+from tests.fakeadb import FakeAdbServer
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def runners():
+    require_tool("cmake")
+    require_tool("aarch64-linux-gnu-g++")
+    require_tool("qemu-aarch64")
+    for target in ("host", "linux-arm64"):
+        subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
+                       capture_output=True)
+
+
+@pytest.fixture
+def sandboxes(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))
+    monkeypatch.setenv("AGOC_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+@pytest.fixture
+def phone(tmp_path, monkeypatch):
+    with FakeAdbServer(tmp_path / "phone") as server:
+        monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+        monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+        yield server
+
+
+def _axpy(path, target):
+    import tvm
+    from tvm import te
+    from tvm.support import cc
+
+    a, b = te.placeholder((256,), name="A"), te.placeholder((256,), name="B")
+    c = te.compute((256,), lambda i: a[i] * 2.0 + b[i], name="C")
+    lib = tvm.compile(tvm.IRModule({"axpy": te.create_prim_func([a, b, c]).with_attr("global_symbol", "axpy")}),
+                      target=target)
+    cross = target.get("mtriple", "").startswith("aarch64")
+    lib.export_library(str(path), **({"fcompile": cc.cross_compiler("aarch64-linux-gnu-g++")} if cross else {}))
+    return path
+
+
+def test_agent_offers_a_device_on_the_tracker_and_relays_sessions(runners, sandboxes):
+    import tvm
+    from tvm import rpc
+
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+    from toolchain.targets import resolve_target
+
+    spec = resolve_target("linux-arm64")
+    with rpc_mod.RpcSession(spec, [get_device("qemu")], work_dir=sandboxes / "agents") as session:
+        host, port = session.tracker
+        assert host == "127.0.0.1"  # loopback by default
+        summary = rpc_mod.tracker_summary(host, port)
+        assert rpc_mod.servers_for(summary, "linux-arm64") == 1
+        assert all(s["addr"][0] == "127.0.0.1" for s in summary["server_info"])
+        status = session.agent_status("qemu")
+        assert status["state"] == "offered" and status["runner_pid"]
+        # the runner accepts neither the tracker key nor a guess: only the agent's secret
+        with pytest.raises(Exception, match="match"):
+            rpc.connect("127.0.0.1", status["runner_port"], key="linux-arm64")
+        # a client that asks the tracker gets a session on the device, through the agent
+        remote = rpc.connect_tracker(host, port).request("linux-arm64", session_timeout=120)
+        lib = _axpy(sandboxes / "axpy.so", spec.tvm_target)
+        remote.upload(str(lib))
+        kernel = remote.load_module("axpy.so")
+        dev = remote.cpu()
+        x = np.arange(256, dtype=np.float32)
+        ta, tb = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(x, dev)
+        tc = tvm.runtime.tensor(np.zeros(256, np.float32), dev)
+        kernel["axpy"](ta, tb, tc)
+        np.testing.assert_allclose(tc.numpy(), 3 * x)
+        info = json.loads(remote.get_function("agoc.sysinfo")())
+        assert info["device"] == "qemu" and "cpu_freq_khz" in info and "thermal_c" in info
+        del kernel, ta, tb, tc, dev, remote
+        __import__("gc").collect()
+        deadline = time.time() + 60
+        while session.agent_status("qemu").get("sessions", 0) < 1 and time.time() < deadline:
+            time.sleep(0.2)
+        assert session.agent_status("qemu")["sessions"] == 1
+        # offered again after the session, under a fresh one-time match key
+        assert rpc_mod.servers_for(rpc_mod.tracker_summary(host, port), "linux-arm64") == 1
+        runner_pid = status["runner_pid"]
+    assert session.agent_status("qemu")["state"] == "stopped"
+    assert not __import__("psutil").pid_exists(runner_pid), "the runner outlived its agent"
+
+
+def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxes):
+    db = sandboxes / "db"
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--trials", "16", "--per-iter", "8")
+    assert result.exit_code == 0, result.stderr
+    assert "measured on qemu over RPC" in result.stderr
+    session = json.loads((db / "session.json").read_text())
+    assert session["target"]["mtriple"] == "aarch64-linux-gnu"
+    log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
+    ok = [ln for ln in log if ln["status"] == "ok"]
+    assert ok and all(ln["device"] == "qemu" and ln["median_ms"] > 0 for ln in ok)
+    assert all("cpu_freq_khz" in ln and "thermal_c" in ln for ln in ok)
+    report = json.loads((db / "devices.json").read_text())
+    assert report["devices"]["qemu"]["measured"] == len(ok)
+    # every kernel verified; MetaSchedule's records hold the device's latencies
+    status = cli("tune", "--status", db)
+    assert status.exit_code == 0 and "verified" in status.stdout
+
+    out = sandboxes / "art"
+    result = cli("compile", "zoo:tiny-cnn", "--db", db, "--target", "linux-arm64", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "tuned" in result.stdout
+    result = cli("verify", out, "--device", "qemu", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["passed"]
+
+
+def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
+    """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run."""
+    db = sandboxes / "db2"
+    result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "qemu", "--device", "emulator-5554",
+                 "--trials", "16", "--per-iter", "8", "--partition", "stock")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads((db / "devices.json").read_text())
+    measured = {name: d.get("measured", 0) for name, d in report["devices"].items()}
+    assert set(measured) == {"qemu", "emulator-5554"}
+    assert all(n > 0 for n in measured.values()), measured
+
+
+def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
+    """SIGKILL the device's RPC server while it measures: the run finishes on the restarted
+    runner, the loss is reported, and every finished record is in the database."""
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+    from host.measure import read_log
+    from models.registry import build as build_model
+    from toolchain import build, onnx_import, tuning
+    from toolchain.targets import resolve_target
+
+    spec = resolve_target("linux-arm64", num_cores=2)
+    proto = build_model("tiny-cnn", None)
+    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
+    db = sandboxes / "db3"
+    db.mkdir()
+    log = db / "measurements.jsonl"
+    settings = tuning.TuneSettings(trials=24, per_iter=8)
+    killed = {}
+
+    with rpc_mod.RpcSession(spec, [get_device("qemu")], log=log, work_dir=db / "agents") as session:
+
+        def killer():
+            while len([x for x in read_log(log) if x["status"] == "ok"]) < 3:
+                time.sleep(0.2)
+            killed["pid"] = session.agent_status("qemu")["runner_pid"]
+            os.kill(killed["pid"], 9)  # the runner under qemu is a process of this machine
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, measure=session.measure())
+        thread.join(timeout=5)
+        report = session.report()
+    assert killed, "the runner was never killed"
+    assert report["devices"]["qemu"]["restarts"] >= 1, report
+    assert session.agent_status("qemu")["runner_pid"] != killed["pid"]
+    lines = read_log(log)
+    # measurements went on after the kill (on the restarted runner)
+    assert sum(1 for x in lines if x["status"] == "ok") > 3
+    # the database: every task tuned to its budget and verified, nothing lost
+    assert all(t["status"] == "verified" for t in summary["tasks"]), summary["tasks"]
+    assert all(t["trials"] >= t["budget"] for t in summary["tasks"])
+
+
+def test_tracker_cli_start_serve_status_stop(cli, runners, sandboxes):
+    result = cli("tracker", "start", "--port", "19190")
+    assert result.exit_code == 0, result.stderr
+    state = json.loads((sandboxes / "home" / "tracker.json").read_text())
+    assert state["host"] == "127.0.0.1"
+    env = {**os.environ, "AGOC_HOME": str(sandboxes / "home")}
+    serve = subprocess.Popen([sys.executable, "-m", "host.cli", "tracker", "serve", "--device", "local", "--key", "x86"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            result = cli("tracker", "status", "--json")
+            assert result.exit_code == 0, result.stderr
+            if any(s["key"] == "server:x86" for s in json.loads(result.stdout)["server_info"]):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the served device never registered")
+        table = cli("tracker", "status")
+        assert "x86" in table.stdout
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+        result = cli("tracker", "stop")
+        assert result.exit_code == 0
+
+
+def test_tune_without_a_tracker_or_key_is_a_clear_error(cli, sandboxes):
+    result = cli("tune", "zoo:tiny-cnn", "--db", sandboxes / "db", "--tracker", "127.0.0.1:1")
+    assert result.exit_code == 1 and "--key" in result.stderr
+
+
+def test_retry_only_on_device_failures():
+    from host.measure import _retryable
+
+    assert _retryable("Traceback ...\nsession.device(...)\nConnectionResetError: [Errno 104] Connection reset by peer")
+    assert _retryable("RuntimeError: Cannot find server that matches key linux-arm64")
+    assert not _retryable("Traceback: in session ...\nValueError: Unknown device: llvm")
+    assert not _retryable("TimeoutError: session timed out")

@@ -1,0 +1,71 @@
+"""CUDA source from TVM: one kernel per stitched group, __shared__ intermediates, kernel counts vs stock; PTX with nvcc."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from toolchain.cuda import codegen
+
+from .conftest import compiled, require_nvcc
+
+
+def _stitched_kernels(c):
+    names = codegen._call_order(c.fused.mod)
+    return {name for name, g in zip(names, c.plan.groups) if g.stitched}
+
+
+@pytest.mark.parametrize("graph", ["layernorm", "bert-tiny-block"])
+def test_one_kernel_per_stitched_group_with_shared_memory(graph):
+    _, c = compiled(graph)
+    build = c.fused_build
+    stitched = _stitched_kernels(c)
+    assert stitched
+    bodies = codegen._kernel_bodies(build.source)
+    for func in stitched:
+        assert c.fused.schedules[func] == "stitched"
+        kernels = [k for k in bodies if codegen.kernel_owner(k, build.calls) == func]
+        assert len(kernels) == 1, (func, kernels)
+        body = bodies[kernels[0]]
+        assert "__shared__" in body and "__syncthreads()" in body
+        assert re.search(r"__launch_bounds__\(\d+\) " + re.escape(kernels[0]), build.source)
+
+
+def test_kernel_counts_bert_block_fused_below_stock():
+    _, c = compiled("bert-tiny-block")
+    assert c.fused_build.launches < c.stock_build.launches
+    assert c.fused_build.kernel_count <= c.stock_build.kernel_count
+
+
+def test_kernel_counts_mobilenet_block_fused_below_stock():
+    _, c = compiled("mobilenet-v2-block")
+    assert c.fused_build.launches < c.stock_build.launches
+    assert any(g.stitched for g in c.plan.groups)  # BatchNorm statistics + normalisation, rows = channels
+
+
+@pytest.mark.slow
+def test_kernel_counts_bert_tiny_training_step():
+    _, c = compiled("bert-tiny")
+    assert c.fused_build.launches < c.stock_build.launches
+
+
+def test_arch_is_checked():
+    from toolchain.errors import TargetError
+
+    assert codegen.cuda_target("sm_80").tvm_target == {"kind": "cuda", "arch": "sm_80"}
+    with pytest.raises(TargetError):
+        codegen.cuda_target("ampere")
+
+
+def test_ptx_with_nvcc(tmp_path):
+    nvcc = require_nvcc()
+    _, c = compiled("layernorm")
+    src = tmp_path / "k.cu"
+    src.write_text(c.fused_build.source)
+    ptx = codegen.nvcc_compile(src, "sm_90", tmp_path / "k.ptx", "ptx", nvcc=nvcc)
+    entries = codegen.ptx_entries(ptx.read_text())
+    assert len(entries) == c.fused_build.kernel_count
+    assert any(".shared" in line for line in ptx.read_text().splitlines())
+    cubin = codegen.nvcc_compile(src, "sm_90", tmp_path / "k.cubin", "cubin", nvcc=nvcc)
+    assert cubin.stat().st_size > 0
