@@ -22,7 +22,7 @@ THREADS ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
 
-.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-cuda clean
+.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-cuda bench-rpc clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -35,6 +35,7 @@ help:
 	@echo "make bench-host MODELS=a,b SHAPES=56,112 QUICK=1 THREADS=2   a narrower run"
 	@echo "make bench-quick  the host suite at --quick sizes (smoke test, minutes)"
 	@echo "make bench-pairs  AGO micro-benchmarks: dw-dw, dw-pw, pw-dw, pw-pw; AGO vs AGO-NI vs AGO-NR (tuned, long)"
+	@echo "make bench-rpc    tuning throughput measured through the RPC path vs the local runner (DEVICE=local)"
 	@echo "make bench-cuda   CUDA path: fused (APOLLO/FusionStitching) vs stock TVM training steps; kernel counts, GPU times when a GPU exists"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
@@ -93,6 +94,10 @@ test-all: setup runners
 bench: bench-host
 
 # the CUDA path: kernel counts + llvm numerics everywhere; fused vs stock timings only where an NVIDIA GPU is present
+# tuning throughput through the RPC path vs the local runner, same kernel (DEVICE=local|qemu|SERIAL)
+bench-rpc: setup runners
+	$(AGOC) bench-rpc $(if $(DEVICE),--device $(DEVICE))
+
 bench-cuda: setup
 	$(AGOC) bench-cuda $(if $(ARCH),--arch $(ARCH))
 

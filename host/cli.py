@@ -824,6 +824,43 @@ def tracker_serve(
                       f"restarted the runner {agent.stats.restarts} times")
 
 
+@app.command("bench-rpc")
+@_guard
+def bench_rpc(
+    model: str = typer.Option("zoo:pair-pw-dw@1x24x28x28", help="Model whose first conv/matmul kernel is tuned."),
+    device: str = typer.Option("local", help="Device measured through RPC (local: the overhead of the path itself)."),
+    trials: int = typer.Option(32, help="Trials per run (same for both paths)."),
+    per_iter: int = typer.Option(8, help="Candidates per search batch."),
+    repeats: int = typer.Option(1, help="Runs per path (the median is reported)."),
+    out: Path = typer.Option(Path("bench/results"), help="Results directory."),
+):
+    """Tuning throughput, local runner vs RPC path, on the same kernel: trials per minute and the ratio."""
+    from host import bench_rpc as bench_rpc_mod
+
+    def on_event(kind, **info):
+        if kind == "start":
+            err_console.print(f"[dim]tuning {trials} trials measured {'in-process' if info['path'] == 'local' else 'through RPC'}...[/dim]")
+        else:
+            err_console.print(f"[dim]{info['path']}: {info['trials']} trials in {info['seconds']:.1f} s "
+                              f"({info['trials_per_min']:.1f}/min, {info['failed']} failed)[/dim]")
+
+    doc = bench_rpc_mod.run(model, device, trials, per_iter, repeats, out, on_event)
+    table = Table(title=f"tuning throughput: {doc['model']} kernel {doc['kernel']} on {doc['device']}",
+                  title_justify="left")
+    for col in ("path", "trials/min (median)", "best ms"):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for path in ("local", "rpc"):
+        runs = doc["runs"][path]
+        if runs:
+            best = min((r["best_ms"] for r in runs if r["best_ms"] is not None), default=None)
+            tpm = doc[f"{path}_trials_per_min"]
+            table.add_row(path, f"{tpm:.1f}", "" if best is None else f"{best:.4f}")
+    console.print(table)
+    if doc["rpc_overhead"]:
+        console.print(f"RPC path: {doc['rpc_overhead']:.2f}× the time per trial of the local runner")
+    console.print(f"[green]✓[/green] {escape(doc['path'])}")
+
+
 @app.command("bench-cuda")
 @_guard
 def bench_cuda(

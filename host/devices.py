@@ -184,10 +184,9 @@ class HostTransport:
     kind = "local"
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
-        popen = subprocess.Popen(
-            argv, cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=open(Path(cwd) / "rpc.stderr", "ab"), start_new_session=True,
-        )
+        with open(Path(cwd) / "rpc.stderr", "ab") as err:
+            popen = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         return PopenSpawned(popen)
 
     def forward(self, device_port: int) -> int:
@@ -229,23 +228,29 @@ class QemuTransport:
     def exists(self, remote: str) -> bool:
         return self._local(remote).exists()
 
-    def _command(self, argv: list[str], env: dict[str, str]) -> list[str]:
+    def _command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """(qemu command line, environment). ``LD_*`` go to the guest only (``-E``); the rest go
+        through qemu's own environment, which the guest inherits — so a secret (the RPC key) never
+        shows in a command line."""
         program = str(self._local(argv[0]))
         args = [self._local(a).as_posix() if a.startswith("/") and self.exists(a) else a for a in argv[1:]]
-        qemu_env = []
+        qemu_env, inherited = [], dict(os.environ)
         for key, value in env.items():
             if key == "LD_LIBRARY_PATH":
                 value = ":".join(str(self._local(p)) for p in value.split(":"))
-            qemu_env += ["-E", f"{key}={value}"]
-        return [self.qemu, "-L", self.sysroot, *qemu_env, program, *args]
+            if key.startswith("LD_"):
+                qemu_env += ["-E", f"{key}={value}"]
+            else:
+                inherited[key] = value
+        return [self.qemu, "-L", self.sysroot, *qemu_env, program, *args], inherited
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
         """Start a long-running program (the RPC server) under qemu; its stderr goes to cwd/rpc.stderr."""
         local_cwd = self._local(cwd)
-        popen = subprocess.Popen(
-            self._command(argv, env), cwd=local_cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=open(local_cwd / "rpc.stderr", "ab"), start_new_session=True,
-        )
+        cmd, environment = self._command(argv, env)
+        with open(local_cwd / "rpc.stderr", "ab") as err:
+            popen = subprocess.Popen(cmd, cwd=local_cwd, env=environment, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         return PopenSpawned(popen)
 
     def forward(self, device_port: int) -> int:
@@ -258,9 +263,10 @@ class QemuTransport:
         os.kill(pid, signal.SIGKILL)
 
     def execute(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
-        cmd = self._command(argv, env)
+        cmd, environment = self._command(argv, env)
         try:
-            done = subprocess.run(cmd, cwd=self._local(cwd), capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(cmd, cwd=self._local(cwd), env=environment, capture_output=True, text=True,
+                                  timeout=timeout)
         except subprocess.TimeoutExpired:
             raise DeviceError(f"runner under qemu timed out after {timeout:.0f} s") from None
         return done.returncode, done.stdout, done.stderr

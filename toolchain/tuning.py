@@ -446,7 +446,12 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
     # (its full logs still go to work_dir/logs)
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    ms_logger.setLevel(logging.WARNING)
+    # MetaSchedule re-lists this logger's handlers by name in its logging config; a handler someone
+    # attached without a name (pytest's log capture does) makes it fail: leave those out
+    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
+        ms_logger.removeHandler(handler)
     builder = _builder(spec, measure, max(1, min(spec.num_cores, os.cpu_count() or 1)))
     ms.tune_tir(
         workload_module(func),

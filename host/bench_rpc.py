@@ -1,0 +1,110 @@
+"""What measuring through RPC costs: tuning throughput (trials per minute) of one kernel measured by
+MetaSchedule's LocalRunner in-process pool vs through the RPC path (tracker → agent → the C++
+runner's RPC server), same kernel, same trials, same search seed, same machine.
+
+``agoc bench-rpc`` / ``make bench-rpc``. The device is this machine (``local``) by default, so the
+ratio is the overhead of the path itself (session request, upload, load, hygiene, relay); on
+``qemu`` the device is emulated (≈25× slower kernels): there the ratio says nothing about phones.
+Results: ``bench/results/rpc-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+SCHEMA = "agoc.bench.rpc/1"
+DEFAULT_MODEL = "zoo:pair-pw-dw@1x24x28x28"
+
+
+def _kernel(model: str, spec):
+    """The model's first conv / matmul kernel (legalized, unfused): (model label, name, PrimFunc)."""
+    from host.cli import _load_source
+    from toolchain import build, onnx_import, tuning
+    from toolchain.errors import UnsupportedModelError
+
+    proto, label, overrides = _load_source(model, [])
+    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
+    for name, func in tuning.group_kernels(mod):
+        if name.startswith(("conv2d", "matmul", "dense")):
+            return label, name, func
+    raise UnsupportedModelError(f"{label} has no conv or matmul kernel to tune")
+
+
+def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per_iter: int = 8, repeats: int = 1,
+        out_dir: Path = Path("bench/results"), on_event: Callable[..., None] = lambda kind, **info: None) -> dict:
+    from host import rpc as rpc_mod
+    from host.bench import machine_context
+    from host.devices import get_device
+    from host.measure import Hygiene
+    from toolchain import tuning
+    from toolchain.targets import resolve_target
+    from tvm.s_tir import meta_schedule as ms
+
+    dev = get_device(device)
+    spec = resolve_target(rpc_mod.device_target(dev),
+                          num_cores=None if dev.kind == "local" else dev.describe().get("cores"))
+    label, kernel, func = _kernel(model, spec)
+    settings = tuning.TuneSettings(trials=trials, per_iter=per_iter)
+    hygiene = Hygiene()
+    work = Path(tempfile.mkdtemp(prefix="agoc-bench-rpc-"))
+    rows = {"local": [], "rpc": []}
+
+    def one(path: str, measure) -> dict:
+        db_dir = work / f"{path}-{len(rows[path])}"
+        db_dir.mkdir()
+        database = ms.database.JSONDatabase(work_dir=str(db_dir / "ms"))
+        on_event("start", path=path)
+        started = time.perf_counter()
+        tuning.tune_trials(func, spec, database, trials, settings, True, db_dir / "logs", measure)
+        seconds = time.perf_counter() - started
+        lat = [tuning.latency(r) for r in tuning.records_of(database, func)]
+        ok = [x for x in lat if x < tuning.FAILED_SECS]
+        row = {"seconds": seconds, "trials": len(lat), "failed": len(lat) - len(ok),
+               "trials_per_min": 60 * len(lat) / seconds, "best_ms": min(ok) * 1e3 if ok else None}
+        on_event("done", path=path, **row)
+        return row
+
+    try:
+        if spec.runs_on_host:
+            for _ in range(repeats):
+                rows["local"].append(one("local", None))
+        with rpc_mod.RpcSession(spec, [dev], hygiene=hygiene, log=work / "measurements.jsonl",
+                                work_dir=work / "agents") as session:
+            measure = session.measure()
+            for _ in range(repeats):
+                rows["rpc"].append(one("rpc", measure))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def median(path, key):
+        values = [r[key] for r in rows[path] if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    local_tpm, rpc_tpm = median("local", "trials_per_min"), median("rpc", "trials_per_min")
+    document = {
+        "schema": SCHEMA,
+        "date": datetime.date.today().isoformat(),
+        "context": machine_context(),
+        "model": label, "kernel": kernel, "device": dev.name, "target": spec.tvm_target,
+        "settings": {"trials": trials, "per_iter": per_iter, "repeats": repeats, "hygiene": hygiene.to_json()},
+        "runs": rows,
+        "local_trials_per_min": local_tpm,
+        "rpc_trials_per_min": rpc_tpm,
+        "rpc_overhead": (local_tpm / rpc_tpm) if local_tpm and rpc_tpm else None,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"rpc-{document['date']}.json"
+    n = 2
+    while path.exists():
+        path = out_dir / f"rpc-{document['date']}-{n}.json"
+        n += 1
+    path.write_text(json.dumps(document, indent=2))
+    document["path"] = str(path)
+    return document
