@@ -37,7 +37,7 @@ def _kernel(model: str, spec):
     raise UnsupportedModelError(f"{label} has no conv or matmul kernel to tune")
 
 
-def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per_iter: int = 8, repeats: int = 1,
+def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per_iter: int = 8, repeats: int = 2,
         out_dir: Path = Path("bench/results"), on_event: Callable[..., None] = lambda kind, **info: None) -> dict:
     from host import rpc as rpc_mod
     from host.bench import machine_context
@@ -54,11 +54,11 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
     settings = tuning.TuneSettings(trials=trials, per_iter=per_iter)
     hygiene = Hygiene()
     work = Path(tempfile.mkdtemp(prefix="agoc-bench-rpc-"))
-    rows = {"local": [], "rpc": []}
+    rows = {"local": [], "rpc": [], "warm-up": []}
 
     def one(path: str, measure) -> dict:
         db_dir = work / f"{path}-{len(rows[path])}"
-        db_dir.mkdir()
+        (db_dir / "ms").mkdir(parents=True)
         database = ms.database.JSONDatabase(work_dir=str(db_dir / "ms"))
         on_event("start", path=path)
         started = time.perf_counter()
@@ -69,17 +69,22 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
         row = {"seconds": seconds, "trials": len(lat), "failed": len(lat) - len(ok),
                "trials_per_min": 60 * len(lat) / seconds, "best_ms": min(ok) * 1e3 if ok else None}
         on_event("done", path=path, **row)
+        if path == "warm-up":
+            rows[path].append(row)
         return row
 
     try:
-        if spec.runs_on_host:
-            for _ in range(repeats):
-                rows["local"].append(one("local", None))
         with rpc_mod.RpcSession(spec, [dev], hygiene=hygiene, log=work / "measurements.jsonl",
                                 work_dir=work / "agents") as session:
             measure = session.measure()
-            for _ in range(repeats):
-                rows["rpc"].append(one("rpc", measure))
+            if spec.runs_on_host:
+                one("warm-up", None)  # imports and worker pools are paid by neither path
+            for i in range(repeats):  # interleaved, alternating which goes first
+                order = ["local", "rpc"] if i % 2 == 0 else ["rpc", "local"]
+                for path in order:
+                    if path == "local" and not spec.runs_on_host:
+                        continue
+                    rows[path].append(one(path, measure if path == "rpc" else None))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -94,7 +99,7 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
         "context": machine_context(),
         "model": label, "kernel": kernel, "device": dev.name, "target": spec.tvm_target,
         "settings": {"trials": trials, "per_iter": per_iter, "repeats": repeats, "hygiene": hygiene.to_json()},
-        "runs": rows,
+        "runs": {k: v for k, v in rows.items() if k != "warm-up"},
         "local_trials_per_min": local_tpm,
         "rpc_trials_per_min": rpc_tpm,
         "rpc_overhead": (local_tpm / rpc_tpm) if local_tpm and rpc_tpm else None,

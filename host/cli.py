@@ -818,6 +818,8 @@ def tracker_serve(
         while not stopped.wait(30):
             err_console.print(f"[dim]{escape(agent.server.name)}: {agent.stats.sessions} sessions, "
                               f"{agent.stats.failed} lost, {agent.stats.restarts} restarts; {agent.stats.state}[/dim]")
+    except KeyboardInterrupt:
+        pass  # Ctrl-C or SIGTERM: the normal way to stop serving
     finally:
         agent.stop()
         console.print(f"{escape(agent.server.name)}: served {agent.stats.sessions} sessions, lost {agent.stats.failed}, "
@@ -831,7 +833,7 @@ def bench_rpc(
     device: str = typer.Option("local", help="Device measured through RPC (local: the overhead of the path itself)."),
     trials: int = typer.Option(32, help="Trials per run (same for both paths)."),
     per_iter: int = typer.Option(8, help="Candidates per search batch."),
-    repeats: int = typer.Option(1, help="Runs per path (the median is reported)."),
+    repeats: int = typer.Option(2, help="Runs per path, interleaved (the median is reported)."),
     out: Path = typer.Option(Path("bench/results"), help="Results directory."),
 ):
     """Tuning throughput, local runner vs RPC path, on the same kernel: trials per minute and the ratio."""
@@ -839,7 +841,8 @@ def bench_rpc(
 
     def on_event(kind, **info):
         if kind == "start":
-            err_console.print(f"[dim]tuning {trials} trials measured {'in-process' if info['path'] == 'local' else 'through RPC'}...[/dim]")
+            how = {"local": "by the local runner", "rpc": "through RPC", "warm-up": "(warm-up)"}[info["path"]]
+            err_console.print(f"[dim]tuning {trials} trials measured {how}...[/dim]")
         else:
             err_console.print(f"[dim]{info['path']}: {info['trials']} trials in {info['seconds']:.1f} s "
                               f"({info['trials_per_min']:.1f}/min, {info['failed']} failed)[/dim]")
