@@ -476,6 +476,11 @@ def tune(
     local_only = not farm and all(d.kind == "local" for d in devices) and not rpc and len(devices) == 1
     if farm and key is None:
         raise UnsupportedModelError("with --tracker and no --device, say which devices with --key (e.g. linux-arm64)")
+    from toolchain.targets import PRESETS_BY_NAME
+
+    if farm and target is None and key not in PRESETS_BY_NAME:
+        raise UnsupportedModelError(f"key '{key}' is not a target name: say what the devices run with --target "
+                                    f"({', '.join(PRESETS_BY_NAME)})")
     target = target or (rpc_mod.device_target(devices[0]) if devices else key)
     if devices and len({rpc_mod.device_target(d) for d in devices}) > 1:
         raise UnsupportedModelError("the devices of one tuning run must run the same target; tune them separately")

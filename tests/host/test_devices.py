@@ -4,25 +4,8 @@ Times under qemu are not asserted on (they are emulated); outputs are real and m
 """
 
 import json
-import subprocess
 
 import pytest
-
-from tests.conftest import require_tool
-from tests.fakeadb import FakeAdbServer
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def runners():
-    """Build (or find) the host and linux-arm64 runners."""
-    require_tool("cmake")
-    require_tool("aarch64-linux-gnu-g++")
-    require_tool("qemu-aarch64")
-    for target in ("host", "linux-arm64"):
-        subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
-                       capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +59,6 @@ def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
     assert data["device_kind"] == "local" and len(data["samples_ms"]) == 3
     manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
     assert {k["name"] for k in data["kernels"]} == {k["name"] for k in manifest["kernels"]}
-
-
-@pytest.fixture
-def phone(tmp_path, monkeypatch):
-    with FakeAdbServer(tmp_path / "phone") as server:
-        monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
-        monkeypatch.delenv("ANDROID_SERIAL", raising=False)
-        yield server
 
 
 def test_adb_phone_is_listed_deployed_to_benched_and_verified(cli, arm_artifact, phone):

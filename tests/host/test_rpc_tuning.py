@@ -15,20 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import require_tool
-from tests.fakeadb import FakeAdbServer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def runners():
-    require_tool("cmake")
-    require_tool("aarch64-linux-gnu-g++")
-    require_tool("qemu-aarch64")
-    for target in ("host", "linux-arm64"):
-        subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
-                       capture_output=True)
 
 
 @pytest.fixture
@@ -36,14 +24,6 @@ def sandboxes(tmp_path, monkeypatch):
     monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))
     monkeypatch.setenv("AGOC_HOME", str(tmp_path / "home"))
     return tmp_path
-
-
-@pytest.fixture
-def phone(tmp_path, monkeypatch):
-    with FakeAdbServer(tmp_path / "phone") as server:
-        monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
-        monkeypatch.delenv("ANDROID_SERIAL", raising=False)
-        yield server
 
 
 def _axpy(path, target):
