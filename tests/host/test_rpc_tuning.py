@@ -206,3 +206,40 @@ def test_retry_only_on_device_failures():
     assert _retryable("RuntimeError: Cannot find server that matches key linux-arm64")
     assert not _retryable("Traceback: in session ...\nValueError: Unknown device: llvm")
     assert not _retryable("TimeoutError: session timed out")
+
+
+def test_a_hanging_kernel_is_timed_out_and_the_device_serves_again(runners, sandboxes):
+    """A kernel that never returns: the runner kills its session at the client's timeout; the agent
+    offers the device again and the next session works."""
+    import tvm
+    from tvm import rpc
+    from tvm.script import tirx as T
+
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+    from toolchain.targets import resolve_target
+
+    @T.prim_func
+    def spin(a: T.Buffer((1,), "float32"), b: T.Buffer((1,), "float32")):
+        T.func_attr({"global_symbol": "spin"})
+        while a[0] > T.float32(0):
+            b[0] = b[0] + T.float32(1)
+
+    spec = resolve_target("host")
+    lib = sandboxes / "spin.so"
+    tvm.compile(tvm.IRModule({"spin": spin}), target=spec.tvm_target).export_library(str(lib))
+    with rpc_mod.RpcSession(spec, [get_device("local")], key="hang", work_dir=sandboxes / "agents") as session:
+        host, port = session.tracker
+        remote = rpc.connect_tracker(host, port).request("hang", session_timeout=3)
+        remote.upload(str(lib))
+        kernel = remote.load_module("spin.so")
+        dev = remote.cpu()
+        a = tvm.runtime.tensor(np.ones(1, np.float32), dev)
+        b = tvm.runtime.tensor(np.zeros(1, np.float32), dev)
+        with pytest.raises(Exception):
+            kernel["spin"](a, b)  # the session is killed on the device after 3 s
+        del kernel, a, b, dev, remote
+        __import__("gc").collect()
+        again = rpc.connect_tracker(host, port).request("hang", session_timeout=30)
+        assert json.loads(again.get_function("agoc.sysinfo")())["device"] == "local"
+        assert session.agent_status("local")["runner_pid"]
