@@ -297,8 +297,8 @@ class Agent(threading.Thread):
                 self._serve(conn)
                 if self._tracker_conn is not None:
                     self._offer()
-            except (OSError, ConnectionError, DeviceError, ValueError) as exc:
-                self.stats.last_error = str(exc)[:300]
+            except Exception as exc:  # noqa: BLE001 — whatever the device or adb raised, the agent waits and retries
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 self.stats.state = "waiting: " + self.stats.last_error
                 self._event("error", error=self.stats.last_error)
                 self._drop_tracker()

@@ -93,7 +93,6 @@ import stat as st
 import struct
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -423,7 +422,8 @@ class FakeAdbServer:
     ``props`` override/extend DEFAULT_PROPS (what ``getprop`` answers); ``cpus`` is the fake CPU set
     behind /proc/cpuinfo, /sys/devices/system/cpu and ``nproc``. Use as a context manager (or
     start()/stop()); ``port`` is set once started, ``host_path(device_path)`` maps a device path.
-    stop() kills every program the device started and closes forwards and open connections.
+    stop() kills every program the device started and closes forwards and open connections;
+    unplug() does the same but keeps the server up, answering "device not found" until plug().
     """
 
     def __init__(
@@ -439,6 +439,7 @@ class FakeAdbServer:
         self.props = {**DEFAULT_PROPS, **(props or {})}
         self.cpus = tuple(cpus)
         self.port = 0
+        self.unplugged = False  # unplug() / plug(): the phone leaves and comes back (a reboot)
         self._lock = threading.Lock()
         self._forwards: dict[str, tuple[str, _Listener | None]] = {}  # local -> (remote, relay)
         self._reverses: dict[str, tuple[str, _Listener | None]] = {}  # device -> (host, relay)
@@ -471,6 +472,18 @@ class FakeAdbServer:
             self._tcp.shutdown()
             self._tcp.server_close()
             self._tcp = None
+        self._drop_device_state()
+
+    def unplug(self) -> None:
+        """The phone leaves (cable pulled, reboot): its programs die, its forwards and open
+        connections close, and the server no longer lists it until :meth:`plug`."""
+        self.unplugged = True
+        self._drop_device_state()
+
+    def plug(self) -> None:
+        self.unplugged = False
+
+    def _drop_device_state(self) -> None:
         with self._lock:
             relays = [r for _, r in [*self._forwards.values(), *self._reverses.values()] if r]
             self._forwards.clear()
@@ -596,6 +609,9 @@ class FakeAdbServer:
 
     def _host_request(self, sock: socket.socket, req: str) -> None:
         """Answer one host request (a transport request hands the connection to a device service)."""
+        if self.unplugged and req not in ("host:version", "host:devices", "host:devices-l", "host:kill"):
+            _fail(sock, f"device '{self.serial}' not found")
+            return
         transports = {
             f"host:transport:{self.serial}": b"",
             "host:transport-any": b"",
@@ -627,11 +643,12 @@ class FakeAdbServer:
         if cmd == "version":
             _okay(sock, f"{ADB_VERSION:04x}")
         elif cmd == "devices":
-            _okay(sock, f"{self.serial}\tdevice\n")
+            _okay(sock, "" if self.unplugged else f"{self.serial}\tdevice\n")
         elif cmd == "devices-l":
             p = {k: re.sub(r"[^A-Za-z0-9._-]", "_", v) for k, v in self.props.items()}  # as adb does
             _okay(
                 sock,
+                "" if self.unplugged else
                 f"{self.serial:<22} device product:{p['ro.product.name']} model:{p['ro.product.model']} "
                 f"device:{p['ro.product.device']} transport_id:{TRANSPORT_ID}\n",
             )

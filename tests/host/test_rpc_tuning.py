@@ -243,3 +243,38 @@ def test_a_hanging_kernel_is_timed_out_and_the_device_serves_again(runners, sand
         again = rpc.connect_tracker(host, port).request("hang", session_timeout=30)
         assert json.loads(again.get_function("agoc.sysinfo")())["device"] == "local"
         assert session.agent_status("local")["runner_pid"]
+
+
+def test_a_phone_that_goes_away_is_withdrawn_and_reattached(runners, sandboxes, phone):
+    """The phone leaves the adb server (a reboot: its runner dies with it): the agent withdraws it
+    from the tracker, and offers it again, with a fresh runner, once it is back."""
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+    from toolchain.targets import resolve_target
+
+    def wait(predicate, what, timeout=120):
+        deadline = time.time() + timeout
+        while not predicate():
+            assert time.time() < deadline, f"timed out waiting until {what}"
+            time.sleep(0.3)
+
+    spec = resolve_target("linux-arm64")
+    with rpc_mod.RpcSession(spec, [get_device("emulator-5554")], work_dir=sandboxes / "agents") as session:
+        host, port = session.tracker
+        servers = lambda: rpc_mod.servers_for(rpc_mod.tracker_summary(host, port), "linux-arm64")  # noqa: E731
+        first_pid = session.agent_status("emulator-5554")["runner_pid"]
+        phone.unplug()
+        wait(lambda: servers() == 0, "the phone is withdrawn")
+        assert session.agent_status("emulator-5554")["state"].startswith("waiting")
+        phone.plug()
+        wait(lambda: servers() == 1, "the phone is offered again")
+        status = session.agent_status("emulator-5554")
+        assert status["restarts"] >= 1 and status["runner_pid"] != first_pid
+        # a session on the phone again, from another process: this one serves the fake adb server's
+        # relays, which a blocking TVM call here would stall (it holds the interpreter lock)
+        probe = ("import json, sys; from tvm import rpc; "
+                 "r = rpc.connect_tracker(sys.argv[1], int(sys.argv[2])).request('linux-arm64', session_timeout=60); "
+                 "print(json.loads(r.get_function('agoc.sysinfo')())['device'])")
+        done = subprocess.run([sys.executable, "-c", probe, host, str(port)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.stdout.strip() == "emulator-5554", done.stderr[-500:]
