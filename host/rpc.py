@@ -221,7 +221,7 @@ class Agent(threading.Thread):
         self.server.stop()
 
     def _event(self, kind: str, **info) -> None:
-        self.stats.events.append({"t": time.time(), "kind": kind, **info})
+        self.stats.events = [*self.stats.events[-99:], {"t": time.time(), "kind": kind, **info}]  # the last 100
         self.on_event(kind, device=self.server.name, **info)
         self.write_status()
 
