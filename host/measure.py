@@ -167,8 +167,9 @@ def make_rpc_runner(tracker: tuple[str, int], key: str, workers: int, hygiene: H
 
 
 def _last_line(message: str) -> str:
-    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+    from toolchain.build import error_line
+
+    return error_line(RuntimeError(message)) if message.strip() else ""
 
 
 def _retryable(message: str) -> bool:

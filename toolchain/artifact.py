@@ -18,7 +18,10 @@ one ``fread``; their shape and dtype live in the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -191,3 +194,19 @@ def load_artifact(root: str | Path) -> Artifact:
     if not (root / manifest.library).exists():
         raise ArtifactError(f"artifact is incomplete: {root / manifest.library} is missing; recompile")
     return Artifact(root, manifest)
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: Path):
+    """Assemble an output directory aside and move it into place only when the body completes: a
+    failed or interrupted build never leaves a half-written OUT (and keeps the previous one)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        yield staging
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)

@@ -28,9 +28,24 @@ class KernelInfo:
         return {"name": self.name, "calls": self.calls}
 
 
-def _first_line(exc: BaseException) -> str:
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """The line of an exception worth showing: TVM puts the message last, after its traceback."""
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
+    return (lines[-1] if lines else type(exc).__name__)[:limit]
+
+
+def lower_and_compile(mod, target, backend, what: str):
+    """``tvm.compile`` of an already fused (and scheduled) module with only the backend's lowering
+    passes (``backend``: a ``tvm.relax.backend.<x>.pipeline`` module; the default pipeline would fuse
+    again). Raises BuildError naming ``what``."""
+    import tvm
+
+    lower = tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
+    try:
+        with target:
+            return tvm.compile(mod, target, relax_pipeline=lower)
+    except Exception as exc:
+        raise BuildError(f"TVM code generation failed{what}: {error_line(exc)}") from exc
 
 
 def legalize(mod, spec: TargetSpec):
@@ -50,7 +65,7 @@ def legalize(mod, spec: TargetSpec):
         with spec.tvm():
             return tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
-        raise BuildError(f"legalizing the model failed: {_first_line(exc)} (rerun with --debug)") from exc
+        raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
 
 
 def fuse_stock(mod, spec: TargetSpec):
@@ -62,7 +77,7 @@ def fuse_stock(mod, spec: TargetSpec):
         with spec.tvm():
             return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
     except Exception as exc:
-        raise BuildError(f"fusing the model failed: {_first_line(exc)} (rerun with --debug)") from exc
+        raise BuildError(f"fusing the model failed: {error_line(exc)} (rerun with --debug)") from exc
 
 
 def kernels(mod) -> list[KernelInfo]:
@@ -91,16 +106,9 @@ def kernels(mod) -> list[KernelInfo]:
 
 def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path:
     """Lower the fused module to a Relax VM executable and link it into ``path`` (a .so)."""
-    import tvm
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    target = spec.tvm()
-    lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
-    try:
-        with target:
-            executable = tvm.compile(mod, target, relax_pipeline=lower)
-    except Exception as exc:
-        raise BuildError(f"TVM code generation failed for {spec.preset}: {_first_line(exc)}") from exc
+    executable = lower_and_compile(mod, spec.tvm(), cpu, f" for {spec.preset}")
     try:
         if compiler.kind == "host":
             executable.export_library(str(path))
@@ -111,5 +119,5 @@ def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path
                 str(path), fcompile=cc.cross_compiler(compiler.path, options=list(compiler.options))
             )
     except Exception as exc:
-        raise BuildError(f"linking with {compiler.path} failed: {_first_line(exc)}") from exc
+        raise BuildError(f"linking with {compiler.path} failed: {error_line(exc)}") from exc
     return path

@@ -14,8 +14,6 @@ import datetime
 import importlib.metadata
 import logging
 import platform
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from toolchain.artifact import (
     Artifact,
     Manifest,
     TensorFile,
+    staged_directory,
     write_manifest,
     write_tensor,
 )
@@ -143,9 +142,7 @@ def compile_model(
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
         _dump(request.dump_dir, "04_scheduled.py", mod)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         on_stage(f"building for {request.target.preset} with {Path(compiler.path).name}")
         build.build_library(mod, request.target, compiler, staging / LIBRARY)
 
@@ -182,11 +179,5 @@ def compile_model(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
         write_manifest(staging, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     log.info("compiled %s for %s into %s", request.model_name, request.target.preset, out_dir)
     return Artifact(out_dir, manifest)

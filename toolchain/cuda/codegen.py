@@ -44,6 +44,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolchain.build import error_line, lower_and_compile
 from toolchain.errors import BuildError, TargetError
 
 DEFAULT_ARCH = "sm_90"
@@ -82,11 +83,6 @@ def _dlight_rules():
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
-def _last_line(exc: BaseException) -> str:
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:200]
-
-
 def schedule_dlight(func, target, notes: list | None = None, name: str = ""):
     """dlight's default GPU rules in order; a rule that raises counts as not applicable. → (func, rule) or (None, None)."""
     for rule in _dlight_rules():
@@ -94,7 +90,7 @@ def schedule_dlight(func, target, notes: list | None = None, name: str = ""):
             sch = rule.apply(func, target, False)
         except Exception as exc:  # noqa: BLE001 - a dlight bug on this function: try the next rule
             if notes is not None:
-                notes.append(f"dlight {type(rule).__name__} raised on {name}: {type(exc).__name__} {_last_line(exc)}")
+                notes.append(f"dlight {type(rule).__name__} raised on {name}: {type(exc).__name__} {error_line(exc)}")
             continue
         if sch is None:
             continue
@@ -314,14 +310,14 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
                         new = schedule_stitched(func, group.form.rows, group.form.cols, group.form.threads)
                     how = "stitched"
                 except Exception as exc:  # noqa: BLE001 - fall back to dlight, and say why
-                    notes.append(f"stitched schedule failed on {name}: {type(exc).__name__} {_last_line(exc)}")
+                    notes.append(f"stitched schedule failed on {name}: {type(exc).__name__} {error_line(exc)}")
             if new is None and group.label in ("element-wise", "broadcast") and len(group.members) > 1:
                 try:
                     with t:
                         new = schedule_packed(func)
                     how = "packed"
                 except Exception as exc:  # noqa: BLE001 - not one element space: dlight decides
-                    notes.append(f"packed schedule not applicable to {name}: {_last_line(exc)}")
+                    notes.append(f"packed schedule not applicable to {name}: {error_line(exc)}")
             if new is None:
                 with t:
                     new, how = schedule_dlight(func, t, notes, name)
@@ -384,17 +380,10 @@ def kernel_owner(kernel: str, funcs) -> str | None:
 
 def build_cuda(mod, target: CudaTarget) -> CudaBuild:
     """``tvm.compile`` for CUDA; the CUDA source and per-PrimFunc kernel counts (no nvcc needed)."""
-    import tvm
     from tvm.relax.backend.cuda import pipeline as cuda
 
-    t = target.tvm()
-    # lowering only: the module is already fused and scheduled (the default pipeline would fuse it again)
-    lower = tvm.transform.Sequential(cuda.dataflow_lower_passes(t) + cuda.finalize_passes(t))
-    try:
-        with t:
-            executable = tvm.compile(mod, t, relax_pipeline=lower)
-    except Exception as exc:
-        raise BuildError(f"TVM CUDA code generation failed: {_last_line(exc)}") from exc
+    # lowering only: the module is already fused and scheduled
+    executable = lower_and_compile(mod, target.tvm(), cuda, " for CUDA")
     source = _find_cuda_source(executable.mod)
     calls = collections.Counter(_call_order(mod))
     bodies = _kernel_bodies(source)
@@ -433,7 +422,7 @@ def nvcc_compile(source_path: Path, arch: str, out: Path, fmt: str = "ptx", nvcc
     cmd = [nvcc, f"--{fmt}", "-O3", arch_flag, "-o", str(out), str(source_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise BuildError(f"nvcc failed ({' '.join(cmd)}): {_last_line(RuntimeError(proc.stderr))}")
+        raise BuildError(f"nvcc failed ({' '.join(cmd)}): {error_line(RuntimeError(proc.stderr))}")
     return out
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from toolchain.artifact import staged_directory
 from toolchain.cuda import codegen, optype, stitch
 
 SCHEMA = "agoc.cuda/1"
@@ -119,9 +118,7 @@ def write_artifact(graph: Graph, target: codegen.CudaTarget, c: Compiled, out_di
         from toolchain.errors import ArtifactError
 
         raise ArtifactError(f"-o {out_dir} exists and is not an agoc artifact; choose a new or empty directory")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         (staging / "kernels.cu").write_text(c.fused_build.source)
         (staging / "fused.py").write_text(c.fused.mod.script())
         if c.stock_build is not None:
@@ -154,12 +151,6 @@ def write_artifact(graph: Graph, target: codegen.CudaTarget, c: Compiled, out_di
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 

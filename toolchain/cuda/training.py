@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from toolchain.build import error_line
 from toolchain.errors import UnsupportedModelError
 
 F32 = "float32"
@@ -215,15 +216,10 @@ def differentiate(backbone_mod, data_shapes, param_shapes, out_shape, name: str,
     try:
         mod = relax.transform.Gradient("backbone_loss", require_grads=require)(mod)
     except Exception as exc:
-        raise UnsupportedModelError(f"Relax cannot differentiate {name}: {_last_line(exc)}") from exc
+        raise UnsupportedModelError(f"Relax cannot differentiate {name}: {error_line(exc)}") from exc
     main = unique_names(mod["backbone_loss_adjoint"].with_attr("global_symbol", "main"))
     inputs = tuple(data_shapes) + tuple(param_shapes) + (("target", tuple(out_shape)),)
     return TrainingGraph(name, tvm.IRModule({"main": main}), inputs, len(data_shapes), len(param_shapes), description)
-
-
-def _last_line(exc: BaseException) -> str:
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def unique_names(func):
@@ -391,7 +387,7 @@ def from_onnx(model, inputs, name: str) -> TrainingGraph:
             keep_params_in_input=True,
         )
     except Exception as exc:
-        raise UnsupportedModelError(f"TVM's ONNX importer rejected the model: {_last_line(exc)}") from exc
+        raise UnsupportedModelError(f"TVM's ONNX importer rejected the model: {error_line(exc)}") from exc
     if any(i.dtype != F32 for i in inputs):
         raise UnsupportedModelError("--training needs float32 inputs (integer inputs have no gradient)")
     func = mod["main"]
