@@ -25,7 +25,7 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -257,6 +257,38 @@ class Worker:
         return reply
 
 
+def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: int | None = None):
+    from toolchain import tuning
+    from toolchain.partition import DEFAULT_THRESHOLD
+
+    return tuning.TuneSettings(
+        trials=settings.trials if trials is None else trials, partition=variant.partition,
+        threshold=suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD,
+        intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed,
+    )
+
+
+def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Settings) -> int:
+    """The case's trial budget, the same for every tuned variant: the suite's, raised (in whole search
+    batches) until no variant's plan needs more, since every kernel gets at least one batch and the
+    stock partition of a large model has more kernels than the suite's budget has batches."""
+    import models as zoo
+    from toolchain import build, onnx_import, tuning
+    from toolchain.targets import resolve_target
+
+    spec = resolve_target(settings.target, num_cores=settings.threads)
+    model = zoo.build(case.model, case.shape)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+    batch = tuning.TuneSettings().per_iter
+    budget = settings.trials
+    for _ in range(4):  # the plans are in whole batches: this settles in one or two steps
+        need = max(tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
+        if need <= budget:
+            break
+        budget = -(-need // batch) * batch
+    return budget
+
+
 def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
                      on_event) -> tuple[dict, Path | None]:
     """Compile (tuning first if the variant is tuned) + verify one TVM variant; (record, artifact dir or None)."""
@@ -278,14 +310,10 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
         db = None
         if variant.tuned:
             db = work_dir / case.label / f"{variant.name}.db"
-            tune_settings = tuning.TuneSettings(
-                trials=settings.trials, partition=variant.partition, threshold=threshold,
-                intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed,
-            )
             mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
             started = time.perf_counter()
             summary = tuning.tune_model(
-                mod, onnx_import.model_hash(model), spec, tune_settings, db,
+                mod, onnx_import.model_hash(model), spec, _tune_settings(variant, suite, settings), db,
                 on_event=lambda kind, **info: on_event("tuning", case=case.label, variant=variant.name, event=kind,
                                                        **info),
             )
@@ -383,6 +411,13 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
              on_event) -> dict:
     results: dict[str, dict] = {}
     artifacts: dict[str, Path] = {}
+    tuned = [v for v in variants if v.engine == "tvm" and v.tuned]
+    if tuned and settings.trials:
+        on_event("stage", case=case.label, stage="planning the tuning budget")
+        try:
+            settings = replace(settings, trials=equal_budget(case, tuned, suite, settings))
+        except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
+            on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
     for variant in variants:
         if variant.engine == "tvm":
             stage = "tuning + compiling" if variant.tuned else "compiling"

@@ -20,7 +20,9 @@ over ``stable_tolerance`` in the last ``stable_window`` trials). Then the minis'
 composed onto S's fused kernel (their traces replayed, block names mapped) and that composed
 schedule seeds S's own tuning with the rest of the budget. ``reformer=False`` (AGO-NR) tunes S
 directly; ``intensive=False`` (AGO-NI) leaves the intensive-fusion space out; ``partition="stock"``
-tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline).
+tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline). A subgraph whose
+budget cannot give every mini one search batch and the join another is tuned directly: at such
+budgets divide-and-conquer has nothing to divide (measured: ``make bench-pairs``).
 
 Budgets: the session budget is divided over the final kernels in proportion to their AGO weight
 (Eq. 1 predicts tuning budget), at least one search batch each.
@@ -178,11 +180,21 @@ def _budgets(weights: list[float], total: int, minimum: int) -> list[int]:
     if not weights:
         return []
     units = max(total // minimum, len(weights))
-    scale = sum(weights) or 1.0
-    shares = [units * w / scale for w in weights]
-    alloc = [max(1, int(x)) for x in shares]
+    alloc = [0] * len(weights)
+    free, left = list(range(len(weights))), units
+    while True:  # kernels whose share is under one batch get exactly one; the rest share what is left
+        scale = sum(weights[i] for i in free) or 1.0
+        shares = {i: left * (weights[i] or 1e-12) / scale for i in free}
+        low = [i for i in free if shares[i] < 1]
+        if not low:
+            break
+        for i in low:
+            alloc[i], left = 1, left - 1
+            free.remove(i)
+    for i in free:
+        alloc[i] = int(shares[i])
     spare = units - sum(alloc)
-    for i in sorted(range(len(weights)), key=lambda i: shares[i] - int(shares[i]), reverse=True)[: max(spare, 0)]:
+    for i in sorted(free, key=lambda i: shares[i] - int(shares[i]), reverse=True)[:spare]:
         alloc[i] += 1
     return [a * minimum for a in alloc]
 
@@ -249,6 +261,8 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             parent_task = final[parent]
             if len(minis) < 2 or parent_task.phase == "joined":  # one complex op: tuned directly; or seen
                 continue
+            if parent_task.budget < settings.per_iter * (len(minis) + 1):
+                continue  # no budget for a batch per mini and one for the join: tuned directly (as AGO-NR)
             for (kernel, func), mini in minis:
                 name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
                 # every instance composes onto the joined kernel, even when identical minis share a task
@@ -268,6 +282,13 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             )
     tasks.extend(final.values())
     return fused, TaskPlan(tuple(tasks), funcs, compositions)
+
+
+def planned_trials(mod, spec, settings: TuneSettings) -> int:
+    """Trials a session with ``settings`` would spend on ``mod`` (a legalized module) at most: every
+    kernel gets at least one search batch, so a model with many kernels can exceed ``settings.trials``."""
+    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
+    return sum(t.budget for t in plan.tasks)
 
 
 def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:
@@ -326,12 +347,16 @@ class TuneDB:
         existing = self.session
         if existing is not None:
             for key in ("model_sha256", "target", "settings"):
-                if existing[key] != session[key]:
+                # the budget may change between runs: a larger one continues tuning, every record stays valid
+                old = {k: v for k, v in existing[key].items() if k != "trials"} if key == "settings" else existing[key]
+                now = {k: v for k, v in session[key].items() if k != "trials"} if key == "settings" else session[key]
+                if old != now:
                     raise TuningError(
                         f"{self.root} holds a session for a different {key.replace('_', ' ')} "
                         f"({_short(existing[key])} vs {_short(session[key])}); use another --db or the same settings"
                     )
-            return
+            if existing == session:
+                return
         self._write("session.json", session)
 
     @property

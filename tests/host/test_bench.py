@@ -89,3 +89,13 @@ def test_bench_suite_cli_rejects_unknown_names(cli):
     assert result.exit_code == 1 and "unknown suite 'nosuch'" in result.stderr
     result = cli("bench-suite", "tiny", "--variants", "tvm-magic")
     assert result.exit_code == 1 and "unknown variant 'tvm-magic'" in result.stderr
+
+
+def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_more_than_the_suites():
+    # tiny-cnn's stock partition has 3 kernels: at one batch each a 16-trial suite budget is not enough
+    tuned = [bench.VARIANTS_BY_NAME["tvm-stock-tuned"], bench.VARIANTS_BY_NAME["tvm-ago-tuned"]]
+    settings = tiny_settings(trials=16)
+    budget = bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], settings)
+    assert budget == 48  # 3 kernels × one batch of 16, whole batches
+    roomy = tiny_settings(trials=160)
+    assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], roomy) == 160

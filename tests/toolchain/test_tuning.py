@@ -22,6 +22,9 @@ def test_budgets_follow_weights_in_whole_batches_and_add_up():
     assert sum(tuning._budgets([1.0, 1.0, 1.0], total=64, minimum=16)) == 64  # remainders are not lost
     assert tuning._budgets([1.0] * 5, total=64, minimum=16) == [16] * 5  # more kernels than batches
     assert tuning._budgets([], total=64, minimum=16) == []
+    # the one-batch floor never pushes the sum over the budget: the heavy kernels give way
+    assert tuning._budgets([2.5, 0.3, 0.2], total=48, minimum=16) == [16, 16, 16]
+    assert sum(tuning._budgets([50.0, 1.0, 1.0, 1.0, 30.0], total=160, minimum=16)) == 160
 
 
 def test_stabilised_means_no_gain_over_the_last_window():
@@ -86,11 +89,25 @@ def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
     assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
 
 
+def test_the_reformer_splits_a_subgraph_only_when_its_budget_covers_every_mini_and_the_join(dwsep_split):
+    mod, graph, *_ = dwsep_split
+    roomy = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, roomy)
+    phases = [t.phase for t in plan.tasks]
+    assert phases.count("mini") == 3 and phases[-1] == "joined"  # minis first, then the joined subgraph
+    assert tuning.planned_trials(mod, SPEC, roomy) == sum(t.budget for t in plan.tasks) == 64
+    tight = tuning.TuneSettings(trials=24, per_iter=8, threshold=1e9)  # 3 batches: not one per mini + join
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
+    assert [t.phase for t in plan.tasks] == ["kernel"] and plan.tasks[0].budget == 24
+
+
 def test_a_database_for_another_model_is_refused(tmp_path):
     db = tuning.TuneDB(tmp_path)
     session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
     db.open_session(session)
     db.open_session(session)  # same session: resumes
+    db.open_session({**session, "settings": {"trials": 32}})  # a larger budget continues the same session
+    assert db.session["settings"]["trials"] == 32
     with pytest.raises(tuning.TuningError, match="different model sha256"):
         db.open_session({**session, "model_sha256": "b" * 64})
     with pytest.raises(tuning.TuningError, match="not a tuning database"):
@@ -100,7 +117,7 @@ def test_a_database_for_another_model_is_refused(tmp_path):
 @pytest.mark.slow
 def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     db = tmp_path / "db"
-    args = ["tune", "zoo:tiny-dwsep", "--db", db, "--trials", "16", "--per-iter", "8"]
+    args = ["tune", "zoo:tiny-dwsep", "--db", db, "--trials", "32", "--per-iter", "8"]  # minis, then the join
     result = cli(*args)
     assert result.exit_code == 0, result.stderr
     status = tuning.status(db)
