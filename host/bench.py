@@ -416,6 +416,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
         on_event("stage", case=case.label, stage="planning the tuning budget")
         try:
             settings = replace(settings, trials=equal_budget(case, tuned, suite, settings))
+            on_event("stage", case=case.label, stage=f"{settings.trials} tuning trials for each tuned variant")
         except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
             on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
     for variant in variants:
@@ -569,6 +570,8 @@ def summary_rows(document: dict) -> list[dict]:
                     "p10_ms": lat.get("p10"),
                     "p90_ms": lat.get("p90"),
                     "max_abs": res.get("verify", {}).get("max_abs"),
+                    "kernels": res.get("kernels"),
+                    "trials": res.get("tuning", {}).get("trials"),
                     "speedup_vs": {b: s["median"] for b, s in res.get("speedup_vs", {}).items()},
                     "reason": res.get("reason", ""),
                     "proxy_status": res.get("proxy", {}).get("status"),

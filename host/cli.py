@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -117,8 +118,6 @@ def _load_source(model: str, shapes: list[str]):
 
 def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, training: bool) -> None:
     """--target cuda: APOLLO/FusionStitching fusion → CUDA source (+ PTX with nvcc); see toolchain/cuda."""
-    import time
-
     from toolchain import onnx_import
     from toolchain.cuda import codegen
     from toolchain.cuda import compile as cuda_compile
@@ -514,7 +513,15 @@ def tune(
     def on_event(kind, **info):
         if kind == "plan":
             state["budgets"] = {t["name"]: t["budget"] for t in info["tasks"]}
-            state["bar"] = progress.add_task("tuning", total=sum(state["budgets"].values()))
+            total, tasks = sum(state["budgets"].values()), info["tasks"]
+            phases = {p: sum(t["phase"] == p for t in tasks) for p in ("kernel", "mini", "joined")}
+            kernels = phases["kernel"] + phases["joined"]
+            progress.console.print(
+                f"[dim]plan: {kernels} kernel{'s' * (kernels != 1)} ({phases['joined']} split into "
+                f"{phases['mini']} minis), {total} trials"
+                f"{f' (more than --trials {trials}: at least one batch of {per_iter} per task)' if total > trials else ''}"
+                "[/dim]", soft_wrap=True)
+            state["bar"] = progress.add_task("tuning", total=total)
         elif kind == "task":
             state["done"][info["task"]] = min(info["done"], info["budget"])
             progress.update(state["bar"], completed=sum(state["done"].values()),
@@ -686,13 +693,22 @@ def bench_suite(
         overall = progress.add_task("cases", total=len(cases))
         current = progress.add_task("", total=settings.rounds)
 
+        logged = not err_console.is_terminal  # a log file (CI, nohup): one line per stage instead of a live bar
+
         def on_event(kind, **info):
             if kind == "case":
                 progress.update(current, description=info["case"], completed=0)
             elif kind == "stage":
                 progress.update(current, description=f"{info['case']}: {info['stage']}")
+                if logged:
+                    err_console.print(f"{time.strftime('%H:%M:%S')} {escape(info['case'])}: {escape(info['stage'])}",
+                                      soft_wrap=True)
             elif kind == "round":
                 progress.update(current, completed=info["round"])
+            elif kind == "tuning" and info["event"] == "task" and logged:
+                err_console.print(f"{time.strftime('%H:%M:%S')} {escape(info['case'])}: tuning {info['variant']} "
+                                  f"{escape(info['task'])} ({info['phase']}, {info['done']}/{info['budget']})",
+                                  soft_wrap=True)
             elif kind == "tuning" and info["event"] == "trials":
                 progress.update(current, description=f"{info['case']}: tuning {info['variant']} "
                                 f"{info['task'][:24]} {info['done']}/{info['budget']}")
@@ -707,6 +723,32 @@ def bench_suite(
     console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
     if any(r["status"] != "ok" or r["proxy_status"] not in (None, "ok") for r in bench.summary_rows(document)):
         raise typer.Exit(1)
+
+
+@app.command("bench-report")
+@_guard
+def bench_report(
+    results: Path = typer.Argument(..., help="A results JSON written by `agoc bench-suite` (bench/results/*.json)."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Also redraw its chart to this PNG."),
+):
+    """Print the tables of a saved benchmark run (latency, ratios, phone-cache proxy); optionally redraw the chart."""
+    from host import bench
+    from host.chart import speedup_chart
+
+    if not results.is_file():
+        raise AgocError(f"{results}: no such file (results are in bench/results/)")
+    try:
+        document = json.loads(results.read_text())
+    except ValueError as exc:
+        raise AgocError(f"{results}: not JSON ({exc})") from None
+    if not isinstance(document, dict) or document.get("schema") != bench.SCHEMA:
+        raise AgocError(f"{results}: not an agoc benchmark result (schema {bench.SCHEMA})")
+    console.print(render.bench_table(document))
+    if document["context"].get("proxy"):
+        console.print(render.proxy_bench_table(document))
+    if png is not None:
+        speedup_chart(document, png)
+        console.print(f"[green]✓[/green] {escape(str(png))}")
 
 
 def _tracker_address(tracker: Optional[str]) -> tuple[str, int]:

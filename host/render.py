@@ -89,17 +89,19 @@ def bench_table(document: dict) -> Table:
 
     baselines = document["context"]["baselines"]
     table = Table(title=f"bench '{document['suite']}' ({document['context']['threads']} threads)", title_justify="left")
-    for col in ("case", "variant", "median ms", "p10–p90 ms", "max abs err"):
+    for col in ("case", "variant", "kernels", "trials", "median ms", "p10–p90 ms", "max abs err"):
         table.add_column(col, justify="right" if col != "case" and col != "variant" else "left")
     for base in baselines:
         table.add_column(f"× vs {base}", justify="right")
     for row in summary_rows(document):
+        counts = ["" if row["kernels"] is None else str(row["kernels"]), "" if row["trials"] is None else str(row["trials"])]
         if row["status"] != "ok":
-            cells = [row["case"], row["variant"], f"[red]{row['status']}[/red]", row["reason"][:60], ""]
+            cells = [row["case"], row["variant"], *counts, f"[red]{row['status']}[/red]", row["reason"][:60], ""]
         else:
             cells = [
                 row["case"],
                 row["variant"],
+                *counts,
                 f"{row['median_ms']:.3f}",
                 f"{row['p10_ms']:.3f}–{row['p90_ms']:.3f}",
                 "ref" if row["max_abs"] is None else f"{row['max_abs']:.2g}",

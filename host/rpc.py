@@ -607,10 +607,32 @@ class RpcSession:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)
+        for device, name in zip(self.devices, self.names):
+            if name in self.agents and self.agents[name].returncode != 0:
+                self._reap_runner(device, name)  # an agent that died (SIGKILL, crash) left its runner behind
         if self._tracker_proc is not None:
             stop_process(self._tracker_proc.pid)
             self._tracker_proc.wait(timeout=10)
             self._tracker_proc = None
+
+
+    def _reap_runner(self, device, name: str) -> None:
+        pid = self.agent_status(name).get("runner_pid")
+        if not pid:
+            return
+        if device.kind in ("local", "qemu"):  # a process of this machine: make sure the pid is still the runner
+            import psutil
+
+            try:
+                if not any("agoc-runner" in part for part in psutil.Process(int(pid)).cmdline()):
+                    return
+            except psutil.Error:
+                return
+        try:
+            device.transport.kill(int(pid))
+        except (OSError, DeviceError):
+            pass  # already gone (or the phone with it)
 
 
 def _unique_names(names: list[str]) -> list[str]:

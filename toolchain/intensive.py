@@ -458,14 +458,15 @@ def _rest_rules(target, mod):
     return rules
 
 
-def schedule_fn(pair: IntensivePair, target=None, num_cores: int | None = None):
-    """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks."""
+def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None):
+    """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
+    (initialised for ``target``, a ``tvm.target.Target``)."""
     state: dict = {}
 
     def apply(sch):
         intensive_schedule(sch, pair, num_cores)
         rest = _rest_complex(sch, pair)
-        if not rest or target is None:
+        if not rest:
             return [sch]
         if "rules" not in state:
             state["rules"] = _rest_rules(target, sch.mod)
@@ -493,7 +494,7 @@ def _rest_complex(sch, pair: IntensivePair) -> list[str]:
     return names[::-1]
 
 
-def space(pair: IntensivePair | None, target=None, num_cores: int | None = None, check: bool = True):
+def space(pair: IntensivePair | None, target, num_cores: int | None = None, check: bool = True):
     """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -539,12 +540,14 @@ def dry_run(func, pair: IntensivePair, seeds=(1, 2, 3), num_cores: int | None = 
     return None
 
 
-def make_space_generator(func, intensive: bool = True, include_default: bool = False, target=None,
+def make_space_generator(func, target, intensive: bool = True, include_default: bool = False,
                          num_cores: int | None = None, check: bool = True) -> SpaceChoice:
-    """The search space for one fused PrimFunc (see the module doc for the decision)."""
+    """The search space for one fused PrimFunc on ``target`` (a ``tvm.target.Target``; see the module doc
+    for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
+    initialised for it."""
     from tvm.s_tir import meta_schedule as ms
 
-    default = space(None, check=check)
+    default = space(None, target, check=check)
     if not intensive:
         return SpaceChoice(default, None, "default", "intensive fusion disabled")
     pair = find_pair(func)
@@ -604,7 +607,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     func = func.with_attr("global_symbol", "main")
     mod = tvm.IRModule({"main": func})
     target = spec.tvm()
-    choice = make_space_generator(func, intensive, include_default, target, spec.num_cores, check)
+    choice = make_space_generator(func, target, intensive, include_default, spec.num_cores, check)
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
     runner = ms.runner.LocalRunner(
         evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=30), timeout_sec=60

@@ -427,7 +427,7 @@ def space_for(func, spec, intensive: bool):
     otherwise TVM's default llvm space; both carry the static dropped-iteration check."""
     from toolchain import intensive as intensive_space
 
-    return intensive_space.make_space_generator(func, intensive=intensive, num_cores=spec.num_cores)
+    return intensive_space.make_space_generator(func, spec.tvm(), intensive=intensive, num_cores=spec.num_cores)
 
 
 # ----------------------------------------------------------------------------- one task

@@ -99,3 +99,26 @@ def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_
     assert budget == 48  # 3 kernels × one batch of 16, whole batches
     roomy = tiny_settings(trials=160)
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], roomy) == 160
+
+
+def test_bench_suite_cli_logs_one_line_per_stage_when_not_on_a_terminal(cli, tmp_path):
+    result = cli("bench-suite", "tiny", "--models", "tiny-cnn", "--quick", "--rounds", "1", "--calls", "1",
+                 "--out", tmp_path / "results", "--work-dir", tmp_path / "work")
+    assert result.exit_code == 0, result.stderr
+    assert "tiny-cnn@1x3x16x16: compiling + verifying tvm-stock" in result.stderr
+    assert "measuring" in result.stderr
+    (written,) = (tmp_path / "results").glob("tiny-*.json")
+    assert json.loads(written.read_text())["results"][0]["variants"]["tvm-stock"]["status"] == "ok"
+
+
+def test_bench_report_prints_a_saved_run_and_refuses_other_files(document, cli, tmp_path):
+    path, _ = bench.write_results(document, tmp_path)
+    result = cli("bench-report", path, "--png", tmp_path / "again.png")
+    assert result.exit_code == 0, result.stderr
+    assert "tiny-cnn@1x3x16x16" in result.stdout and "tvm-stock" in result.stdout and "× vs onnxruntime" in result.stdout
+    assert (tmp_path / "again.png").stat().st_size > 0
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    result = cli("bench-report", other)
+    assert result.exit_code == 1 and "not an agoc benchmark result" in result.stderr
+    assert "no such file" in cli("bench-report", tmp_path / "missing.json").stderr

@@ -91,6 +91,7 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
     result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--trials", "16", "--per-iter", "8")
     assert result.exit_code == 0, result.stderr
     assert "measured on qemu over RPC" in result.stderr
+    assert "plan: 1 kernel (0 split into 0 minis), 16 trials" in result.stderr  # 2 batches: too few to split
     session = json.loads((db / "session.json").read_text())
     assert session["target"]["mtriple"] == "aarch64-linux-gnu"
     log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
@@ -165,6 +166,26 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     # the database: every task tuned to its budget and verified, nothing lost
     assert all(t["status"] == "verified" for t in summary["tasks"]), summary["tasks"]
     assert all(t["trials"] >= t["budget"] for t in summary["tasks"])
+
+
+def test_a_killed_agent_leaves_no_runner_behind(runners, sandboxes):
+    import psutil
+
+    from host import rpc as rpc_mod
+    from host.devices import get_device
+    from toolchain.targets import resolve_target
+
+    spec = resolve_target("linux-arm64", num_cores=2)
+    with rpc_mod.RpcSession(spec, [get_device("qemu")], work_dir=sandboxes / "agents-killed") as session:
+        runner = session.agent_status("qemu")["runner_pid"]
+        assert psutil.pid_exists(runner)
+        session.agents["qemu"].kill()  # SIGKILL: the agent cannot stop its runner itself
+        session.agents["qemu"].wait(timeout=30)
+        assert psutil.pid_exists(runner)  # orphaned, still serving ...
+    deadline = time.time() + 10  # ... until the session ends
+    while psutil.pid_exists(runner) and psutil.Process(runner).status() != psutil.STATUS_ZOMBIE:
+        assert time.time() < deadline, "the orphaned runner was not stopped"
+        time.sleep(0.1)
 
 
 def test_tracker_cli_start_serve_status_stop(cli, runners, sandboxes):

@@ -10,6 +10,7 @@ from models.builder import GraphBuilder
 from toolchain import build, onnx_import
 from toolchain.fusion import fuse_groups
 from toolchain.intensive import (
+    block_infos,
     find_pair,
     intensive_schedule,
     make_space_generator,
@@ -155,23 +156,44 @@ def test_tile_sizes_are_sampled_decisions():
 def test_space_choice():
     pw_dw = func_of("pw->dw")
     single = zoo("class:conv", 0, 4)
-    chosen = make_space_generator(pw_dw)
+    chosen = make_space_generator(pw_dw, SPEC.tvm())
     assert chosen.kind == "intensive" and chosen.pair.kind == "pw->dw"
-    assert make_space_generator(pw_dw, intensive=False).kind == "default"
-    assert make_space_generator(pw_dw, include_default=True).kind == "intensive+default"
-    fallback = make_space_generator(single)
+    assert make_space_generator(pw_dw, SPEC.tvm(), intensive=False).kind == "default"
+    assert make_space_generator(pw_dw, SPEC.tvm(), include_default=True).kind == "intensive+default"
+    fallback = make_space_generator(single, SPEC.tvm())
     assert fallback.kind == "default" and fallback.pair is None
 
 
 def test_the_space_carries_the_check_and_the_llvm_mutators():
     from tvm.s_tir.meta_schedule.space_generator import ScheduleFn
 
-    gen = make_space_generator(func_of("pw->dw")).generator
+    gen = make_space_generator(func_of("pw->dw"), SPEC.tvm()).generator
     assert isinstance(gen, ScheduleFn)
     names = [type(p).__name__ for p in gen.postprocs]
     assert names == ["DisallowDynamicLoop", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock",
                      "RewriteLayout", "_PyPostproc"]  # the last one is RejectDroppedIterations
     assert {type(m).__name__ for m in gen.mutator_probs} >= {"MutateTileSize", "MutateUnroll"}
+
+
+def test_the_tuners_space_tiles_the_complex_ops_outside_the_pair():
+    """pw → dw → pw through ``tuning.space_for`` (what ``agoc tune`` uses): the first pw is not left as a
+    naive loop nest (it once was, when the tuner built the space without a target: 10-20x slower kernels)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain import tuning
+
+    func = zoo("class:pointwise_conv", 3, 11)
+    pair = find_pair(func)
+    rest = [b.name for b in block_infos(func) if b.kind != "simple" and b.name not in pair.blocks]
+    assert pair.kind == "dw->pw" and rest
+    gen = tuning.space_for(func, SPEC, intensive=True).generator
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator=gen, num_threads=1)
+    (first, *_) = ctx.generate_design_space()
+    assert any(inst.kind.name == "SamplePerfectTile" for inst in first.trace.insts)  # tile sizes are sampled ...
+    names = {str(a) for inst in first.trace.insts if inst.kind.name == "GetSBlock" for a in inst.attrs[:1]}
+    assert set(rest) <= names  # ... and the trace schedules every complex block outside the pair
+    loops = first.get_loops(first.get_sblock(rest[0]))
+    assert len(loops) > 7  # MultiLevelTiling's SSRSRS nest, not the naive n, c, h, w, rc, ry, rx
 
 
 @pytest.mark.slow
