@@ -20,12 +20,14 @@ over ``stable_tolerance`` in the last ``stable_window`` trials). Then the minis'
 composed onto S's fused kernel (their traces replayed, block names mapped) and that composed
 schedule seeds S's own tuning with the rest of the budget. ``reformer=False`` (AGO-NR) tunes S
 directly; ``intensive=False`` (AGO-NI) leaves the intensive-fusion space out; ``partition="stock"``
-tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline). A subgraph whose
-budget cannot give every mini one search batch and the join another is tuned directly: at such
-budgets divide-and-conquer has nothing to divide (measured: ``make bench-pairs``).
+tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline).
 
 Budgets: the session budget is divided over the final kernels in proportion to their AGO weight
-(Eq. 1 predicts tuning budget), at least one search batch each.
+(Eq. 1 predicts tuning budget), at least one search batch each, and a subgraph the reformer splits
+at least one batch per mini (the stock partition gives each of those ops a kernel of its own). The
+minis get ``split_fraction`` of their subgraph's budget, more when that is under a batch each; the
+joined kernel gets the rest, at a tight budget only its seed (the composed schedule, measured and
+verified like any candidate) — or one batch when nothing could be composed.
 
 Correctness: every space carries the static dropped-iteration check; after a task is tuned, its
 candidates are checked best-first in a fresh process against the unscheduled kernel
@@ -173,23 +175,24 @@ def group_kernels(fused_mod) -> list[tuple[str, object]]:
     return out
 
 
-def _budgets(weights: list[float], total: int, minimum: int) -> list[int]:
-    """Split ``total`` trials in whole batches of ``minimum`` in proportion to ``weights``
-    (largest remainder), at least one batch each: the sum is ``total`` rounded to batches, or
-    one batch per kernel when there are more kernels than batches."""
+def _budgets(weights: list[float], total: int, minimum: int, floors: list[int] | None = None) -> list[int]:
+    """Split ``total`` trials in whole batches of ``minimum`` in proportion to ``weights`` (largest
+    remainder), each kernel at least its floor in batches (default one): the sum is ``total`` rounded
+    to batches, or the sum of the floors when that is more."""
     if not weights:
         return []
-    units = max(total // minimum, len(weights))
+    floors = floors or [1] * len(weights)
+    units = max(total // minimum, sum(floors))
     alloc = [0] * len(weights)
     free, left = list(range(len(weights))), units
-    while True:  # kernels whose share is under one batch get exactly one; the rest share what is left
+    while True:  # kernels whose share is under their floor get the floor; the rest share what is left
         scale = sum(weights[i] for i in free) or 1.0
         shares = {i: left * (weights[i] or 1e-12) / scale for i in free}
-        low = [i for i in free if shares[i] < 1]
+        low = [i for i in free if shares[i] < floors[i]]
         if not low:
             break
         for i in low:
-            alloc[i], left = 1, left - 1
+            alloc[i], left = floors[i], left - floors[i]
             free.remove(i)
     for i in free:
         alloc[i] = int(shares[i])
@@ -248,38 +251,41 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         for name, task in final.items():
             term = loop_term(OpNode(name, name, "simple", block_nests(funcs[name]), ()))
             final[name] = replace(task, weight=model.c * term + model.b)
-    budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter)
-    final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
-
-    tasks: list[Task] = []
-    compositions: dict = {}
+    minis_of: dict[str, list] = {}
     if settings.partition == "ago" and settings.reformer:
         split = reform.split_plan(graph, plan, threshold)
         mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
         for parent_index, parent in enumerate(order):
             minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
-            parent_task = final[parent]
-            if len(minis) < 2 or parent_task.phase == "joined":  # one complex op: tuned directly; or seen
-                continue
-            if parent_task.budget < settings.per_iter * (len(minis) + 1):
-                continue  # no budget for a batch per mini and one for the join: tuned directly (as AGO-NR)
-            for (kernel, func), mini in minis:
-                name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
-                # every instance composes onto the joined kernel, even when identical minis share a task
-                compositions.setdefault(parent, []).append(
-                    (name, _map_blocks(graph, mini, parent_task.members, func, funcs[parent]))
-                )
-                if name in funcs:
-                    continue  # an identical mini (or kernel) elsewhere is tuned once
-                weight = sum(plan.weights[n] for n in mini)
-                share = settings.split_fraction * parent_task.budget * weight / max(parent_task.weight, 1e-9)
-                budget = max(settings.per_iter, int(round(share / settings.per_iter)) * settings.per_iter)
-                funcs[name] = func
-                tasks.append(Task(name, "mini", tuple(mini), parent, weight, budget))
-            minis_budget = sum(t.budget for t in tasks if t.parent == parent)
-            final[parent] = replace(
-                parent_task, phase="joined", budget=max(settings.per_iter, parent_task.budget - minis_budget)
+            if len(minis) >= 2:  # one complex op: tuned directly
+                minis_of.setdefault(parent, minis)
+    # a subgraph the reformer splits gets at least a batch per mini (the stock partition gives each of
+    # those ops a kernel and a batch of its own: equal footing at equal budget)
+    floors = [len(minis_of.get(n, ())) or 1 for n in final]
+    budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter, floors)
+    final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
+
+    tasks: list[Task] = []
+    compositions: dict = {}
+    for parent, minis in minis_of.items():
+        parent_task = final[parent]
+        new = []
+        for (kernel, func), mini in minis:
+            name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+            # every instance composes onto the joined kernel, even when identical minis share a task
+            compositions.setdefault(parent, []).append(
+                (name, _map_blocks(graph, mini, parent_task.members, func, funcs[parent]))
             )
+            if name in funcs:
+                continue  # an identical mini (or kernel) elsewhere is tuned once
+            funcs[name] = func
+            new.append(Task(name, "mini", tuple(mini), parent, sum(plan.weights[n] for n in mini), 0))
+        # the minis get split_fraction of the budget, at least a batch each; the joined kernel the rest,
+        # which may be only its seed (the composed schedule, measured) when the budget is tight
+        share = min(parent_task.budget, max(settings.split_fraction * parent_task.budget, settings.per_iter * len(new)))
+        mini_budgets = _budgets([t.weight for t in new], int(share), settings.per_iter)
+        tasks.extend(replace(t, budget=b) for t, b in zip(new, mini_budgets))
+        final[parent] = replace(parent_task, phase="joined", budget=max(1, parent_task.budget - sum(mini_budgets)))
     tasks.extend(final.values())
     return fused, TaskPlan(tuple(tasks), funcs, compositions)
 
@@ -662,13 +668,16 @@ def tune_model(
         func = plan.funcs[task.name]
         done = len(records_of(database, func))
         on_event("task", task=task.name, phase=task.phase, done=done, budget=task.budget)
+        budget = task.budget
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
+            else:  # nothing to start from: one batch of its own at least
+                budget = max(budget, settings.per_iter)
         intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
-        while done < task.budget:
-            chunk = min(task.budget - done, 2 * settings.per_iter)
+        while done < budget:
+            chunk = min(budget - done, 2 * settings.per_iter)
             tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
             lat = [latency(r) for r in records_of(database, func)]
             done = len(lat)

@@ -89,16 +89,22 @@ def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
     assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
 
 
-def test_the_reformer_splits_a_subgraph_only_when_its_budget_covers_every_mini_and_the_join(dwsep_split):
-    mod, graph, *_ = dwsep_split
+def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwsep_split):
+    mod, graph, *_ = dwsep_split  # one subgraph of three complex ops (pw, dw, pw)
     roomy = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
     _, plan = tuning.plan_tasks(mod, graph, SPEC, roomy)
-    phases = [t.phase for t in plan.tasks]
-    assert phases.count("mini") == 3 and phases[-1] == "joined"  # minis first, then the joined subgraph
-    assert tuning.planned_trials(mod, SPEC, roomy) == sum(t.budget for t in plan.tasks) == 64
-    tight = tuning.TuneSettings(trials=24, per_iter=8, threshold=1e9)  # 3 batches: not one per mini + join
+    assert [t.phase for t in plan.tasks] == ["mini", "mini", "mini", "joined"]  # minis first, then the join
+    assert sum(t.budget for t in plan.tasks[:3]) == 32 and plan.tasks[3].budget == 32  # split_fraction 0.5
+    assert tuning.planned_trials(mod, SPEC, roomy) == 64
+    # a tight budget still splits: the subgraph's floor is a batch per mini; the join gets its seed only
+    tight = tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9)
     _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
-    assert [t.phase for t in plan.tasks] == ["kernel"] and plan.tasks[0].budget == 24
+    assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 1)]
+    assert tuning.planned_trials(mod, SPEC, tight) == 25  # over --trials (and stated so by `agoc tune`)
+    # without the reformer the subgraph is one kernel with one batch
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9,
+                                                                      reformer=False))
+    assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
 def test_a_database_for_another_model_is_refused(tmp_path):
