@@ -586,6 +586,24 @@ def compose_joined(joined_func, minis: list[tuple[object, dict]]):
     return sch if applied else None
 
 
+def postprocess(sch, spec):
+    """MetaSchedule's llvm postprocessors on a composed schedule, as the search applies them to every
+    candidate: they turn the minis' ``meta_schedule.parallel`` / ``vectorize`` / ``unroll`` annotations
+    into parallel, vectorised, unrolled loops (without them a composed kernel runs on one core,
+    scalar: 5-10x slower). The schedule (its trace then records the steps), or None if one fails."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain.intensive import postprocs
+
+    ctx = ms.TuneContext(mod=sch.mod, target=spec.tvm(), space_generator="post-order-apply", num_threads=1)
+    sch.enter_postproc()
+    for proc in postprocs(check=False):
+        proc._initialize_with_tune_context(ctx)
+        if not proc.apply(sch):
+            return None
+    return sch
+
+
 def _rename_blocks(trace_json, mapping: dict):
     """The search part of a trace JSON (up to ``EnterPostproc``) with its block names mapped.
 
@@ -622,6 +640,8 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     ]
     func = plan.funcs[task.name]
     sch = compose_joined(func, parts) if parts else None
+    if sch is not None:
+        sch = postprocess(sch, spec)
     if sch is None or dropped_blocks(sch.mod) or parallel_races(sch.mod):
         return False
     built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]

@@ -89,6 +89,26 @@ def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
     assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
 
 
+def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
+    """MetaSchedule traces carry parallel/vectorise as root annotations that only its postprocessors
+    turn into loops: a composed seed built without them ran on one core, scalar."""
+    from tvm import s_tir
+
+    _, graph, plan, split, (_, joined), minis = dwsep_split
+    mini_func = minis[1][1]
+    sch = s_tir.Schedule(tuning.workload_module(mini_func))
+    sch.annotate(sch.get_sblock("root"), "meta_schedule.parallel", 32)
+    sch.annotate(sch.get_sblock("root"), "meta_schedule.vectorize", 64)
+    trace = tuning.plain(sch.trace.as_json())
+    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
+    composed = tuning.compose_joined(joined, [(trace, mapping)])
+    assert "T.parallel" not in composed.mod["main"].script()  # an annotation only, so far
+    done = tuning.postprocess(composed, SPEC)
+    script = done.mod["main"].script()
+    assert "T.parallel" in script and "T.vectorized" in script
+    assert any(inst.kind.name == "EnterPostproc" for inst in done.trace.insts)  # replayable as a record
+
+
 def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwsep_split):
     mod, graph, *_ = dwsep_split  # one subgraph of three complex ops (pw, dw, pw)
     roomy = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
