@@ -257,13 +257,18 @@ class Worker:
         return reply
 
 
+def _threshold(suite: Suite) -> float:
+    from toolchain.partition import DEFAULT_THRESHOLD
+
+    return suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
+
+
 def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: int | None = None):
     from toolchain import tuning
-    from toolchain.partition import DEFAULT_THRESHOLD
 
     return tuning.TuneSettings(
         trials=settings.trials if trials is None else trials, partition=variant.partition,
-        threshold=suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD,
+        threshold=_threshold(suite),
         intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed,
     )
 
@@ -296,14 +301,13 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
     from host.devices import LocalDevice
     from toolchain import build, onnx_import, tuning
     from toolchain.errors import AgocError
-    from toolchain.partition import DEFAULT_THRESHOLD
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
     from toolchain.verify import verify_artifact
 
     out = work_dir / case.label / variant.name
     record: dict = {"status": "ok"}
-    threshold = suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
+    threshold = _threshold(suite)
     try:
         spec = resolve_target(settings.target, num_cores=settings.threads)
         model = zoo.build(case.model, case.shape)
@@ -354,7 +358,6 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
     from host.devices import LocalDevice
     from toolchain.artifact import load_artifact
     from toolchain.errors import AgocError
-    from toolchain.partition import DEFAULT_THRESHOLD
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
     from toolchain.verify import verify_artifact
@@ -364,7 +367,7 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
         artifact = load_artifact(artifact_dir)
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
             spec = resolve_target("host-avx2", num_cores=settings.threads)
-            threshold = suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
+            threshold = _threshold(suite)
             db = work_dir / case.label / f"{variant.name}.db" if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,
                                      threshold=threshold, db=db)

@@ -181,34 +181,43 @@ class _State:
 SINGLE_OUTPUT_LABELS = ("matmul", "conv")
 
 
+def _fixed_point(state: _State, step) -> None:
+    """Offer every edge between two live groups to ``step(gp, gc)`` (True: it merged them), pass after
+    pass, until a whole pass merges nothing."""
+    changed = True
+    while changed:
+        changed = False
+        for gp, gc in list(state.edges()):
+            if gp in state.groups and gc in state.groups and gp != gc:
+                changed = step(gp, gc) or changed
+
+
 def aggregate(state: _State, table=rules_mod.AGGREGATION_RULES, log: list | None = None) -> None:
     """Algorithm 1: apply the Table 1 rules, priority by priority, to a fixed point."""
+
+    def declined(rule, gp, gc, why: str) -> bool:
+        if log is not None:
+            log.append(Decision(rule.name, state.members(gp), state.members(gc), False, why))
+        return False
+
     for prio in rules_mod.priority_groups(table):
-        changed = True
-        while changed:
-            changed = False
-            for gp, gc in list(state.edges()):
-                if gp not in state.groups or gc not in state.groups or gp == gc:
-                    continue
-                rule = rules_mod.find(prio, state.groups[gp].label, state.groups[gc].label)
-                if rule is None:
-                    continue
-                if not state.acyclic(gp, gc):
-                    if log is not None:
-                        log.append(Decision(rule.name, state.members(gp), state.members(gc), False,
-                                            "another path joins them: merging would create a cycle"))
-                    continue
-                merged_label = rule.merged(state.groups[gp].label, state.groups[gc].label)
-                if merged_label in SINGLE_OUTPUT_LABELS:
-                    outs = state.escaping(set(state.members(gp)) | set(state.members(gc)))
-                    if len(outs) != 1:
-                        if log is not None:
-                            log.append(Decision(rule.name, state.members(gp), state.members(gc), False,
-                                                f"feedback: the merged {merged_label} would have {len(outs)} outputs; "
-                                                "dlight's Matmul inlines epilogues into a single output only"))
-                        continue
-                state.merge(gp, gc, merged_label, rule.name)
-                changed = True
+
+        def step(gp: int, gc: int) -> bool:
+            rule = rules_mod.find(prio, state.groups[gp].label, state.groups[gc].label)
+            if rule is None:
+                return False
+            if not state.acyclic(gp, gc):
+                return declined(rule, gp, gc, "another path joins them: merging would create a cycle")
+            merged_label = rule.merged(state.groups[gp].label, state.groups[gc].label)
+            if merged_label in SINGLE_OUTPUT_LABELS:
+                outs = state.escaping(set(state.members(gp)) | set(state.members(gc)))
+                if len(outs) != 1:
+                    return declined(rule, gp, gc, f"feedback: the merged {merged_label} would have {len(outs)} "
+                                    "outputs; dlight's Matmul inlines epilogues into a single output only")
+            state.merge(gp, gc, merged_label, rule.name)
+            return True
+
+        _fixed_point(state, step)
 
 
 def row_form(members, types: dict[str, OpType]) -> tuple[RowForm | None, str]:
@@ -276,23 +285,20 @@ def shared_bytes(state: _State, members: set[str], form: RowForm) -> int:
 def stitch(state: _State, budget: int = SHARED_BUDGET_BYTES, log: list | None = None) -> None:
     """Algorithm 2: rules 7 then 8 (Table 2), with the row-form and shared-memory checks."""
     for rule in rules_mod.STITCH_RULES:
-        changed = True
-        while changed:
-            changed = False
-            for gp, gc in list(state.edges()):
-                if gp not in state.groups or gc not in state.groups or gp == gc:
-                    continue
-                if not rule.matches(state.groups[gp].label, state.groups[gc].label):
-                    continue
-                reason = _stitch_check(state, gp, gc, budget)
-                if reason:
-                    if log is not None:
-                        log.append(Decision(rule.name, state.members(gp), state.members(gc), False, reason))
-                    continue
-                if log is not None:
-                    log.append(Decision(rule.name, state.members(gp), state.members(gc), True, "row forms agree; fits"))
-                state.merge(gp, gc, rule.result, rule.name)
-                changed = True
+
+        def step(gp: int, gc: int) -> bool:
+            if not rule.matches(state.groups[gp].label, state.groups[gc].label):
+                return False
+            reason = _stitch_check(state, gp, gc, budget)
+            if log is not None:
+                log.append(Decision(rule.name, state.members(gp), state.members(gc), not reason,
+                                    reason or "row forms agree; fits"))
+            if reason:
+                return False
+            state.merge(gp, gc, rule.result, rule.name)
+            return True
+
+        _fixed_point(state, step)
 
 
 def _stitch_check(state: _State, gp: int, gc: int, budget: int) -> str:
