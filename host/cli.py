@@ -548,8 +548,9 @@ def tune(
         console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
         return
     from host.measure import Hygiene
+    from toolchain.timing import Timing
 
-    hygiene = Hygiene(cooldown_s=cooldown, max_spread=max_spread)
+    hygiene = Hygiene(Timing(max_spread=max_spread), cooldown_s=cooldown)
     db.mkdir(parents=True, exist_ok=True)
     session = rpc_mod.RpcSession(
         spec, devices, rpc_mod.parse_address(tracker) if tracker else None, key, hygiene,

@@ -326,6 +326,8 @@ def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_IT
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
+    from toolchain.timing import Timing, local_runner
+
     os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
     work_dir = Path(work_dir)
     if work_dir.exists():
@@ -333,10 +335,7 @@ def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_IT
     work_dir.mkdir(parents=True)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
-    runner = ms.runner.LocalRunner(
-        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=30),
-        timeout_sec=60,
-    )
+    runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     ms.tune_tir(
         mod,
@@ -484,7 +483,7 @@ def measure(
             "seeds": sorted({_key(r)[1] for r in doc["subgraphs"]}),
             "stability_rule": STABILITY_RULE,
             "tuner": "tvm.s_tir.meta_schedule.tune_tir, post-order-apply space, evolutionary search, xgb cost "
-                     "model, LocalBuilder(f_build=fast_build), LocalRunner(number=3, repeat=5, min_repeat_ms=30), median of the repeats",
+                     "model, LocalBuilder(f_build=fast_build), LocalRunner(number=3, repeat=5, min_repeat_ms=30; since 2026-11-21 warmed up 100 ms, fastest of 2 measurements), median of the repeats",
             "updated_at": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         _write_json(out_path, doc)

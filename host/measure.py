@@ -6,10 +6,11 @@ per registered device, sessions requested from the TVM RPC tracker) with three f
 * upload: the candidate is a shared object cross-compiled for the device (:func:`export_so`),
   uploaded into the session's directory and loaded there;
 * evaluate (:func:`evaluate`): measurement hygiene — the runtime's thread pool pinned to the big
-  cores (``runtime.config_threadpool``), warm-up calls, TVM's ``time_evaluator`` with a minimum
-  repeat time, an optional cool-down before each candidate, the device's cpu frequencies and
-  temperatures read before and after (``agoc.sysinfo`` of our runner), and a re-measurement when
-  the repeats spread more than ``max_spread`` (the least spread set is kept);
+  cores (``runtime.config_threadpool``), an optional cool-down before each candidate, the device's
+  cpu frequencies and temperatures read before and after (``agoc.sysinfo`` of our runner), around
+  the timing every agoc measurement does (:func:`toolchain.timing.measure`: warm-up by time, TVM's
+  ``time_evaluator`` with a minimum repeat time, at least two measurements and more while the
+  repeats spread more than ``max_spread``, the fastest kept);
 * cleanup: remove the uploaded file (the runner also drops the whole session directory).
 
 :class:`RetryingRunner` wraps it: a candidate whose measurement failed because the device went
@@ -29,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from toolchain.timing import Timing, measure, spread
+
 #: errors after which a candidate is worth measuring again elsewhere (the device, not the kernel, failed)
 RETRYABLE = ("connection", "socket", "closed", "broken pipe", "refused", "eof", "reset by peer", "cannot find server",
              "session", "tracker")
@@ -36,15 +39,10 @@ RETRYABLE = ("connection", "socket", "closed", "broken pipe", "refused", "eof", 
 
 @dataclass(frozen=True)
 class Hygiene:
-    warmup: int = 1  # calls before timing
-    number: int = 3  # calls per repeat
-    repeat: int = 3
-    min_repeat_ms: int = 20  # each repeat runs at least this long (number grows)
+    timing: Timing = Timing()  # warm-up, repeats, re-measurement (shared with local tuning)
     cooldown_s: float = 0.0  # pause before each candidate (a phone's big cores cool down)
     pin: str = "big"  # runtime thread pool: big | little | none
     threads: int = 0  # 0: the runtime's default
-    max_spread: float = 0.15  # (max - min) / median of the repeats above this: measure again
-    remeasure: int = 2  # at most this many extra measurements
     session_timeout_s: int = 120  # a session (upload, load, measure) is killed on the device after this
 
     def to_json(self) -> dict:
@@ -89,11 +87,6 @@ def _sysinfo(session) -> dict:
         return {}
 
 
-def _spread(costs: list[float]) -> float:
-    med = statistics.median(costs)
-    return (max(costs) - min(costs)) / med if med > 0 else 0.0
-
-
 def upload(session, local_path: str, remote_path: str):
     session.upload(local_path, remote_path)
     return session.load_module(remote_path)
@@ -118,28 +111,11 @@ def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: 
         except Exception:
             pass
     before = _sysinfo(session)
-    func = rt_mod[rt_mod.entry_name]
-    for args in repeated_args:
-        for _ in range(hygiene.warmup):
-            func(*args)
-    device.sync()
-    evaluator = rt_mod.time_evaluator(
-        rt_mod.entry_name, device, number=hygiene.number, repeat=hygiene.repeat, min_repeat_ms=hygiene.min_repeat_ms
-    )
-    attempts = []
-    for _ in range(1 + hygiene.remeasure):
-        costs = []
-        for args in repeated_args:
-            device.sync()
-            costs += [float(c) for c in evaluator(*args).results]
-        attempts.append(costs)
-        if _spread(costs) <= hygiene.max_spread:
-            break
-    costs = min(attempts, key=_spread)
+    costs, measurements = measure(rt_mod, device, repeated_args, hygiene.timing)
     after = _sysinfo(session)
     log_line(log, {
         "status": "ok", "device": after.get("device") or before.get("device", ""),
-        "median_ms": statistics.median(costs) * 1e3, "spread": _spread(costs), "measurements": len(attempts),
+        "median_ms": statistics.median(costs) * 1e3, "spread": spread(costs), "measurements": measurements,
         "cpu_freq_khz": {"before": before.get("cpu_freq_khz", {}), "after": after.get("cpu_freq_khz", {})},
         "thermal_c": {"before": before.get("thermal_c", {}), "after": after.get("thermal_c", {})},
     })
@@ -156,8 +132,8 @@ def make_rpc_runner(tracker: tuple[str, int], key: str, workers: int, hygiene: H
             tracker_host=tracker[0], tracker_port=tracker[1], tracker_key=key, session_priority=1,
             session_timeout_sec=hygiene.session_timeout_s,
         ),
-        evaluator_config=ms.runner.EvaluatorConfig(number=hygiene.number, repeat=hygiene.repeat,
-                                                   min_repeat_ms=hygiene.min_repeat_ms),
+        evaluator_config=ms.runner.EvaluatorConfig(number=hygiene.timing.number, repeat=hygiene.timing.repeat,
+                                                   min_repeat_ms=hygiene.timing.min_repeat_ms),
         f_upload_module=upload,
         f_run_evaluator=functools.partial(evaluate, hygiene=hygiene, log=str(log) if log else None),
         f_cleanup=cleanup,

@@ -233,7 +233,7 @@ def decisions_table(decisions, graph) -> Table:
     table.add_column("reason")
     funcs = {n.id: n.func for n in graph.nodes}
     for d in decisions:
-        if d.kind == "merged":
+        if d.kind in ("merged", "unit"):
             continue
         table.add_row(d.kind, _short(d.nodes, funcs), _short(d.partner, funcs), d.reason)
     return table

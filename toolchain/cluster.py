@@ -85,6 +85,7 @@ DECISION_KINDS: Mapping[str, str] = MappingProxyType(
         "merged": "the chosen hyper node and its partner became one hyper node",
         "declined": "the chosen hyper node left the candidate set without merging",
         "excluded": "a neighbour of the chosen hyper node was ruled out as its partner",
+        "unit": "ops given as one unit before clustering (a complex op and its elementwise epilogue)",
     }
 )
 
@@ -362,9 +363,33 @@ def _choose(q: _Quotient, v: int, threshold: float, max_complex: int | None) -> 
     return _Step(None, 0.0, tuple(notes))
 
 
-def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, check: bool = False) -> Partition:
+def _seed_units(q: _Quotient, graph: Graph, units: Iterable[Iterable[str]]) -> list[Decision]:
+    """Contract each unit (an acyclic set of ops that must stay together) into one hyper node.
+
+    Members merge in node order: every prefix of an acyclic unit is acyclic too (a path leaving the
+    prefix and coming back would have to pass through later ops only, so through no op of the
+    prefix), so no intermediate quotient has a cycle."""
+    units = [tuple(u) for u in units if len(tuple(u)) > 1]
+    if not units:
+        return []
+    covered = {m for u in units for m in u}
+    check_partition(graph, units + [(n,) for n in graph.nodes if n not in covered])  # disjoint, acyclic
+    notes = []
+    for unit in units:
+        order = sorted(graph.position[n] for n in unit)
+        h = order[0]
+        for i in order[1:]:
+            h = q.merge(h, i, q.merged_weight(h, i))
+        notes.append(Decision("unit", q.names(h), (), f"given as one unit (weight {_num(q.weight[h])})"))
+    return notes
+
+
+def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, check: bool = False,
+            units: Iterable[Iterable[str]] = ()) -> Partition:
     """AGO Algorithm 1: greedy affix merging under the weight threshold; an acyclic partition.
 
+    ``units`` are op sets that start as one hyper node each (the caller's conventional epilogue
+    fusion: a conv with its bias and activation); every group is a union of units and single ops.
     ``max_complex`` limits complex ops per group (Split uses 1). ``check=True``
     verifies after every merge that the quotient is acyclic and the incremental
     stages equal a full recomputation (debug / tests; O(V+E) per merge).
@@ -374,10 +399,10 @@ def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, c
     if max_complex is not None and max_complex < 0:
         raise PartitionError(f"max_complex is {max_complex}; give a count >= 0 or None")
     q = _Quotient(graph)
+    decisions: list[Decision] = _seed_units(q, graph, units)
     candidates = set(q.members)
     heap = [(-q.weight[h], q.first(h), h) for h in candidates]
     heapq.heapify(heap)
-    decisions: list[Decision] = []
     while candidates:
         _, _, v = heapq.heappop(heap)
         if v not in candidates:
@@ -611,9 +636,14 @@ def induced(graph: Graph, members: Iterable[str]) -> Graph:
     )
 
 
-def split(graph: Graph, group: Iterable[str], threshold: float) -> tuple[tuple[str, ...], ...]:
-    """AGO's Split: Cluster on the subgraph ``group`` with at most one complex op per mini-subgraph."""
-    return cluster(induced(graph, group), threshold, max_complex=1).groups
+def split(graph: Graph, group: Iterable[str], threshold: float,
+          units: Iterable[Iterable[str]] = ()) -> tuple[tuple[str, ...], ...]:
+    """AGO's Split: Cluster on the subgraph ``group`` with at most one complex op per mini-subgraph
+    (``units`` inside the group stay whole)."""
+    group = tuple(group)
+    inside = set(group)
+    units = [u for u in units if set(u) <= inside]
+    return cluster(induced(graph, group), threshold, max_complex=1, units=units).groups
 
 
 def join(graph: Graph, minis: Iterable[Iterable[str]]) -> tuple[str, ...]:

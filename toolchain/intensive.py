@@ -596,6 +596,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
+    from toolchain.timing import Timing, local_runner
     from toolchain.tuning import fast_build, trial_latencies
     from toolchain import schedule_check
 
@@ -609,9 +610,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     target = spec.tvm()
     choice = make_space_generator(func, target, intensive, include_default, spec.num_cores, check)
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
-    runner = ms.runner.LocalRunner(
-        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=30), timeout_sec=60
-    )
+    runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     before = dict(schedule_check.STATS)
     ms.tune_tir(

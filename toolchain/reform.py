@@ -38,7 +38,7 @@ def split_plan(graph: OpGraph, plan: PartitionPlan, threshold: float | None = No
     minis: list[tuple[str, ...]] = []
     parent_of: list[int] = []
     for index, group in enumerate(plan.groups):
-        for mini in clustering.split(g, group, td):
+        for mini in clustering.split(g, group, td, plan.units):
             minis.append(mini)
             parent_of.append(index)
     mini_plan = replace(plan, method=f"{plan.method}-split", groups=tuple(minis), decisions=())

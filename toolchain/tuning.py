@@ -51,6 +51,7 @@ from typing import Callable
 from toolchain import build, fusion, partition, reform
 from toolchain.errors import AgocError
 from toolchain.opgraph import OpGraph, op_graph
+from toolchain.timing import local_runner
 from toolchain.weights import load_model
 
 log = logging.getLogger("agoc.tuning")
@@ -458,16 +459,11 @@ def _builder(spec, measure: "Measure | None", max_workers: int):
 
 
 def _runner(settings: TuneSettings, runner=None):
-    from tvm.s_tir import meta_schedule as ms
-
     if isinstance(runner, Measure):
         runner = runner.runner
     if runner is not None:
         return runner
-    return ms.runner.LocalRunner(
-        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False),
-        timeout_sec=60,
-    )
+    return local_runner()
 
 
 def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,

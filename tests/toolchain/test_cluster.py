@@ -146,7 +146,8 @@ def test_groups_come_in_quotient_topological_order():
 
 def test_every_decision_kind_is_documented():
     g = chain({"c1": 10.0, "r1": 1.0, "c2": 10.0, "add": 1.0}, complex_ops={"c1", "c2"})
-    kinds = {d.kind for d in cluster(g, 100, max_complex=1).decisions + cluster(fig9(), 50).decisions}
+    kinds = {d.kind for d in cluster(g, 100, max_complex=1).decisions + cluster(fig9(), 50).decisions
+             + cluster(g, 100, units=[("c1", "r1")]).decisions}
     assert kinds == set(DECISION_KINDS)
     assert str(cluster(fig9(), 50).decisions[0]) == (
         "declined: conv2 + conv1: weight 100.0 + 1.0 = 101.0 >= threshold 50.0"
@@ -370,6 +371,50 @@ def test_split_then_join_is_the_identity(g, threshold, mini_threshold):
         assert all(sum(x in g.complex for x in mini) <= 1 for mini in minis)
         assert sorted(x for mini in minis for x in mini) == sorted(group)
         assert_definition_1(g, [*minis, *(other for other in cluster(g, threshold).groups if other != group)])
+
+
+def sole_consumer_chains(g: Graph, picks) -> list[tuple[str, ...]]:
+    """Units like the epilogue rule's: chains along edges a → b where b is a's only consumer."""
+    consumers = {x: {b for a, b in g.edges if a == x} for x in g.nodes}
+    head = {}
+    units: dict[str, list[str]] = {}
+    for (a, b), keep in zip(sorted({e for e in g.edges}, key=lambda e: g.nodes.index(e[1])), picks):
+        if keep and consumers[a] == {b} and b not in head and units.get(head.get(a, a), [a])[-1] == a:
+            h = head.setdefault(a, a)
+            units.setdefault(h, [a]).append(b)
+            head[b] = h
+    return [tuple(u) for u in units.values()]
+
+
+@given(dags(), thresholds, st.lists(st.booleans(), min_size=120, max_size=120))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_units_stay_whole_and_the_partition_stays_acyclic(g, threshold, picks):
+    units = sole_consumer_chains(g, picks)
+    p = cluster(g, threshold, check=True, units=units)
+    check_partition(g, p.groups)
+    assert not quotient_has_cycle(g, p.groups)
+    group_of = {x: i for i, group in enumerate(p.groups) for x in group}
+    for unit in units:
+        assert len({group_of[x] for x in unit}) == 1
+    weight = {tuple(u): math.fsum(g.weights[x] for x in u) for u in units}
+    for group in p.groups:  # a group of more than one unit / op is under the threshold
+        if not any(tuple(group) == u for u in weight) and len(group) > 1:
+            assert math.fsum(g.weights[x] for x in group) < threshold
+    assert sum(d.kind == "unit" for d in p.decisions) == len(units)
+    for group in p.groups:
+        minis = split(g, group, threshold, units)
+        assert join(g, minis) == group
+        mini_of = {x: i for i, mini in enumerate(minis) for x in mini}
+        for unit in (u for u in units if u[0] in group):
+            assert len({mini_of[x] for x in unit}) == 1
+        for mini in minis:  # one complex op, unless a unit brought more
+            assert sum(x in g.complex for x in mini) <= 1 or any(set(u) == set(mini) for u in units)
+
+
+def test_a_cyclic_unit_is_rejected():
+    g = chain({"a": 1.0, "b": 1.0, "c": 1.0})
+    with pytest.raises(PartitionError, match="cycle"):
+        cluster(g, 10.0, units=[("a", "c")])
 
 
 @given(dags(max_nodes=12))

@@ -119,6 +119,22 @@ def test_ago_partition_beats_stock_on_every_zoo_model(zoo_plans):
     assert a["max_complex_ops"] >= 2 and s["max_complex_ops"] == 1
 
 
+def test_epilogue_units_are_a_conv_and_the_elementwise_ops_that_follow_it(dwsep):
+    _, _, _, graph = dwsep
+    ids = [n.id for n in graph.nodes]
+    # pw + bias + relu6, dw + bias + relu6, pw + bias + residual add
+    assert partition.epilogue_units(graph) == (tuple(ids[0:4]), tuple(ids[4:8]), tuple(ids[8:11]))
+
+
+def test_no_ago_subgraph_boundary_cuts_a_conv_from_its_epilogue(zoo_plans):
+    name, graph, ago, _ = zoo_plans
+    group_of = {x: i for i, group in enumerate(ago.groups) for x in group}
+    for unit in partition.epilogue_units(graph):
+        assert len({group_of[x] for x in unit}) == 1, (name, unit)
+    mini_of = {x: i for i, group in enumerate(reform.split_plan(graph, ago).plan.groups) for x in group}
+    assert all(len({mini_of[x] for x in unit}) == 1 for unit in ago.units)
+
+
 def test_split_gives_single_complex_minis_and_join_restores_the_plan(zoo_plans):
     name, graph, ago, _ = zoo_plans
     split = reform.split_plan(graph, ago)

@@ -1,0 +1,101 @@
+"""Timing one kernel the way every measurement in agoc does: warm up by time, then TVM's
+``time_evaluator``, and measure again when the repeats disagree.
+
+Why warm up by time and not by a call count: on these 2-vCPU machines the runtime's second
+worker thread runs at full speed only some tens of milliseconds after the first parallel call
+(an idle vCPU is woken slowly), so the first repeats of a freshly loaded kernel ran at one-core
+speed — 2x slow, and MetaSchedule averages them in. Measured on a tuned MobileNet-V2 pointwise
+conv (0.030 ms): 2 of 30 repeats at 0.062 ms in one process, and about one LocalRunner
+measurement in two at 2x. Every candidate used to be measured cold, so the tuner learned from,
+and kept, schedules partly by luck.
+
+:func:`evaluate_local` is a MetaSchedule ``f_run_evaluator`` for ``LocalRunner``; the device
+path (``host/measure.py``) wraps :func:`measure` with its own hygiene (pinning, cool-down,
+frequency logging). No TVM import at module level: the runner's worker processes unpickle it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+#: a kernel runs this long (and at least WARMUP_CALLS times) before it is timed
+WARMUP_MS = 100.0
+WARMUP_CALLS = 1
+
+
+@dataclass(frozen=True)
+class Timing:
+    number: int = 3  # calls per repeat
+    repeat: int = 3
+    min_repeat_ms: int = 20  # each repeat runs at least this long (number grows)
+    warmup_ms: float = WARMUP_MS
+    warmup_calls: int = WARMUP_CALLS
+    measurements: int = 2  # timed measurements at least; the fastest (lowest median) is kept
+    max_spread: float = 0.15  # (max - min) / median of the repeats above this: measure again
+    remeasure: int = 2  # at most this many extra measurements
+
+
+def spread(costs: list[float]) -> float:
+    med = statistics.median(costs)
+    return (max(costs) - min(costs)) / med if med > 0 else 0.0
+
+
+def warm_up(func, device, repeated_args, warmup_ms: float, calls: int) -> int:
+    """Call ``func`` on every argument set until ``warmup_ms`` have passed (at least ``calls`` times
+    each); the number of calls made."""
+    made = 0
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    while True:
+        for args in repeated_args:
+            func(*args)
+        device.sync()
+        made += 1
+        if made >= calls and time.perf_counter() >= deadline:
+            return made
+
+
+def measure(rt_mod, device, repeated_args, timing: Timing) -> tuple[list[float], int]:
+    """Warm up, time ``timing.measurements`` times, and again (up to ``timing.remeasure`` more) while
+    the repeats spread more than ``timing.max_spread``; the repeats (seconds) of the fastest
+    measurement (lowest median: slowness here is interference, never the kernel) and how many
+    measurements were taken."""
+    warm_up(rt_mod[rt_mod.entry_name], device, repeated_args, timing.warmup_ms, timing.warmup_calls)
+    evaluator = rt_mod.time_evaluator(
+        rt_mod.entry_name, device, number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms
+    )
+    attempts = []
+    for _ in range(max(1, timing.measurements) + timing.remeasure):
+        costs = []
+        for args in repeated_args:
+            device.sync()
+            costs += [float(c) for c in evaluator(*args).results]
+        attempts.append(costs)
+        if len(attempts) >= timing.measurements and spread(costs) <= timing.max_spread:
+            break
+    return min(attempts, key=statistics.median), len(attempts)
+
+
+def evaluate_local(rt_mod, device, evaluator_config, repeated_args, timing: Timing | None = None) -> list[float]:
+    """MetaSchedule ``f_run_evaluator`` (LocalRunner's signature): :func:`measure` with ``timing``
+    (default: ``evaluator_config``'s number / repeat / min_repeat_ms)."""
+    if timing is None:
+        timing = Timing(int(evaluator_config.number), int(evaluator_config.repeat), int(evaluator_config.min_repeat_ms))
+    return measure(rt_mod, device, repeated_args, timing)[0]
+
+
+def local_runner(timing: Timing | None = None, timeout_sec: int = 60):
+    """MetaSchedule's ``LocalRunner`` (this machine) timing every candidate with :func:`measure`."""
+    import functools
+
+    from tvm.s_tir import meta_schedule as ms
+
+    timing = timing or Timing()
+    return ms.runner.LocalRunner(
+        evaluator_config=ms.runner.EvaluatorConfig(
+            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms, enable_cpu_cache_flush=False
+        ),
+        timeout_sec=timeout_sec,
+        f_run_evaluator=functools.partial(evaluate_local, timing=timing),
+    )
