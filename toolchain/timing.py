@@ -5,9 +5,10 @@ Why warm up by time and not by a call count: on these 2-vCPU machines the runtim
 worker thread runs at full speed only some tens of milliseconds after the first parallel call
 (an idle vCPU is woken slowly), so the first repeats of a freshly loaded kernel ran at one-core
 speed — 2x slow, and MetaSchedule averages them in. Measured on a tuned MobileNet-V2 pointwise
-conv (0.030 ms): 2 of 30 repeats at 0.062 ms in one process, and about one LocalRunner
-measurement in two at 2x. Every candidate used to be measured cold, so the tuner learned from,
-and kept, schedules partly by luck.
+conv (0.030 ms): in one process the first 2 of 30 repeats ran at 0.062 ms; measured cold in fresh
+runner processes (as MetaSchedule's LocalRunner may), all 10 measurements came out 1.35-1.9x slow,
+and with this warm-up and the fastest of two measurements 1 of 10 (1.8x). Candidates used to be
+measured cold, so the tuner learned from, and kept, schedules partly by luck.
 
 :func:`evaluate_local` is a MetaSchedule ``f_run_evaluator`` for ``LocalRunner``; the device
 path (``host/measure.py``) wraps :func:`measure` with its own hygiene (pinning, cool-down,
