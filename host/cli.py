@@ -211,6 +211,10 @@ def compile(
         + (f", {m.tuning['applied']} tuned" if m.tuning else "")
         + f", {m.compile_seconds:.1f} s, target {spec.preset})"
     )
+    unfused = (m.partition_info or {}).get("unfused") or []
+    if unfused:
+        console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: the joined kernel measured "
+                      f"slower than the minis together (manifest partition_info.unfused)")
 
 
 @app.command()

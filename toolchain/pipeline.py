@@ -118,12 +118,18 @@ def compile_model(
         )
     graph = op_graph(mod)
     plan = partition.plan(request.partition, mod, request.target, request.threshold, graph)
+    unfused: list[dict] = []
+    if request.db is not None and request.partition == "ago":
+        from toolchain import tuning
+
+        plan, unfused = tuning.unfuse_slower(mod, graph, plan, request.db, request.target)
     partition.check(graph, plan)
     partition_record = {
         "method": plan.method,
         "threshold": plan.threshold,
         **partition.stats(graph, plan),
         "groups": [list(g) for g in plan.groups],
+        "unfused": unfused,  # subgraphs built as their minis: the joined kernel measured slower
     }
 
     on_stage(f"fusing {len(plan.groups)} subgraphs")

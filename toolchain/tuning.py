@@ -44,7 +44,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -211,6 +211,9 @@ class TaskPlan:
     tasks: tuple[Task, ...]
     funcs: dict = field(hash=False)  # task name -> PrimFunc
     compositions: dict = field(hash=False)  # joined task -> [(mini task, {mini block: joined block}), ...]
+    groups: tuple = ()  # the partition's groups (op ids), in order
+    group_tasks: tuple = ()  # the task of each group
+    split_of: dict = field(default_factory=dict, hash=False)  # group index -> its mini-subgraphs (op ids)
 
 
 def _block_names(func) -> list[str]:
@@ -253,6 +256,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             term = loop_term(OpNode(name, name, "simple", block_nests(funcs[name]), ()))
             final[name] = replace(task, weight=model.c * term + model.b)
     minis_of: dict[str, list] = {}
+    split_of: dict[int, list] = {}
     if settings.partition == "ago" and settings.reformer:
         split = reform.split_plan(graph, plan, threshold)
         mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
@@ -260,6 +264,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
             if len(minis) >= 2:  # one complex op: tuned directly
                 minis_of.setdefault(parent, minis)
+                split_of[parent_index] = [g for _, g in minis]
     # a subgraph the reformer splits gets at least a batch per mini (the stock partition gives each of
     # those ops a kernel and a batch of its own: equal footing at equal budget)
     floors = [len(minis_of.get(n, ())) or 1 for n in final]
@@ -288,7 +293,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         tasks.extend(replace(t, budget=b) for t, b in zip(new, mini_budgets))
         final[parent] = replace(parent_task, phase="joined", budget=max(1, parent_task.budget - sum(mini_budgets)))
     tasks.extend(final.values())
-    return fused, TaskPlan(tuple(tasks), funcs, compositions)
+    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of)
 
 
 def planned_trials(mod, spec, settings: TuneSettings) -> int:
@@ -749,6 +754,40 @@ def status(db_dir: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- applying a database
+
+
+def unfuse_slower(mod, graph: OpGraph, plan, db_dir: Path, spec):
+    """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
+    subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
+    latencies, one call each) is built as those minis — fusing must pay for itself, on measurement.
+    Returns (plan, one record per subgraph unfused: its ops and both latencies)."""
+    db = TuneDB(db_dir)
+    session = db.session or {}
+    known = {f.name for f in fields(TuneSettings)}
+    settings = TuneSettings(**{k: v for k, v in session.get("settings", {}).items() if k in known})
+    if settings.partition != "ago" or not settings.reformer:
+        return plan, []
+    _, tasks = plan_tasks(mod, graph, spec, settings)
+    if tasks.groups != tuple(plan.groups):
+        log.warning("the tuning database was made for another partition (threshold?): nothing unfused")
+        return plan, []
+    verified = db.verified
+    groups: list = []
+    unfused: list[dict] = []
+    for index, group in enumerate(plan.groups):
+        name = tasks.group_tasks[index]
+        joined = verified.get(name, {})
+        parts = [verified.get(mini, {}) for mini, _ in tasks.compositions.get(name, [])]
+        ok = [e.get("status") == "verified" and e.get("latency_ms") is not None for e in [joined, *parts]]
+        if index in tasks.split_of and parts and all(ok):
+            together = math.fsum(e["latency_ms"] for e in parts)
+            if together < joined["latency_ms"]:
+                groups.extend(tasks.split_of[index])
+                unfused.append({"ops": list(group), "joined_ms": joined["latency_ms"], "minis_ms": together,
+                                "minis": len(tasks.split_of[index])})
+                continue
+        groups.append(tuple(group))
+    return replace(plan, groups=tuple(groups)), unfused
 
 
 def apply_verified(fused_mod, db_dir: Path, spec):

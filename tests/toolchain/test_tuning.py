@@ -127,6 +127,45 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
+def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
+    """A tuning database whose verified latencies are given (no trials run)."""
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    db = tuning.TuneDB(path)
+    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
+                     "settings": settings.to_json()})
+    db.save_tasks(plan.tasks)
+    minis = iter(mini_ms)
+    db.save_verified({
+        t.name: {"status": "verified", "latency_ms": joined_ms if t.phase == "joined" else next(minis), "phase": t.phase}
+        for t in plan.tasks
+    })
+    return db
+
+
+def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split, tmp_path):
+    mod, graph, plan, split, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _fake_db(tmp_path / "slow", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
+    built, unfused = tuning.unfuse_slower(mod, graph, plan, tmp_path / "slow", SPEC)
+    assert built.groups == split.plan.groups and len(unfused) == 1
+    assert unfused[0]["joined_ms"] == 0.5 and unfused[0]["minis_ms"] == pytest.approx(0.3)
+    assert unfused[0]["ops"] == list(plan.groups[0]) and unfused[0]["minis"] == 3
+    partition.check(graph, built)
+    # a joined kernel that pays for itself stays fused
+    _fake_db(tmp_path / "fast", mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])
+    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "fast", SPEC) == (plan, [])
+    # a mini without a verified schedule: nothing to compare, stays fused
+    db = _fake_db(tmp_path / "partial", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
+    verified = db.verified
+    verified[next(iter(verified))]["status"] = "failed"
+    db.save_verified(verified)
+    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "partial", SPEC) == (plan, [])
+    # a database made for another threshold (another partition) changes nothing
+    other = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0)
+    _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
+    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "other", SPEC) == (plan, [])
+
+
 def test_a_database_for_another_model_is_refused(tmp_path):
     db = tuning.TuneDB(tmp_path)
     session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
@@ -154,5 +193,7 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     result = cli("compile", "zoo:tiny-dwsep", "--db", db, "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert manifest["tuning"]["applied"] == 1
+    # the fused kernel, or its three minis where the join measured slower than they did together
+    unfused = manifest["partition_info"]["unfused"]
+    assert manifest["tuning"]["applied"] == manifest["tuning"]["kernels"] == (3 if unfused else 1)
     assert cli("verify", tmp_path / "art").exit_code == 0
