@@ -369,7 +369,7 @@ def _seed_units(q: _Quotient, graph: Graph, units: Iterable[Iterable[str]]) -> l
     Members merge in node order: every prefix of an acyclic unit is acyclic too (a path leaving the
     prefix and coming back would have to pass through later ops only, so through no op of the
     prefix), so no intermediate quotient has a cycle."""
-    units = [tuple(u) for u in units if len(tuple(u)) > 1]
+    units = [u for u in map(tuple, units) if len(u) > 1]
     if not units:
         return []
     covered = {m for u in units for m in u}

@@ -155,14 +155,12 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
 
 
 def plan_ago(
-    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None,
-    epilogues: bool = True,
+    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None
 ) -> PartitionPlan:
-    """AGO's partition; ``epilogues=False`` clusters single ops only (no conventional fusion first)."""
     started = time.perf_counter()
     weights = op_weights(graph, model or load_model())
     g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
-    units = epilogue_units(graph) if epilogues else ()
+    units = epilogue_units(graph)
     result = clustering.cluster(g, threshold, units=units)
     return PartitionPlan(
         "ago", result.groups, weights, threshold, result.decisions, seconds=time.perf_counter() - started,

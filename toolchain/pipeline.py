@@ -122,7 +122,7 @@ def compile_model(
     if request.db is not None and request.partition == "ago":
         from toolchain import tuning
 
-        plan, unfused = tuning.unfuse_slower(mod, graph, plan, request.db, request.target)
+        plan, unfused = tuning.unfuse_slower(plan, request.db)
     partition.check(graph, plan)
     partition_record = {
         "method": plan.method,

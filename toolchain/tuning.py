@@ -44,7 +44,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -379,6 +379,21 @@ class TuneDB:
         self._write("tasks.json", [t.to_json() for t in tasks])
 
     @property
+    def layout(self) -> dict:
+        """How the session's partition maps onto tasks (see :meth:`save_layout`); {} if not recorded."""
+        return self._read("layout.json", {})
+
+    def save_layout(self, plan: "TaskPlan") -> None:
+        """The partition's groups, the task of each, the mini-subgraphs of each split group and the mini
+        tasks each joined task composes: what ``compile --db`` needs to build minis in place of a join."""
+        self._write("layout.json", {
+            "groups": [list(g) for g in plan.groups],
+            "group_tasks": list(plan.group_tasks),
+            "split_of": {str(i): [list(m) for m in minis] for i, minis in plan.split_of.items()},
+            "minis": {name: [mini for mini, _ in parts] for name, parts in plan.compositions.items()},
+        })
+
+    @property
     def progress(self) -> dict:
         return self._read("progress.json", {})
 
@@ -680,6 +695,7 @@ def tune_model(
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)
+    db.save_layout(plan)
     database = db.ms_database()
     verified = db.verified
     progress = db.progress
@@ -756,35 +772,34 @@ def status(db_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- applying a database
 
 
-def unfuse_slower(mod, graph: OpGraph, plan, db_dir: Path, spec):
+def unfuse_slower(plan, db_dir: Path):
     """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
     subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
     latencies, one call each) is built as those minis — fusing must pay for itself, on measurement.
-    Returns (plan, one record per subgraph unfused: its ops and both latencies)."""
+    Returns (plan, one record per subgraph unfused: its ops and both latencies). A database without
+    the session's layout, or made for another partition (another threshold), changes nothing."""
     db = TuneDB(db_dir)
-    session = db.session or {}
-    known = {f.name for f in fields(TuneSettings)}
-    settings = TuneSettings(**{k: v for k, v in session.get("settings", {}).items() if k in known})
-    if settings.partition != "ago" or not settings.reformer:
+    layout = db.layout
+    if not layout.get("split_of"):
         return plan, []
-    _, tasks = plan_tasks(mod, graph, spec, settings)
-    if tasks.groups != tuple(plan.groups):
+    if [tuple(g) for g in layout["groups"]] != [tuple(g) for g in plan.groups]:
         log.warning("the tuning database was made for another partition (threshold?): nothing unfused")
         return plan, []
     verified = db.verified
     groups: list = []
     unfused: list[dict] = []
     for index, group in enumerate(plan.groups):
-        name = tasks.group_tasks[index]
+        name = layout["group_tasks"][index]
+        minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
         joined = verified.get(name, {})
-        parts = [verified.get(mini, {}) for mini, _ in tasks.compositions.get(name, [])]
+        parts = [verified.get(mini, {}) for mini in layout["minis"].get(name, [])]
         ok = [e.get("status") == "verified" and e.get("latency_ms") is not None for e in [joined, *parts]]
-        if index in tasks.split_of and parts and all(ok):
+        if minis and parts and all(ok):
             together = math.fsum(e["latency_ms"] for e in parts)
             if together < joined["latency_ms"]:
-                groups.extend(tasks.split_of[index])
+                groups.extend(minis)
                 unfused.append({"ops": list(group), "joined_ms": joined["latency_ms"], "minis_ms": together,
-                                "minis": len(tasks.split_of[index])})
+                                "minis": len(minis)})
                 continue
         groups.append(tuple(group))
     return replace(plan, groups=tuple(groups)), unfused

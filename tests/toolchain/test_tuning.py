@@ -134,6 +134,7 @@ def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     db.open_session({"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
                      "settings": settings.to_json()})
     db.save_tasks(plan.tasks)
+    db.save_layout(plan)
     minis = iter(mini_ms)
     db.save_verified({
         t.name: {"status": "verified", "latency_ms": joined_ms if t.phase == "joined" else next(minis), "phase": t.phase}
@@ -146,24 +147,24 @@ def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split
     mod, graph, plan, split, *_ = dwsep_split
     settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
     _fake_db(tmp_path / "slow", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
-    built, unfused = tuning.unfuse_slower(mod, graph, plan, tmp_path / "slow", SPEC)
+    built, unfused = tuning.unfuse_slower(plan, tmp_path / "slow")
     assert built.groups == split.plan.groups and len(unfused) == 1
     assert unfused[0]["joined_ms"] == 0.5 and unfused[0]["minis_ms"] == pytest.approx(0.3)
     assert unfused[0]["ops"] == list(plan.groups[0]) and unfused[0]["minis"] == 3
     partition.check(graph, built)
     # a joined kernel that pays for itself stays fused
     _fake_db(tmp_path / "fast", mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])
-    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "fast", SPEC) == (plan, [])
+    assert tuning.unfuse_slower(plan, tmp_path / "fast") == (plan, [])
     # a mini without a verified schedule: nothing to compare, stays fused
     db = _fake_db(tmp_path / "partial", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
     verified = db.verified
     verified[next(iter(verified))]["status"] = "failed"
     db.save_verified(verified)
-    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "partial", SPEC) == (plan, [])
+    assert tuning.unfuse_slower(plan, tmp_path / "partial") == (plan, [])
     # a database made for another threshold (another partition) changes nothing
     other = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0)
     _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
-    assert tuning.unfuse_slower(mod, graph, plan, tmp_path / "other", SPEC) == (plan, [])
+    assert tuning.unfuse_slower(plan, tmp_path / "other") == (plan, [])
 
 
 def test_a_database_for_another_model_is_refused(tmp_path):
