@@ -535,8 +535,9 @@ def tune(
             progress.update(state["bar"], completed=sum(state["done"].values()),
                             description=f"{info['task'][:40]} best {info['best_ms']:.4f} ms")
         elif kind == "stable":
-            progress.console.print(f"[dim]{escape(info['task'])}: stable after {info['done']} trials[/dim]")
-            state["done"][info["task"]] = state["budgets"].get(info["task"], info["done"])
+            left = state["budgets"].get(info["task"], info["done"]) - info["done"]
+            progress.console.print(f"[dim]{escape(info['task'])}: stable after {info['done']} trials"
+                                   f"{f', {left} left to its join' if left > 0 else ''}[/dim]")
         elif kind == "seeded":
             progress.console.print(f"[dim]{escape(info['task'])}: starts from the composed mini schedules[/dim]")
         elif kind == "task_done":

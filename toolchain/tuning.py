@@ -676,6 +676,14 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 # ----------------------------------------------------------------------------- the session
 
 
+def unspent(plan: TaskPlan, joined: Task, spent: dict[str, int]) -> int:
+    """Trials the joined task's own minis left when their tuning stabilised early: AGO's
+    divide-and-conquer hands them to the join (the session spends its whole budget). A mini shared
+    by several subgraphs belongs to the first (its ``parent``)."""
+    return sum(max(0, t.budget - spent.get(t.name, t.budget)) for t in plan.tasks
+               if t.phase == "mini" and t.parent == joined.name)
+
+
 def tune_model(
     mod,
     model_sha256: str,
@@ -701,11 +709,12 @@ def tune_model(
     progress = db.progress
     on_event("plan", tasks=[t.to_json() for t in plan.tasks])
     work = db.root / "logs"
+    spent: dict[str, int] = {}  # trials each task has used (minis may stop early)
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         func = plan.funcs[task.name]
         done = len(records_of(database, func))
-        on_event("task", task=task.name, phase=task.phase, done=done, budget=task.budget)
-        budget = task.budget
+        budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
+        on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
@@ -713,6 +722,9 @@ def tune_model(
                 budget = max(budget, settings.per_iter)
         intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
+        if task.phase == "mini" and stabilised([latency(r) for r in records_of(database, func)],
+                                               settings.stable_window, settings.stable_tolerance):
+            budget = done  # it stabilised before the session was interrupted: resuming adds nothing
         while done < budget:
             chunk = min(budget - done, 2 * settings.per_iter)
             tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
@@ -721,12 +733,13 @@ def tune_model(
             best = min(lat) if lat else math.inf
             progress[task.name] = {"trials": done, "best_ms": best * 1e3 if best < math.inf else None}
             db.save_progress(progress)
-            on_event("trials", task=task.name, done=done, budget=task.budget, best_ms=best * 1e3)
+            on_event("trials", task=task.name, done=done, budget=budget, best_ms=best * 1e3)
             if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
                 on_event("stable", task=task.name, done=done)
                 break
             if chunk <= 0:
                 break
+        spent[task.name] = done
         entry = verified.get(task.name, {})
         if entry.get("trials") != done or entry.get("status") != "verified":
             on_event("verify", task=task.name)
@@ -745,6 +758,7 @@ def status(db_dir: Path) -> dict:
     tasks = db.tasks
     verified = db.verified
     progress = db.progress
+    layout = db.layout
     rows = []
     estimate = 0.0
     for t in tasks:
@@ -765,8 +779,18 @@ def status(db_dir: Path) -> dict:
             }
         )
         if t.phase != "mini" and v.get("latency_ms") is not None:
-            estimate += v["latency_ms"] * t.calls
+            minis = _minis_ms(t.name, layout, verified)  # what compile --db builds: the faster of the two
+            estimate += min(v["latency_ms"], minis if minis is not None else math.inf) * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
+
+
+def _minis_ms(joined: str, layout: dict, verified: dict) -> float | None:
+    """The verified latencies of a joined task's minis added up (one call each), or None when it has
+    no minis or one of them has no verified schedule."""
+    parts = [verified.get(mini, {}) for mini in layout.get("minis", {}).get(joined, [])]
+    if not parts or any(e.get("status") != "verified" or e.get("latency_ms") is None for e in parts):
+        return None
+    return math.fsum(e["latency_ms"] for e in parts)
 
 
 # ----------------------------------------------------------------------------- applying a database
@@ -792,10 +816,8 @@ def unfuse_slower(plan, db_dir: Path):
         name = layout["group_tasks"][index]
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
         joined = verified.get(name, {})
-        parts = [verified.get(mini, {}) for mini in layout["minis"].get(name, [])]
-        ok = [e.get("status") == "verified" and e.get("latency_ms") is not None for e in [joined, *parts]]
-        if minis and parts and all(ok):
-            together = math.fsum(e["latency_ms"] for e in parts)
+        together = _minis_ms(name, layout, verified)
+        if minis and together is not None and joined.get("status") == "verified" and joined.get("latency_ms") is not None:
             if together < joined["latency_ms"]:
                 groups.extend(minis)
                 unfused.append({"ops": list(group), "joined_ms": joined["latency_ms"], "minis_ms": together,

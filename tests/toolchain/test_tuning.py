@@ -127,6 +127,35 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
+def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, tmp_path, monkeypatch):
+    """The session spends its whole budget: what the minis leave goes to their joined kernel; a
+    resumed session neither re-tunes a stabilised mini nor adds trials (fake search: constant
+    latency per kernel, so every mini stabilises after its first two windows)."""
+    mod, graph, *_ = dwsep_split
+    trials: dict = {}  # kernel script -> latencies
+    monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
+    monkeypatch.setattr(tuning, "latency", lambda record: record)
+    monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
+                        trials.setdefault(func.script(), []).extend([1.0] * n))
+    monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
+    monkeypatch.setattr(tuning, "verify_task", lambda *a, **k: {"status": "verified", "latency_ms": 1.0,
+                                                                "trials": len(trials[a[1].script()])})
+    settings = tuning.TuneSettings(trials=256, per_iter=8, stable_window=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    minis = [t for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    assert all(t.budget > 16 for t in minis)  # room to stop early
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
+    assert all(used[t.name] == 16 for t in minis)  # stable after two windows
+    assert used[joined.name] == joined.budget + sum(t.budget - 16 for t in minis)
+    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, settings) == 256
+    assert [i["budget"] for k, i in events if k == "task" and i["task"] == joined.name] == [used[joined.name]]
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+
+
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     """A tuning database whose verified latencies are given (no trials run)."""
     _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
@@ -152,9 +181,11 @@ def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split
     assert unfused[0]["joined_ms"] == 0.5 and unfused[0]["minis_ms"] == pytest.approx(0.3)
     assert unfused[0]["ops"] == list(plan.groups[0]) and unfused[0]["minis"] == 3
     partition.check(graph, built)
+    assert tuning.status(tmp_path / "slow")["estimate_ms"] == pytest.approx(0.3)  # what compile --db builds
     # a joined kernel that pays for itself stays fused
     _fake_db(tmp_path / "fast", mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])
     assert tuning.unfuse_slower(plan, tmp_path / "fast") == (plan, [])
+    assert tuning.status(tmp_path / "fast")["estimate_ms"] == pytest.approx(0.2)
     # a mini without a verified schedule: nothing to compare, stays fused
     db = _fake_db(tmp_path / "partial", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
     verified = db.verified
