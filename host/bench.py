@@ -580,6 +580,8 @@ def summary_rows(document: dict) -> list[dict]:
                     "proxy_status": res.get("proxy", {}).get("status"),
                     "proxy": res.get("proxy", {}).get("model_figures"),
                     "dram_vs": {b: r["dram_bytes"] for b, r in res.get("proxy_vs", {}).items()},
+                    "dram_beyond_weights_vs": {b: r.get("dram_beyond_weights", {})
+                                               for b, r in res.get("proxy_vs", {}).items()},
                 }
             )
     return rows

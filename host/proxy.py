@@ -256,6 +256,24 @@ def _figures(by_ll: dict[Cache, dict[str, int]], geo: Geometry, calls: int) -> d
     }
 
 
+def weight_bytes(model_path: Path) -> int:
+    """Bytes of the model's weights (ONNX initializers and Constant tensors)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    return sum(numpy_helper.to_array(t).nbytes for t in tensors)
+
+
+def weights_floor(weights: int, geo: Geometry) -> dict:
+    """DRAM bytes per inference that no schedule avoids, per shared-cache size: weights larger than
+    the cache stream through it on every inference (read once each at best); weights that fit may
+    stay in it between inferences (floor 0). Inputs and outputs are small beside them and left out."""
+    return {c.label: weights if weights > c.size else 0 for c in geo.llc}
+
+
 def _simulate(command: list[str], out_file: Path, timeout: float) -> tuple[Profile, dict, float]:
     started = time.perf_counter()
     try:
@@ -313,6 +331,10 @@ def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmu
         by_ll = {c: p.inclusive.get(KERNEL_PREFIX + name, {}) for c, p in profiles.items()}
         kernels.append({"name": name, **_figures(by_ll, geo, samples)})
     model = _figures({c: p.totals for c, p in profiles.items()}, geo, samples)
+    weights = weight_bytes(artifact.model_path)
+    floor = weights_floor(weights, geo)
+    model["weight_bytes"] = weights
+    model["dram_beyond_weights"] = {k: max(0, v - floor[k]) for k, v in model["dram_bytes"].items()}
     return {
         "schema": SCHEMA,
         "geometry": geo.to_json(),
@@ -346,4 +368,7 @@ def ratios(result: dict, baseline: dict) -> dict:
         "d1_misses": div(a["d1_misses"], b["d1_misses"]),
         "l2_misses": div(a["l2_misses"], b["l2_misses"]),
         "dram_bytes": {k: div(v, b["dram_bytes"].get(k)) for k, v in a["dram_bytes"].items()},
+        # the traffic fusion can remove: DRAM bytes above the weights floor (older results lack it)
+        "dram_beyond_weights": {k: div(v, b.get("dram_beyond_weights", {}).get(k))
+                                for k, v in a.get("dram_beyond_weights", {}).items()},
     }

@@ -141,7 +141,11 @@ def proxy_result_table(result: dict) -> Table:
                  *(_mega(f["dram_bytes"].get(size)) for size in llc)]
         table.add_row(f"[{style}]{name}[/]" if style else name, *cells)
 
-    row("whole model", result["model_figures"], "bold")
+    model = result["model_figures"]
+    row("whole model", model, "bold")
+    if "dram_beyond_weights" in model:
+        table.add_row(f"[dim]  beyond the weights ({_mega(model['weight_bytes'])} MB)[/dim]", "", "", "", "",
+                      *(_mega(model["dram_beyond_weights"].get(size)) for size in llc))
     for kernel in result["kernels"]:
         row(kernel["name"], kernel)
     return table
@@ -163,20 +167,24 @@ def proxy_bench_table(document: dict) -> Table:
         table.add_column(col, justify="right")
     for base in bases:
         table.add_column(f"DRAM ÷ {base} ({' / '.join(sizes)})", justify="right")
+        table.add_column(f"beyond weights ÷ {base}", justify="right")
+
+    def ratio_cell(ratio: dict | None) -> str:
+        return "" if not ratio else " / ".join(
+            "–" if v is None else f"[{'green' if v <= 1 else 'red'}]{v:.2f}[/]" for v in ratio.values())
+
     for r in rows:
         if r.get("proxy_status") is None:
             continue
         if r["proxy_status"] != "ok":
             table.add_row(r["case"], r["variant"], f"[red]{r['proxy_status']}[/red]",
-                          *([""] * (2 + len(sizes) + len(bases))))
+                          *([""] * (2 + len(sizes) + 2 * len(bases))))
             continue
         f = r["proxy"]
         cells = [_mega(f["instructions"]), _kilo(f["d1_misses"]), _kilo(f["l2_misses"]),
                  *(_mega(f["dram_bytes"].get(s)) for s in sizes)]
         for base in bases:
-            ratio = r["dram_vs"].get(base)
-            cells.append("" if not ratio else " / ".join(
-                "–" if v is None else f"[{'green' if v <= 1 else 'red'}]{v:.2f}[/]" for v in ratio.values()))
+            cells += [ratio_cell(r["dram_vs"].get(base)), ratio_cell(r.get("dram_beyond_weights_vs", {}).get(base))]
         table.add_row(r["case"], r["variant"], *cells)
     return table
 

@@ -97,6 +97,19 @@ def test_missing_valgrind_says_how_to_install(monkeypatch, tmp_path):
         proxy.find_valgrind()
 
 
+def test_weights_set_the_floor_of_dram_traffic_where_they_overflow_the_cache(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    model = models.build("tiny-dwsep")
+    onnx.save(model, tmp_path / "m.onnx")
+    expected = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    assert proxy.weight_bytes(tmp_path / "m.onnx") == expected > 0
+    a76 = proxy.geometry("a76")  # shared caches of 2 and 4 MiB
+    assert proxy.weights_floor(3 * proxy.MIB, a76) == {"2MiB": 3 * proxy.MIB, "4MiB": 0}
+    assert proxy.weights_floor(expected, a76) == {"2MiB": 0, "4MiB": 0}
+
+
 def test_cli_rejects_an_unknown_geometry(cli, tmp_path):
     result = cli("bench", tmp_path, "--proxy", "a99")
     assert result.exit_code == 1 and "unknown cache geometry 'a99'" in result.output
@@ -133,6 +146,8 @@ def test_two_runs_give_identical_counts(pair_artifacts):
     figures = first["model_figures"]
     assert figures["instructions"] > 0 and figures["d1_misses"] > 0 and set(figures["dram_bytes"]) == {"2MiB", "4MiB"}
     assert first["calls"] == 1 and first["warmup"] == 2 and first["threads"] == 1
+    assert figures["weight_bytes"] > 0  # the pair's weights fit the shared cache: no floor to take off
+    assert figures["dram_beyond_weights"] == figures["dram_bytes"]
     (kernel,) = first["kernels"]  # the one fused kernel carries (almost) all of the model's work
     assert 0.95 * figures["instructions"] < kernel["instructions"] <= figures["instructions"]
 
