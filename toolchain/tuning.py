@@ -266,8 +266,9 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
                 minis_of.setdefault(parent, minis)
                 split_of[parent_index] = [g for _, g in minis]
     # a subgraph the reformer splits gets at least a batch per mini (the stock partition gives each of
-    # those ops a kernel and a batch of its own: equal footing at equal budget)
-    floors = [len(minis_of.get(n, ())) or 1 for n in final]
+    # those ops a kernel and a batch of its own: equal footing at equal budget) and one for its join:
+    # the composed seed alone never reaches the intensive-fusion structure
+    floors = [len(minis_of[n]) + 1 if n in minis_of else 1 for n in final]
     budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter, floors)
     final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 

@@ -116,11 +116,11 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [t.phase for t in plan.tasks] == ["mini", "mini", "mini", "joined"]  # minis first, then the join
     assert sum(t.budget for t in plan.tasks[:3]) == 32 and plan.tasks[3].budget == 32  # split_fraction 0.5
     assert tuning.planned_trials(mod, SPEC, roomy) == 64
-    # a tight budget still splits: the subgraph's floor is a batch per mini; the join gets its seed only
+    # a tight budget still splits: the subgraph's floor is a batch per mini and one for the join
     tight = tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9)
     _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
-    assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 1)]
-    assert tuning.planned_trials(mod, SPEC, tight) == 25  # over --trials (and stated so by `agoc tune`)
+    assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 8)]
+    assert tuning.planned_trials(mod, SPEC, tight) == 32  # over --trials (and stated so by `agoc tune`)
     # without the reformer the subgraph is one kernel with one batch
     _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9,
                                                                       reformer=False))
