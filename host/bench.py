@@ -288,7 +288,7 @@ def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Setti
     budget = settings.trials
     for _ in range(4):  # the plans are in whole batches: this settles in one or two steps
         need = max(tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
-        if need < budget + batch:  # what is left over is the reformer's composed seeds (one trial per join)
+        if need < budget + batch:  # within a batch: the plans agree
             break
         budget = -(-need // batch) * batch
     return budget
