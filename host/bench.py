@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import platform
 import random
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "agoc.bench/1"
 
@@ -343,6 +346,10 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
             return {**record, "status": "wrong", "reason": "outputs differ from onnxruntime"}, None
     except AgocError as exc:
         return {"status": "failed", "reason": str(exc)}, None
+    except Exception as exc:  # noqa: BLE001 - an internal error in one variant: record it, run the others
+        log.exception("%s %s", case.label, variant.name)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return {"status": "failed", "reason": f"internal error: {type(exc).__name__}: {first}"}, None
     return record, out
 
 

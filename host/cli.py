@@ -214,7 +214,7 @@ def compile(
     unfused = (m.partition_info or {}).get("unfused") or []
     if unfused:
         console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: the joined kernel measured "
-                      f"slower than the minis together (manifest partition_info.unfused)")
+                      f"slower than the minis together, or has no verified schedule (manifest partition_info.unfused)")
 
 
 @app.command()
@@ -538,6 +538,9 @@ def tune(
             left = state["budgets"].get(info["task"], info["done"]) - info["done"]
             progress.console.print(f"[dim]{escape(info['task'])}: stable after {info['done']} trials"
                                    f"{f', {left} left to its join' if left > 0 else ''}[/dim]")
+        elif kind == "search_failed":
+            progress.console.print(f"[yellow]{escape(info['task'])}: the search failed ({escape(info['reason'])}); "
+                                   "keeping what it found, going on[/yellow]", soft_wrap=True)
         elif kind == "seeded":
             progress.console.print(f"[dim]{escape(info['task'])}: starts from the composed mini schedules[/dim]")
         elif kind == "task_done":

@@ -726,9 +726,16 @@ def tune_model(
         if task.phase == "mini" and stabilised([latency(r) for r in records_of(database, func)],
                                                settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
+        search_error = None
         while done < budget:
             chunk = min(budget - done, 2 * settings.per_iter)
-            tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
+            try:
+                tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
+            except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
+                # fails on this kernel's structure) ends this task, not the session; what it found stays
+                search_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                on_event("search_failed", task=task.name, reason=search_error)
+                break
             lat = [latency(r) for r in records_of(database, func)]
             done = len(lat)
             best = min(lat) if lat else math.inf
@@ -742,9 +749,10 @@ def tune_model(
                 break
         spent[task.name] = done
         entry = verified.get(task.name, {})
-        if entry.get("trials") != done or entry.get("status") != "verified":
+        if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
             on_event("verify", task=task.name)
-            verified[task.name] = {**verify_task(task, func, database, spec, settings), "phase": task.phase}
+            verified[task.name] = {**verify_task(task, func, database, spec, settings), "phase": task.phase,
+                                   **({"search_error": search_error} if search_error else {})}
             db.save_verified(verified)
         on_event("task_done", task=task.name, seconds=time.perf_counter() - started, result=verified[task.name])
     return status(db_dir)
@@ -777,11 +785,13 @@ def status(db_dir: Path) -> dict:
                 "best_ms": v.get("latency_ms"),
                 "best_measured_ms": p.get("best_ms"),
                 "rejected": len(v.get("rejected", [])),
+                "search_error": v.get("search_error"),
             }
         )
-        if t.phase != "mini" and v.get("latency_ms") is not None:
-            minis = _minis_ms(t.name, layout, verified)  # what compile --db builds: the faster of the two
-            estimate += min(v["latency_ms"], minis if minis is not None else math.inf) * t.calls
+        if t.phase != "mini":  # what compile --db builds: the faster of the join and its minis
+            options = [v["latency_ms"] if v.get("status") == "verified" else None, _minis_ms(t.name, layout, verified)]
+            if any(x is not None for x in options):
+                estimate += min(x for x in options if x is not None) * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
 
 
@@ -800,7 +810,8 @@ def _minis_ms(joined: str, layout: dict, verified: dict) -> float | None:
 def unfuse_slower(plan, db_dir: Path):
     """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
     subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
-    latencies, one call each) is built as those minis — fusing must pay for itself, on measurement.
+    latencies, one call each), or has no verified schedule while they all do, is built as those
+    minis — fusing must pay for itself, on measurement.
     Returns (plan, one record per subgraph unfused: its ops and both latencies). A database without
     the session's layout, or made for another partition (another threshold), changes nothing."""
     db = TuneDB(db_dir)
@@ -818,12 +829,13 @@ def unfuse_slower(plan, db_dir: Path):
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
         joined = verified.get(name, {})
         together = _minis_ms(name, layout, verified)
-        if minis and together is not None and joined.get("status") == "verified" and joined.get("latency_ms") is not None:
-            if together < joined["latency_ms"]:
-                groups.extend(minis)
-                unfused.append({"ops": list(group), "joined_ms": joined["latency_ms"], "minis_ms": together,
-                                "minis": len(minis)})
-                continue
+        joined_ms = joined.get("latency_ms") if joined.get("status") == "verified" else None
+        if minis and together is not None and (joined_ms is None or together < joined_ms):
+            groups.extend(minis)
+            unfused.append({"ops": list(group), "joined_ms": joined_ms, "minis_ms": together, "minis": len(minis),
+                            "reason": "slower than its minis" if joined_ms is not None else
+                            f"no verified schedule ({joined.get('status', 'untuned')})"})
+            continue
         groups.append(tuple(group))
     return replace(plan, groups=tuple(groups)), unfused
 

@@ -68,6 +68,26 @@ def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_
     assert variants["tvm-stock"]["status"] == "ok" and variants["onnxruntime"]["status"] == "ok"
 
 
+def test_an_internal_error_in_one_variant_does_not_end_the_suite(monkeypatch, tmp_path):
+    import toolchain.pipeline
+
+    compile_model = toolchain.pipeline.compile_model
+
+    def crash(request, *args, **kwargs):
+        if request.partition == "stock":
+            raise RuntimeError("ScheduleError: something TVM did not expect")
+        return compile_model(request, *args, **kwargs)
+
+    monkeypatch.setattr(toolchain.pipeline, "compile_model", crash)
+    doc = bench.run_suite(bench.SUITES["tiny"], [Case("tiny-dwsep", (1, 8, 16, 16))], tiny_settings(rounds=1),
+                          tmp_path, variants=["tvm-stock", "tvm-ago", "onnxruntime"])
+    variants = doc["results"][0]["variants"]
+    assert variants["tvm-ago"]["status"] == "ok"
+    assert variants["tvm-stock"]["status"] == "failed"
+    assert variants["tvm-stock"]["reason"] == "internal error: RuntimeError: ScheduleError: something TVM did not expect"
+    assert variants["onnxruntime"]["status"] == "ok"
+
+
 def test_stats_and_ratios():
     s = bench.stats([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 5

@@ -127,19 +127,28 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
-def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, tmp_path, monkeypatch):
-    """The session spends its whole budget: what the minis leave goes to their joined kernel; a
-    resumed session neither re-tunes a stabilised mini nor adds trials (fake search: constant
-    latency per kernel, so every mini stabilises after its first two windows)."""
-    mod, graph, *_ = dwsep_split
-    trials: dict = {}  # kernel script -> latencies
+@pytest.fixture
+def fake_search(monkeypatch):
+    """MetaSchedule replaced by a fake search: every trial of a kernel measures 1.0 (so every mini
+    stabilises after its first two windows) and every tuned kernel verifies. Returns the trials
+    (kernel script -> latencies)."""
+    trials: dict = {}
     monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
     monkeypatch.setattr(tuning, "latency", lambda record: record)
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([1.0] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
-    monkeypatch.setattr(tuning, "verify_task", lambda *a, **k: {"status": "verified", "latency_ms": 1.0,
-                                                                "trials": len(trials[a[1].script()])})
+    monkeypatch.setattr(tuning, "verify_task", lambda task, func, *a, **k: {
+        "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": 1.0,
+        "trials": len(trials.get(func.script(), []))})
+    return trials
+
+
+def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, tmp_path, fake_search):
+    """The session spends its whole budget: what the minis leave goes to their joined kernel; a
+    resumed session neither re-tunes a stabilised mini nor adds trials."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
     settings = tuning.TuneSettings(trials=256, per_iter=8, stable_window=8, threshold=1e9)
     _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
@@ -154,6 +163,34 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     assert [i["budget"] for k, i in events if k == "task" and i["task"] == joined.name] == [used[joined.name]]
     tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+
+
+def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A TVM space that raises on a kernel's structure (seen: the stock space on SqueezeNet's fire
+    module, two convs into one concat) is recorded; the session goes on; compile --db builds the
+    subgraph as its verified minis."""
+    mod, graph, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    fake = tuning.tune_trials
+
+    def tune_trials(func, *args, **kwargs):
+        if func.script() == plan.funcs[joined.name].script():
+            raise RuntimeError("ScheduleError: An error occurred in the schedule primitive 'reverse-compute-at'.")
+        return fake(func, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    events = []
+    summary = tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append(kind))
+    rows = {r["task"]: r for r in summary["tasks"]}
+    assert "search_failed" in events and "reverse-compute-at" in rows[joined.name]["search_error"]
+    assert rows[joined.name]["status"] == "untuned"
+    assert all(rows[t.name]["status"] == "verified" for t in plan.tasks if t.phase == "mini")
+    assert summary["estimate_ms"] == pytest.approx(3.0)  # the three minis, built in its place
+    built, unfused = tuning.unfuse_slower(partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph), tmp_path)
+    assert len(unfused) == 1 and unfused[0]["joined_ms"] is None and "no verified schedule" in unfused[0]["reason"]
+    assert len(built.groups) == 3
 
 
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
