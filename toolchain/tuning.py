@@ -711,10 +711,13 @@ def tune_model(
     on_event("plan", tasks=[t.to_json() for t in plan.tasks])
     work = db.root / "logs"
     spent: dict[str, int] = {}  # trials each task has used (minis may stop early)
+    carry = 0  # trials a kernel whose search failed left: the next kernel gets them
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         func = plan.funcs[task.name]
         done = len(records_of(database, func))
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
+        if task.phase != "mini":
+            budget, carry = budget + carry, 0
         on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
@@ -748,6 +751,8 @@ def tune_model(
             if chunk <= 0:
                 break
         spent[task.name] = done
+        if search_error and task.phase != "mini":  # (a mini's unspent trials go to its join)
+            carry += max(0, budget - done)
         entry = verified.get(task.name, {})
         if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
             on_event("verify", task=task.name)

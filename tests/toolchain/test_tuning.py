@@ -191,6 +191,21 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
     built, unfused = tuning.unfuse_slower(partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph), tmp_path)
     assert len(unfused) == 1 and unfused[0]["joined_ms"] is None and "no verified schedule" in unfused[0]["reason"]
     assert len(built.groups) == 3
+    # without the reformer: a kernel whose search fails leaves its trials to the next kernel
+    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    first, second = plan.tasks[:2]
+    fake_search.clear()
+    failing = plan.funcs[first.name].script()
+
+    def tune_first_fails(func, *args, **kwargs):
+        if func.script() == failing:
+            raise RuntimeError("ScheduleError")
+        return fake(func, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "tune_trials", tune_first_fails)
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path / "flat")
+    assert len(fake_search.get(plan.funcs[second.name].script(), [])) == second.budget + first.budget
 
 
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
