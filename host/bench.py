@@ -303,7 +303,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
     import models as zoo
     from host.devices import LocalDevice
     from toolchain import build, onnx_import, tuning
-    from toolchain.errors import AgocError
+    from toolchain.errors import AgocError, first_line
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
     from toolchain.verify import verify_artifact
@@ -348,8 +348,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
         return {"status": "failed", "reason": str(exc)}, None
     except Exception as exc:  # noqa: BLE001 - an internal error in one variant: record it, run the others
         log.exception("%s %s", case.label, variant.name)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        return {"status": "failed", "reason": f"internal error: {type(exc).__name__}: {first}"}, None
+        return {"status": "failed", "reason": f"internal error: {type(exc).__name__}: {first_line(exc)}"}, None
     return record, out
 
 

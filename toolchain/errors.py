@@ -9,6 +9,12 @@ class AgocError(Exception):
     """Base of every error agoc reports to a user (not a bug: a fixable condition)."""
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type's name when empty), at most ``limit``
+    characters: what a one-line error or a recorded failure quotes of a library's exception."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
 class ModelLoadError(AgocError):
     """The model file is missing, unreadable or not valid ONNX."""
 

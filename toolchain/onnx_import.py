@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from toolchain.errors import InputShapeError, ModelLoadError, UnsupportedModelError
+from toolchain.errors import InputShapeError, ModelLoadError, UnsupportedModelError, first_line
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,6 @@ def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo]):
             keep_params_in_input=False,
         )
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UnsupportedModelError(
-            f"TVM's ONNX importer rejected the model: {first[:300]} (rerun with --debug for details)"
+            f"TVM's ONNX importer rejected the model: {first_line(exc)} (rerun with --debug for details)"
         ) from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from toolchain.errors import VerifyError
+from toolchain.errors import VerifyError, first_line
 
 
 def run_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], threads: int = 1) -> dict[str, np.ndarray]:
@@ -21,6 +21,5 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], threa
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, inputs)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise VerifyError(f"onnxruntime (the reference) cannot run this model: {first[:300]}") from exc
+        raise VerifyError(f"onnxruntime (the reference) cannot run this model: {first_line(exc)}") from exc
     return dict(zip(names, values))

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolchain import build, fusion, partition, reform
-from toolchain.errors import AgocError
+from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.timing import local_runner
 from toolchain.weights import load_model
@@ -714,7 +714,8 @@ def tune_model(
     carry = 0  # trials a kernel whose search failed left: the next kernel gets them
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         func = plan.funcs[task.name]
-        done = len(records_of(database, func))
+        lat = [latency(r) for r in records_of(database, func)]
+        done = len(lat)
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
         if task.phase != "mini":
             budget, carry = budget + carry, 0
@@ -726,8 +727,7 @@ def tune_model(
                 budget = max(budget, settings.per_iter)
         intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
-        if task.phase == "mini" and stabilised([latency(r) for r in records_of(database, func)],
-                                               settings.stable_window, settings.stable_tolerance):
+        if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
         search_error = None
         while done < budget:
@@ -736,7 +736,7 @@ def tune_model(
                 tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays
-                search_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                search_error = first_line(exc)
                 on_event("search_failed", task=task.name, reason=search_error)
                 break
             lat = [latency(r) for r in records_of(database, func)]
