@@ -3,8 +3,11 @@
 Variants and suites are tables: a new pipeline (AGO partitioning, tuning, an
 ablation) is a new :class:`Variant` row, not a new script.
 
-Measurement protocol (design §5): each engine runs in its own worker process
-(:mod:`host.bench_worker`); workers are driven one at a time, in a random
+Measurement protocol (design §5): each engine kind runs in its own worker
+process (:mod:`host.bench_worker`): onnxruntime in one, every TVM variant in
+another, where they share TVM's thread pool and are called in turn, one call
+each per pass (on a host whose cores come and go, only calls this close
+together see the same machine). Workers are driven one at a time, in a random
 order per round (seeded), with a gap between them so no engine is timed while
 another one's threads still spin. Per variant we keep every per-call sample
 (median, p10, p90 over all of them) and the per-round medians, from which the
@@ -218,10 +221,11 @@ def ratio_stats(numerators: list[float], denominators: list[float]) -> dict:
 
 
 class Worker:
-    """A :mod:`host.bench_worker` process for one variant."""
+    """A :mod:`host.bench_worker` process timing the variants of one engine kind, call by call in turn."""
 
-    def __init__(self, variant: Variant, artifact: Path, settings: Settings):
-        config = {"engine": variant.engine, "artifact": str(artifact), "threads": settings.threads, "warmup": settings.warmup}
+    def __init__(self, members: dict[str, tuple[Variant, Path]], settings: Settings):
+        engines = [{"name": name, "engine": v.engine, "artifact": str(path)} for name, (v, path) in members.items()]
+        config = {"engines": engines, "threads": settings.threads, "warmup": settings.warmup}
         env = dict(os.environ, TVM_NUM_THREADS=str(settings.threads), OMP_NUM_THREADS=str(settings.threads))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "host.bench_worker", json.dumps(config)],
@@ -232,7 +236,9 @@ class Worker:
             env=env,
         )
         self.hello = self._read()
-        self.error = self.hello.get("error")
+        # a variant that did not load: its reason; the whole process failing fails every member
+        self.errors = {name: self.hello["error"] for name in members} if "error" in self.hello else self.hello["errors"]
+        self.names = [name for name in members if name not in self.errors]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -240,8 +246,9 @@ class Worker:
             return {"error": f"worker exited with code {self.proc.wait()}"}
         return json.loads(line)
 
-    def run(self, n: int) -> list[float]:
-        self.proc.stdin.write(json.dumps({"cmd": "run", "n": n}) + "\n")
+    def run(self, n: int, order: list[str]) -> dict[str, list[float]]:
+        """``n`` passes over ``order``, one call of each variant per pass: samples per variant."""
+        self.proc.stdin.write(json.dumps({"cmd": "run", "n": n, "order": order}) + "\n")
         self.proc.stdin.flush()
         reply = self._read()
         if "error" in reply:
@@ -390,27 +397,32 @@ def proxy_baselines(suite: Suite) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("tvm-stock", "tvm-stock-tuned", *suite.baselines)))
 
 
-def _measure(workers: dict[str, Worker], settings: Settings, rng: random.Random, on_event):
-    """Interleaved rounds: every live worker once per round, random order, gap between workers.
+def _measure(workers: list[Worker], settings: Settings, rng: random.Random, on_event):
+    """Interleaved rounds: every live worker once per round, in a random order, with a gap between
+    workers; inside a worker its variants are called in turn, in a random order per round.
 
     Returns (samples per variant, per-round medians per variant, failure reason per variant).
     """
-    samples: dict[str, list[float]] = {name: [] for name in workers}
-    round_medians: dict[str, list[float]] = {name: [] for name in workers}
+    names = [name for w in workers for name in w.names]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    round_medians: dict[str, list[float]] = {name: [] for name in names}
     failures: dict[str, str] = {}
     for r in range(settings.rounds):
         order = list(workers)
         rng.shuffle(order)
-        for name in order:
-            if name in failures:
+        for worker in order:
+            live = [name for name in worker.names if name not in failures]
+            if not live:
                 continue
+            rng.shuffle(live)
             try:
-                got = workers[name].run(settings.calls_per_round)
+                got = worker.run(settings.calls_per_round, live)
             except Exception as exc:  # a crashed engine: record it, keep measuring the others
-                failures[name] = f"worker failed in round {r + 1}: {exc}"
+                failures.update({name: f"worker failed in round {r + 1}: {exc}" for name in live})
                 continue
-            samples[name].extend(got)
-            round_medians[name].append(float(np.median(got)))
+            for name in live:
+                samples[name].extend(got[name])
+                round_medians[name].append(float(np.median(got[name])))
             time.sleep(settings.gap_s)
         on_event("round", round=r + 1, rounds=settings.rounds)
     return samples, round_medians, failures
@@ -451,23 +463,30 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             artifacts[variant.name] = reference_inputs
 
     on_event("stage", case=case.label, stage="loading engines")
-    workers: dict[str, Worker] = {}
+    groups: dict[str, dict[str, tuple[Variant, Path]]] = {}  # one worker per engine kind (its thread pool)
+    for name, path in artifacts.items():
+        variant = VARIANTS_BY_NAME[name]
+        groups.setdefault(variant.engine, {})[name] = (variant, path)
+    workers: list[Worker] = []
     try:
-        for name, path in artifacts.items():
-            worker = Worker(VARIANTS_BY_NAME[name], path, settings)
-            if worker.error:
-                results[name] = {**results[name], "status": "failed", "reason": worker.error}
-                worker.close()
-                continue
-            results[name]["load_ms"] = worker.hello["load_ms"]
-            workers[name] = worker
+        for members in groups.values():
+            worker = Worker(members, settings)
+            workers.append(worker)
+            for name, reason in worker.errors.items():
+                results[name] = {**results[name], "status": "failed", "reason": reason}
+            for name in worker.names:
+                results[name]["load_ms"] = worker.hello["load_ms"][name]
+                results[name]["model_rss_mb"] = worker.hello["model_rss_mb"][name]
+                results[name]["worker"] = {"engines": worker.names}
         on_event("stage", case=case.label, stage="measuring")
         samples, round_medians, failures = _measure(workers, settings, rng, on_event)
     finally:
-        for name, worker in workers.items():
-            results[name]["peak_rss_mb"] = worker.close().get("peak_rss_mb")
+        for worker in workers:
+            peak = worker.close().get("peak_rss_mb")
+            for name in worker.names:
+                results[name]["worker"]["peak_rss_mb"] = peak
 
-    for name in workers:
+    for name in samples:
         if name in failures:
             results[name].update(status="failed", reason=failures[name])
             continue
@@ -526,8 +545,9 @@ def run_suite(
                 "method": "callgrind cache simulation of the host-avx2 build, one thread, timed calls only; "
                 "figures per inference (host/proxy.py)",
             },
-            "protocol": "one worker process per engine, one active at a time, random order per round, "
-            "gap_s between workers; speed-ups are per-round median ratios",
+            "protocol": "one worker process per engine kind (onnxruntime; all TVM variants, which share one "
+            "thread pool and are called in turn, one call each per pass), one worker active at a time, random "
+            "order per round, gap_s between workers; speed-ups are per-round median ratios",
         },
         "results": [],
     }

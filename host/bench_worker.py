@@ -1,26 +1,33 @@
-"""One engine in its own process, timed on command: the benchmark's measuring hand.
+"""Engines in their own process, timed on command: the benchmark's measuring hand.
 
 Started by :mod:`host.bench` as ``python -m host.bench_worker CONFIG_JSON``. It
-loads its engine, warms up, prints ``{"ready": ...}`` and then answers one
-JSON line per command read from stdin:
+loads its engines, warms each up, prints ``{"ready": ..., "load_ms": {name: ms},
+"model_rss_mb": {name: MiB the model added}, "errors": {name: reason}}`` and then answers one JSON line per command read
+from stdin:
 
-* ``{"cmd": "run", "n": K}`` → ``{"samples_ms": [K per-call latencies]}``
-* ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ...}`` and exit.
+* ``{"cmd": "run", "n": K, "order": [names]}`` → ``{"samples_ms": {name: [K per-call latencies]}}``:
+  K passes, each calling every engine once in ``order``;
+* ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ...}`` (the process's, all its engines) and exit.
 
-Why a process per engine (design §5): after each call TVM's pool threads spin
-for ≈130 ms, and an engine timed in that window in the same process runs at
-one-core speed. Separate processes, driven one at a time with a gap between
-them, keep each engine's measurement clean.
+Why a process per engine *kind* (design §5): after each call TVM's pool
+threads spin for ≈130 ms, and an engine with another thread pool timed in that
+window in the same process runs at one-core speed; onnxruntime therefore gets
+a process of its own. Several TVM artifacts share one pool, so they share one
+worker and are timed call by call in turn: on a host whose second core comes
+and goes (a VM beside noisy neighbours: the same artifact runs 2.0–3.5 ms
+from one process to the next, 1.8× apart), only calls this close together
+see the same machine, and their ratio is stable (±2 % where separate processes
+gave ±25 %).
 
-Config keys: ``engine`` (``tvm`` | ``onnxruntime``), ``artifact`` (directory:
-the library and the sample inputs), ``threads``, ``warmup``.
+Config keys: ``threads``, ``warmup`` and ``engines``: a list of ``{"name",
+"engine"`` (``tvm`` | ``onnxruntime``) ``, "artifact"`` (directory: the library
+and the sample inputs)``}``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 
@@ -56,33 +63,63 @@ def _reply(obj: dict) -> None:
     sys.stdout.flush()
 
 
+def _status_mb(key: str) -> float | None:
+    """``VmRSS`` / ``VmHWM`` of this process in MiB (Linux); None elsewhere. Unlike ``ru_maxrss``,
+    ``VmHWM`` starts afresh at exec, so it does not inherit the orchestrator's peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+RUNTIMES = {"tvm": "tvm", "onnxruntime": "onnxruntime"}
+
+
+def _load(entry: dict, threads: int, warmup: int):
+    """(the engine's call, MiB its model added to the resident set once loaded and warmed up)."""
+    import importlib
+
+    from toolchain.artifact import load_artifact
+
+    importlib.import_module(RUNTIMES[entry["engine"]])  # the runtime itself is not the model's memory
+    before = _status_mb("VmRSS")
+    call = ENGINES[entry["engine"]](load_artifact(entry["artifact"]), threads)
+    for _ in range(warmup):
+        call()
+    after = _status_mb("VmRSS")
+    return call, (after - before if before is not None and after is not None else None)
+
+
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     threads = int(config["threads"])
     # must precede the first TVM import: its thread pool reads it once
     os.environ["TVM_NUM_THREADS"] = str(threads)
-    from toolchain.artifact import load_artifact
-
-    started = time.perf_counter()
-    try:
-        call = ENGINES[config["engine"]](load_artifact(config["artifact"]), threads)
-        for _ in range(int(config.get("warmup", 3))):
-            call()
-    except Exception as exc:  # reported to the orchestrator, which records the variant as failed
-        _reply({"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
-        return 1
-    _reply({"ready": True, "load_ms": (time.perf_counter() - started) * 1e3})
+    calls, load_ms, rss_mb, errors = {}, {}, {}, {}
+    for entry in config["engines"]:
+        started = time.perf_counter()
+        try:
+            calls[entry["name"]], rss_mb[entry["name"]] = _load(entry, threads, int(config.get("warmup", 3)))
+            load_ms[entry["name"]] = (time.perf_counter() - started) * 1e3
+        except Exception as exc:  # reported to the orchestrator, which records the variant as failed
+            errors[entry["name"]] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+    _reply({"ready": True, "load_ms": load_ms, "model_rss_mb": rss_mb, "errors": errors})
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "run":
-            samples = []
+            order = [name for name in command.get("order", calls) if name in calls]
+            samples: dict[str, list[float]] = {name: [] for name in order}
             for _ in range(int(command["n"])):
-                t0 = time.perf_counter_ns()
-                call()
-                samples.append((time.perf_counter_ns() - t0) / 1e6)
+                for name in order:
+                    t0 = time.perf_counter_ns()
+                    calls[name]()
+                    samples[name].append((time.perf_counter_ns() - t0) / 1e6)
             _reply({"samples_ms": samples})
         elif command["cmd"] == "quit":
-            _reply({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+            _reply({"peak_rss_mb": _status_mb("VmHWM")})
             return 0
     return 0
 

@@ -541,6 +541,10 @@ def tune(
         elif kind == "search_failed":
             progress.console.print(f"[yellow]{escape(info['task'])}: the search failed ({escape(info['reason'])}); "
                                    "keeping what it found, going on[/yellow]", soft_wrap=True)
+        elif kind == "join_yields":
+            progress.console.print(
+                f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch, its minis together "
+                f"{info['minis_ms']:.4f} ms: its {info['left']} remaining trials go to them[/dim]", soft_wrap=True)
         elif kind == "seeded":
             progress.console.print(f"[dim]{escape(info['task'])}: starts from the composed mini schedules[/dim]")
         elif kind == "task_done":

@@ -76,6 +76,8 @@ class TuneSettings:
     stable_window: int = 16  # minis stop early when the last window of trials ...
     stable_tolerance: float = 0.02  # ... improved the best latency by less than this
     verify_top: int = 5  # candidates checked, best first, before giving up on a task
+    join_margin: float = 0.10  # a join still this much slower than its minis together after its first
+    # batch hands the rest of its budget back to them (it would be built as its minis anyway)
     seed: int = 0
 
     def to_json(self) -> dict:
@@ -330,6 +332,10 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 # ----------------------------------------------------------------------------- the database directory
 
 
+def _settings_but_trials(settings: dict) -> dict:
+    return {k: v for k, v in {**TuneSettings().to_json(), **settings}.items() if k != "trials"}
+
+
 class TuneDB:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -361,8 +367,9 @@ class TuneDB:
         if existing is not None:
             for key in ("model_sha256", "target", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
-                old = {k: v for k, v in existing[key].items() if k != "trials"} if key == "settings" else existing[key]
-                now = {k: v for k, v in session[key].items() if k != "trials"} if key == "settings" else session[key]
+                # (a setting added since a database was made counts at its default)
+                old, now = ((_settings_but_trials(existing[key]), _settings_but_trials(session[key]))
+                            if key == "settings" else (existing[key], session[key]))
                 if old != now:
                     raise TuningError(
                         f"{self.root} holds a session for a different {key.replace('_', ' ')} "
@@ -677,6 +684,20 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 # ----------------------------------------------------------------------------- the session
 
 
+def _hand_back(composition: list, tasks: dict[str, Task], left: int, done: dict[str, int]) -> dict[str, int]:
+    """A joined kernel's remaining ``left`` trials split over its minis in proportion to their weight
+    (largest remainder): {mini task: the number of records it tunes to}."""
+    names = list(dict.fromkeys(name for name, _ in composition if name in tasks))
+    if not names or left <= 0:
+        return {}
+    weights = [tasks[n].weight or 1e-12 for n in names]
+    exact = [left * w / sum(weights) for w in weights]
+    share = [int(x) for x in exact]
+    for i in sorted(range(len(names)), key=lambda i: share[i] - exact[i])[: left - sum(share)]:
+        share[i] += 1
+    return {n: done.get(n, 0) + k for n, k in zip(names, share) if k > 0}
+
+
 def unspent(plan: TaskPlan, joined: Task, spent: dict[str, int]) -> int:
     """Trials the joined task's own minis left when their tuning stabilised early: AGO's
     divide-and-conquer hands them to the join (the session spends its whole budget). A mini shared
@@ -710,6 +731,56 @@ def tune_model(
     progress = db.progress
     on_event("plan", tasks=[t.to_json() for t in plan.tasks])
     work = db.root / "logs"
+    tasks_by_name = {t.name: t for t in plan.tasks}
+    intensive = settings.intensive and settings.partition == "ago"
+
+    def search(task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
+        """Tune ``task`` until it has ``budget`` records; returns (done, search error, trials handed back).
+        ``check_join``: once the joined kernel has a batch of its own, compare it with its minis
+        together; still slower by more than ``join_margin``: stop, handing the rest back to them."""
+        func = plan.funcs[task.name]
+        checked = False
+        while done < budget:
+            if check_join and not checked and done >= settings.per_iter:
+                checked = True
+                best_ms = progress.get(task.name, {}).get("best_ms")
+                minis_ms = _minis_ms([n for n, _ in plan.compositions.get(task.name, [])], verified)
+                if best_ms is not None and minis_ms is not None and best_ms > minis_ms * (1 + settings.join_margin):
+                    on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, left=budget - done)
+                    return done, None, budget - done
+            # a join's first chunk is one batch, so that the comparison above comes early
+            chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)
+            try:
+                tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
+            except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
+                # fails on this kernel's structure) ends this task, not the session; what it found stays
+                error = first_line(exc)
+                on_event("search_failed", task=task.name, reason=error)
+                return done, error, 0
+            lat = [latency(r) for r in records_of(database, func)]
+            done = len(lat)
+            best = min(lat) if lat else math.inf
+            progress[task.name] = {**progress.get(task.name, {}), "trials": done,
+                                   "best_ms": best * 1e3 if best < math.inf else None}
+            db.save_progress(progress)
+            on_event("trials", task=task.name, done=done, budget=budget, best_ms=best * 1e3)
+            if stop_when_stable and stabilised(lat, settings.stable_window, settings.stable_tolerance):
+                on_event("stable", task=task.name, done=done)
+                break
+            if chunk <= 0:
+                break
+        return done, None, 0
+
+    def keep(task: Task, done: int, search_error: str | None, started: float) -> None:
+        """Verify the task's best candidates when it has new records (or its search failed)."""
+        entry = verified.get(task.name, {})
+        if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
+            on_event("verify", task=task.name)
+            verified[task.name] = {**verify_task(task, plan.funcs[task.name], database, spec, settings),
+                                   "phase": task.phase, **({"search_error": search_error} if search_error else {})}
+            db.save_verified(verified)
+        on_event("task_done", task=task.name, seconds=time.perf_counter() - started, result=verified[task.name])
+
     spent: dict[str, int] = {}  # trials each task has used (minis may stop early)
     carry = 0  # trials a kernel whose search failed left: the next kernel gets them
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
@@ -719,47 +790,37 @@ def tune_model(
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
         if task.phase != "mini":
             budget, carry = budget + carry, 0
+        handed = progress.get(task.name, {}).get("handed_back")  # {mini: trials it tunes to}, when resumed
         on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
             else:  # nothing to start from: one batch of its own at least
                 budget = max(budget, settings.per_iter)
-        intensive = settings.intensive and settings.partition == "ago"
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
-        search_error = None
-        while done < budget:
-            chunk = min(budget - done, 2 * settings.per_iter)
-            try:
-                tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
-            except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
-                # fails on this kernel's structure) ends this task, not the session; what it found stays
-                search_error = first_line(exc)
-                on_event("search_failed", task=task.name, reason=search_error)
-                break
-            lat = [latency(r) for r in records_of(database, func)]
-            done = len(lat)
-            best = min(lat) if lat else math.inf
-            progress[task.name] = {"trials": done, "best_ms": best * 1e3 if best < math.inf else None}
-            db.save_progress(progress)
-            on_event("trials", task=task.name, done=done, budget=budget, best_ms=best * 1e3)
-            if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
-                on_event("stable", task=task.name, done=done)
-                break
-            if chunk <= 0:
-                break
+        if handed is not None:
+            budget = done  # it already handed the rest of its budget to its minis
+        done, search_error, left = search(task, done, budget, stop_when_stable=task.phase == "mini",
+                                          check_join=task.phase == "joined" and handed is None)
         spent[task.name] = done
         if search_error and task.phase != "mini":  # (a mini's unspent trials go to its join)
             carry += max(0, budget - done)
-        entry = verified.get(task.name, {})
-        if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
-            on_event("verify", task=task.name)
-            verified[task.name] = {**verify_task(task, func, database, spec, settings), "phase": task.phase,
-                                   **({"search_error": search_error} if search_error else {})}
-            db.save_verified(verified)
-        on_event("task_done", task=task.name, seconds=time.perf_counter() - started, result=verified[task.name])
+        keep(task, done, search_error, started)
+        if left:
+            handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,
+                                {n: len(records_of(database, plan.funcs[n])) for n in tasks_by_name
+                                 if tasks_by_name[n].phase == "mini"})
+            progress[task.name] = {**progress.get(task.name, {}), "handed_back": handed, "handed_trials": left}
+            db.save_progress(progress)
+        for name, target in (handed or {}).items():  # the minis go on with the join's trials
+            mini, started = tasks_by_name[name], time.perf_counter()
+            mini_done = len(records_of(database, plan.funcs[name]))
+            on_event("task", task=name, phase="mini", done=mini_done, budget=target)
+            mini_done, error, _ = search(mini, mini_done, target, stop_when_stable=False, check_join=False)
+            carry += max(0, target - mini_done) if error else 0
+            keep(mini, mini_done, error, started)
     return status(db_dir)
 
 
@@ -791,19 +852,20 @@ def status(db_dir: Path) -> dict:
                 "best_measured_ms": p.get("best_ms"),
                 "rejected": len(v.get("rejected", [])),
                 "search_error": v.get("search_error"),
+                "handed_back": p.get("handed_trials", 0),  # trials a join left to its minis
             }
         )
         if t.phase != "mini":  # what compile --db builds: the faster of the join and its minis
-            options = [v["latency_ms"] if v.get("status") == "verified" else None, _minis_ms(t.name, layout, verified)]
+            options = [v["latency_ms"] if v.get("status") == "verified" else None, _minis_ms(layout.get("minis", {}).get(t.name, []), verified)]
             if any(x is not None for x in options):
                 estimate += min(x for x in options if x is not None) * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
 
 
-def _minis_ms(joined: str, layout: dict, verified: dict) -> float | None:
-    """The verified latencies of a joined task's minis added up (one call each), or None when it has
-    no minis or one of them has no verified schedule."""
-    parts = [verified.get(mini, {}) for mini in layout.get("minis", {}).get(joined, [])]
+def _minis_ms(minis: list[str], verified: dict) -> float | None:
+    """The verified latencies of a joined kernel's minis added up (one call per instance), or None
+    when it has no minis or one of them has no verified schedule."""
+    parts = [verified.get(mini, {}) for mini in minis]
     if not parts or any(e.get("status") != "verified" or e.get("latency_ms") is None for e in parts):
         return None
     return math.fsum(e["latency_ms"] for e in parts)
@@ -833,7 +895,7 @@ def unfuse_slower(plan, db_dir: Path):
         name = layout["group_tasks"][index]
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
         joined = verified.get(name, {})
-        together = _minis_ms(name, layout, verified)
+        together = _minis_ms(layout.get("minis", {}).get(name, []), verified)
         joined_ms = joined.get("latency_ms") if joined.get("status") == "verified" else None
         if minis and together is not None and (joined_ms is None or together < joined_ms):
             groups.extend(minis)

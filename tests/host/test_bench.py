@@ -39,7 +39,7 @@ def test_results_document_schema(document):
         assert len(lat["samples"]) == 6 and lat["n"] == 6  # rounds × calls
         assert 0 < lat["min"] <= lat["p10"] <= lat["median"] <= lat["p90"] <= lat["max"]
         assert len(res["round_medians_ms"]) == 3
-        assert res["peak_rss_mb"] > 0
+        assert res["worker"]["peak_rss_mb"] > 0 and res["model_rss_mb"] is not None
     assert set(tvm["speedup_vs"]) == {"onnxruntime"} and set(ort["speedup_vs"]) == {"tvm-stock"}
     # the two directions are reciprocal round by round
     assert tvm["speedup_vs"]["onnxruntime"]["median"] * ort["speedup_vs"]["tvm-stock"]["median"] == pytest.approx(1.0)
@@ -53,6 +53,39 @@ def test_write_results_gives_json_and_png_without_overwriting(document, tmp_path
     assert json.loads(first.read_text())["schema"] == "agoc.bench/1"
     with Image.open(png) as image:
         assert image.format == "PNG" and image.width > 600 and image.height > 150
+
+
+def test_tvm_variants_share_one_worker_and_are_timed_call_by_call(tmp_path):
+    doc = bench.run_suite(
+        bench.SUITES["tiny"], [Case("tiny-dwsep", (1, 8, 16, 16))], tiny_settings(rounds=2, calls_per_round=3),
+        tmp_path, variants=["tvm-stock", "tvm-ago", "onnxruntime"],
+    )
+    variants = doc["results"][0]["variants"]
+    assert sorted(variants["tvm-stock"]["worker"]["engines"]) == ["tvm-ago", "tvm-stock"]
+    assert variants["tvm-ago"]["worker"] == variants["tvm-stock"]["worker"]
+    assert variants["onnxruntime"]["worker"]["engines"] == ["onnxruntime"]
+    for name in ("tvm-stock", "tvm-ago", "onnxruntime"):
+        assert variants[name]["latency_ms"]["n"] == 6 and len(variants[name]["round_medians_ms"]) == 2
+    assert set(variants["tvm-ago"]["speedup_vs"]) == {"tvm-stock", "onnxruntime"}
+
+
+def test_a_variant_that_does_not_load_fails_alone_in_its_shared_worker(tmp_path):
+    good = bench.run_suite(bench.SUITES["tiny"], [Case("tiny-cnn", (1, 3, 16, 16))], tiny_settings(rounds=1),
+                           tmp_path / "w", variants=["tvm-stock"])
+    artifact = tmp_path / "w" / "tiny-cnn@1x3x16x16" / "tvm-stock"
+    assert good["results"][0]["variants"]["tvm-stock"]["status"] == "ok"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    members = {"tvm-stock": (bench.VARIANTS_BY_NAME["tvm-stock"], artifact),
+               "tvm-ago": (bench.VARIANTS_BY_NAME["tvm-ago"], broken)}
+    worker = bench.Worker(members, tiny_settings())
+    try:
+        assert list(worker.errors) == ["tvm-ago"] and worker.names == ["tvm-stock"]
+        samples, medians, failures = bench._measure([worker], tiny_settings(rounds=2), __import__("random").Random(0),
+                                                    lambda *a, **k: None)
+    finally:
+        worker.close()
+    assert len(samples["tvm-stock"]) == 4 and not failures and "tvm-ago" not in samples
 
 
 def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_path):

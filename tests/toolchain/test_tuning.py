@@ -129,17 +129,22 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
 
 @pytest.fixture
 def fake_search(monkeypatch):
-    """MetaSchedule replaced by a fake search: every trial of a kernel measures 1.0 (so every mini
-    stabilises after its first two windows) and every tuned kernel verifies. Returns the trials
-    (kernel script -> latencies)."""
-    trials: dict = {}
+    """MetaSchedule replaced by a fake search: every trial of a kernel measures 1 ms, or what
+    ``trials.speed_ms[script]`` says (so every mini stabilises after its first two windows), and every
+    tuned kernel verifies at that latency. Returns the trials (kernel script -> latencies in s)."""
+
+    class Trials(dict):
+        speed_ms: dict = {}
+
+    trials = Trials()
+    ms = lambda func: trials.speed_ms.get(func.script(), 1.0)  # noqa: E731
     monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
     monkeypatch.setattr(tuning, "latency", lambda record: record)
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
-                        trials.setdefault(func.script(), []).extend([1.0] * n))
+                        trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
     monkeypatch.setattr(tuning, "verify_task", lambda task, func, *a, **k: {
-        "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": 1.0,
+        "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": ms(func),
         "trials": len(trials.get(func.script(), []))})
     return trials
 
@@ -163,6 +168,39 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     assert [i["budget"] for k, i in events if k == "task" and i["task"] == joined.name] == [used[joined.name]]
     tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+
+
+def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(dwsep_split, tmp_path, fake_search):
+    """Where joining does not pay (here: the joined kernel measures 5 ms, its three minis 1 ms each),
+    the join stops after one batch and its minis tune on with the rest of its budget: the subgraph is
+    built as its minis anyway, so those trials are better spent on them. Nothing more on resume."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    minis = [t for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    trials.speed_ms[plan.funcs[joined.name].script()] = 5.0
+    events = []
+    summary = tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path,
+                                lambda kind, **info: events.append((kind, info)))
+    used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
+    assert used[joined.name] == settings.per_iter  # one batch, then it yields
+    ((_, info),) = [e for e in events if e[0] == "join_yields"]
+    assert info["best_ms"] == 5.0 and info["minis_ms"] == 3.0 and info["left"] == joined.budget - settings.per_iter
+    assert sum(used[t.name] for t in minis) == sum(t.budget for t in minis) + info["left"]  # nothing lost
+    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, settings) == 64
+    rows = {r["task"]: r for r in summary["tasks"]}
+    assert rows[joined.name]["handed_back"] == info["left"]
+    assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+    # a join that keeps up with its minis (1 ms vs 3 ms) spends its whole budget
+    fresh = tmp_path / "fast"
+    trials.clear()
+    trials.speed_ms.clear()
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, fresh)
+    assert len(trials[plan.funcs[joined.name].script()]) == joined.budget
 
 
 def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path, fake_search, monkeypatch):
