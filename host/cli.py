@@ -542,11 +542,13 @@ def tune(
             progress.console.print(f"[yellow]{escape(info['task'])}: the search failed ({escape(info['reason'])}); "
                                    "keeping what it found, going on[/yellow]", soft_wrap=True)
         elif kind == "join_yields":
+            minis = f", its minis together {info['minis_ms']:.4f} ms" if info.get("minis_ms") is not None else ""
             progress.console.print(
-                f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch, its minis together "
-                f"{info['minis_ms']:.4f} ms: its {info['left']} remaining trials go to them[/dim]", soft_wrap=True)
+                f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch{minis} ({info['reason']}): "
+                f"its {info['left']} remaining trials go to its minis[/dim]", soft_wrap=True)
         elif kind == "seeded":
-            progress.console.print(f"[dim]{escape(info['task'])}: starts from the composed mini schedules[/dim]")
+            progress.console.print(f"[dim]{escape(info['task'])}: "
+                                   f"{'composed again from its minis' if info.get('again') else 'starts from the composed mini schedules'}[/dim]")
         elif kind == "task_done":
             r = info["result"]
             note = f"{r.get('latency_ms', 0):.4f} ms verified" if r.get("status") == "verified" else r.get("status")

@@ -148,9 +148,12 @@ def trial_latencies(work_dir: Path) -> list[float]:
 
 
 def workload_module(func):
+    """``func`` alone in a fresh module, as MetaSchedule's workload — a deep copy: in TVM 0.27 a
+    schedule made on a module nothing else holds edits it in place, down to the PrimFunc the module
+    was made from (``Schedule(workload_module(f))`` then ``split`` changed ``f``)."""
     import tvm
 
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
 
 
 def kernel_hash(func) -> str:
@@ -589,9 +592,10 @@ def verify_task(task: Task, func, database, spec, settings: TuneSettings) -> dic
 def compose_joined(joined_func, minis: list[tuple[object, dict]]):
     """Replay each mini's kept trace on the joined kernel (block names mapped); a Schedule, or None.
 
-    ``minis`` holds (trace JSON, block map) pairs. A mini whose trace does not replay (its blocks
-    were already transformed by an earlier mini, a name did not map) is skipped: the joined kernel
-    then starts from the other minis' schedules.
+    ``minis`` holds (trace JSON, block map) pairs. A step that does not replay on the joined kernel
+    (seen: a mini's ``reverse_compute_at`` of a residual add, whose other operand the joined kernel
+    computes itself) is left out when nothing refers to its results, otherwise the trace stops
+    there (:func:`_replay_tolerant`); a mini of which nothing but lookups replays is skipped.
     """
     from tvm import s_tir
 
@@ -600,14 +604,58 @@ def compose_joined(joined_func, minis: list[tuple[object, dict]]):
     for trace_json, block_map in minis:
         if not block_map:
             continue
-        trial = sch.copy()
-        try:
-            s_tir.Trace.apply_json_to_schedule(_rename_blocks(trace_json, block_map), trial)
-        except Exception as exc:  # noqa: BLE001 - any failure to replay: skip this mini
-            log.info("composition skipped a mini: %s", (str(exc).strip().splitlines() or [""])[-1][:200])
+        trial, kept, dropped = _replay_tolerant(sch, _rename_blocks(trace_json, block_map))
+        if dropped:
+            log.info("composition left out %d step(s) of a mini: %s", len(dropped), ", ".join(dropped))
+        if not any(inst[0] not in LOOKUPS for inst in kept[0]):
             continue
         sch, applied = trial, applied + 1
     return sch if applied else None
+
+
+LOOKUPS = ("GetSBlock", "GetBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers")
+
+
+def _replay_tolerant(sch, trace_json, max_dropped: int = 8):
+    """Replay ``trace_json`` on a copy of ``sch``: (the schedule, the trace JSON that replayed, the kinds
+    of the steps left out). The first failing step is found by bisection over prefixes; a step without
+    results is dropped and the rest tried again, one with results ends the trace there."""
+    from tvm import s_tir
+
+    def replays(trace) -> object | None:
+        trial = sch.copy()
+        try:
+            s_tir.Trace.apply_json_to_schedule(trace, trial)
+        except Exception:  # noqa: BLE001 - any failure to replay
+            return None
+        return trial
+
+    insts, decisions = trace_json
+    dropped: list[str] = []
+    while True:
+        done = replays([insts, decisions])
+        if done is not None:
+            return done, [insts, decisions], dropped
+        lo, hi = 0, len(insts)  # prefix lo replays, prefix hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if replays(_prefix(insts, decisions, mid)) is not None:
+                lo = mid
+            else:
+                hi = mid
+        bad = lo  # the first step that fails
+        kind = insts[bad][0]
+        if insts[bad][3] or len(dropped) >= max_dropped:  # later steps may use its results: stop before it
+            dropped.append(f"{kind} and the {len(insts) - bad - 1} steps after it")
+            insts, decisions = _prefix(insts, decisions, bad)
+            continue
+        dropped.append(kind)
+        insts = insts[:bad] + insts[bad + 1:]
+        decisions = [[d[0] - (d[0] > bad), d[1]] for d in decisions if d[0] != bad]
+
+
+def _prefix(insts, decisions, n: int):
+    return [insts[:n], [d for d in decisions if int(d[0]) < n]]
 
 
 def postprocess(sch, spec):
@@ -626,6 +674,50 @@ def postprocess(sch, spec):
         if not proc.apply(sch):
             return None
     return sch
+
+
+def _unroll_of(trace_json) -> int | None:
+    """The auto-unroll depth a MetaSchedule trace gives its kernel (the value of its root's
+    ``meta_schedule.unroll_explicit`` / ``unroll_implicit`` annotation), or None."""
+    insts, decisions = trace_json
+    chosen = {int(d[0]): d[1] for d in decisions}
+    values = {}  # random variable -> value, for the sampled categoricals
+    for index, inst in enumerate(insts):
+        if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
+            values[inst[3][0]] = plain(inst[2][0])[int(chosen[index])]
+        if inst[0] == "Annotate" and inst[2] and str(inst[2][0]).startswith("meta_schedule.unroll"):
+            value = inst[1][1] if len(inst[1]) > 1 else None
+            return int(values.get(value, value)) if isinstance(values.get(value, value), (int, float)) else None
+    return None
+
+
+def restore_unroll(sch, minis: list[tuple[object, dict]]) -> int:
+    """Give each loop nest of a composed, postprocessed kernel its own mini's auto-unroll depth.
+
+    MetaSchedule samples one unroll depth per kernel, as a root annotation; composed, the last mini's
+    depth would rule every nest (measured on a MnasNet join of three convs: 0.19 ms with the right
+    depths, 0.34 with the last mini's 512). Returns how many nests were changed."""
+    nests: list = []  # (outermost loop, its For node, depth): the first mini to claim a nest sets it
+    for trace_json, block_map in minis:
+        depth = _unroll_of(trace_json)
+        if depth is None:
+            continue
+        for name in block_map.values():  # (a reduction block is split into _init / _update by postprocessing)
+            for block in (name, f"{name}_init", f"{name}_update"):
+                try:
+                    loops = sch.get_loops(sch.get_sblock(block))
+                except Exception:  # noqa: BLE001 - inlined, or renamed: nothing of its own
+                    continue
+                if loops and not any(sch.get(loops[0]).same_as(node) for _, node, _ in nests):
+                    nests.append((loops[0], sch.get(loops[0]), depth))
+    for outer, _, depth in nests:
+        for ann in ("pragma_auto_unroll_max_step", "pragma_unroll_explicit"):  # (annotate keeps an existing value)
+            if ann in sch.get(outer).annotations:
+                sch.unannotate(outer, ann)
+        if depth:
+            sch.annotate(outer, "pragma_auto_unroll_max_step", depth)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
+    return len(nests)
 
 
 def _rename_blocks(trace_json, mapping: dict):
@@ -666,6 +758,8 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     sch = compose_joined(func, parts) if parts else None
     if sch is not None:
         sch = postprocess(sch, spec)
+    if sch is not None:
+        restore_unroll(sch, parts)
     if sch is None or dropped_blocks(sch.mod) or parallel_races(sch.mod):
         return False
     built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
@@ -736,17 +830,22 @@ def tune_model(
 
     def search(task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
         """Tune ``task`` until it has ``budget`` records; returns (done, search error, trials handed back).
-        ``check_join``: once the joined kernel has a batch of its own, compare it with its minis
-        together; still slower by more than ``join_margin``: stop, handing the rest back to them."""
+        ``check_join``: once the joined kernel has had a batch of its own, stop and hand the rest back
+        to its minis when it is still slower than they are together (by more than ``join_margin``)
+        or when that batch found nothing faster than its composed seed."""
         func = plan.funcs[task.name]
         checked = False
         while done < budget:
             if check_join and not checked and done >= settings.per_iter:
                 checked = True
                 best_ms = progress.get(task.name, {}).get("best_ms")
+                seed_ms = progress.get(task.name, {}).get("seed_ms")
                 minis_ms = _minis_ms([n for n, _ in plan.compositions.get(task.name, [])], verified)
-                if best_ms is not None and minis_ms is not None and best_ms > minis_ms * (1 + settings.join_margin):
-                    on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, left=budget - done)
+                slower = minis_ms is not None and best_ms is not None and best_ms > minis_ms * (1 + settings.join_margin)
+                stuck = seed_ms is not None and best_ms is not None and best_ms >= seed_ms * (1 - settings.stable_tolerance)
+                if (slower or stuck) and plan.compositions.get(task.name):
+                    on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
+                             left=budget - done, reason="slower than its minis" if slower else "no gain on its seed")
                     return done, None, budget - done
             # a join's first chunk is one batch, so that the comparison above comes early
             chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)
@@ -795,6 +894,10 @@ def tune_model(
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
+                seed = [latency(r) for r in records_of(database, func)]
+                progress[task.name] = {"trials": len(seed), "seed_ms": seed[0] * 1e3 if seed else None,
+                                       "best_ms": min(seed) * 1e3 if seed and min(seed) < math.inf else None}
+                db.save_progress(progress)
             else:  # nothing to start from: one batch of its own at least
                 budget = max(budget, settings.per_iter)
         started = time.perf_counter()
@@ -821,6 +924,12 @@ def tune_model(
             mini_done, error, _ = search(mini, mini_done, target, stop_when_stable=False, check_join=False)
             carry += max(0, target - mini_done) if error else 0
             keep(mini, mini_done, error, started)
+        if handed and not progress[task.name].get("reseeded"):  # compose the minis' better schedules again
+            if seed_joined(task, plan, database, spec, verified, settings, measure):
+                on_event("seeded", task=task.name, again=True)
+                keep(task, len(records_of(database, func)), None, time.perf_counter())
+            progress[task.name]["reseeded"] = True
+            db.save_progress(progress)
     return status(db_dir)
 
 

@@ -5,6 +5,8 @@ is marked slow."""
 import json
 import math
 
+import re
+
 import pytest
 
 import models
@@ -87,6 +89,67 @@ def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
     assert "T.parallel" in composed.mod["main"].script()
     # a trace that names blocks the joined kernel lacks is skipped, not fatal
     assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
+
+
+def test_scheduling_a_workload_leaves_the_kernel_it_was_made_from_as_it_was(dwsep_split):
+    from tvm import s_tir
+
+    func = dwsep_split[-1][1][1]
+    before = func.script()
+    sch = s_tir.Schedule(tuning.workload_module(func))  # a module nothing else holds: edited in place
+    sch.split(sch.get_loops(sch.get_sblock("group_conv2d_nchw"))[1], [None, 2])
+    assert func.script() == before
+
+
+def _mini_trace(func, block: str, unroll: int):
+    """A MetaSchedule-like trace of one mini: split + parallel of ``block``, and the sampled auto-unroll
+    depth as the root annotation (how ParallelizeVectorizeUnroll records it)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tuning.workload_module(func))
+    b = sch.get_sblock(block)
+    outer, _ = sch.split(sch.get_loops(b)[1], [None, 2])
+    sch.parallel(outer)
+    depth = sch.sample_categorical([0, 16, 64, 512], [0.25] * 4, decision=[0, 16, 64, 512].index(unroll))
+    sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", depth)
+    return tuning.plain(sch.trace.as_json())
+
+
+def test_each_composed_nest_keeps_its_own_minis_unroll_depth(dwsep_split):
+    """MetaSchedule keeps one auto-unroll depth per kernel (a root annotation): composed, the last
+    mini's would rule every nest."""
+    _, graph, plan, split, (_, joined), minis = dwsep_split
+    parts = []
+    for i, depth in ((0, 512), (1, 16)):  # the pointwise mini (depth 512), the depthwise one (16)
+        func = minis[i][1]
+        block = next(n for n in tuning._block_names(func) if "conv" in n)
+        trace = _mini_trace(func, block, depth)
+        assert tuning._unroll_of(trace) == depth
+        parts.append((trace, tuning._map_blocks(graph, split.plan.groups[i], plan.groups[0], func, joined)))
+    sch = tuning.postprocess(tuning.compose_joined(joined, parts), SPEC)
+    assert tuning.restore_unroll(sch, parts) >= 2
+    depths = re.findall(r'"pragma_auto_unroll_max_step": (\d+)', sch.mod["main"].script())
+    assert "512" in depths and "16" in depths
+
+
+def test_a_step_that_does_not_replay_on_the_joined_kernel_is_left_out(dwsep_split):
+    """A step without results that fails on the joined kernel is dropped, the rest of the mini's
+    schedule still applies; a failing lookup (a step with results) ends the trace there."""
+    _, graph, plan, split, (_, joined), minis = dwsep_split
+    func = minis[1][1]  # the depthwise mini
+    block = "group_conv2d_nchw"
+    insts, decisions = _mini_trace(func, block, 64)
+    lookup = next(i for i, inst in enumerate(insts) if inst[0] == "GetSBlock" and inst[2][0] == block)
+    # a step that fails anywhere (inlining the conv, a reduction) and has no results, right after the lookup
+    bad = ["ComputeInline", [insts[lookup][3][0]], [], []]
+    trace = [insts[: lookup + 1] + [bad] + insts[lookup + 1:], [[d[0] + (d[0] > lookup), d[1]] for d in decisions]]
+    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], func, joined)
+    replayed, kept, dropped = tuning._replay_tolerant(
+        __import__("tvm").s_tir.Schedule(tuning.workload_module(joined)), tuning._rename_blocks(trace, mapping))
+    assert dropped == ["ComputeInline"] and "T.parallel" in replayed.mod["main"].script()
+    assert tuning._unroll_of(kept) == 64  # decisions re-indexed past the dropped step
+    assert tuning.compose_joined(joined, [(trace, mapping)]) is not None
+    assert tuning.compose_joined(joined, [(trace, {block: "nope"})]) is None  # only the failed lookup: nothing
 
 
 def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
@@ -195,12 +258,43 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
     tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
-    # a join that keeps up with its minis (1 ms vs 3 ms) spends its whole budget
-    fresh = tmp_path / "fast"
+    # a join that keeps up with its minis (1 ms vs 3 ms) and has no seed to beat spends its whole budget
     trials.clear()
     trials.speed_ms.clear()
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, fresh)
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "fast")
     assert len(trials[plan.funcs[joined.name].script()]) == joined.budget
+
+
+def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_to_its_minis(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """At these budgets a joined kernel's search rarely beats the composition of its tuned minis:
+    when its first batch found nothing faster than that seed, the minis get the rest of its budget
+    and the join is composed again from their (better) schedules."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    script = plan.funcs[joined.name].script()
+    seeds = []
+
+    def seed(task, *args, **kwargs):
+        seeds.append(task.name)
+        trials.setdefault(script, []).append(1e-3)  # the composed seed: 1 ms, as fast as the search gets
+        return True
+
+    monkeypatch.setattr(tuning, "seed_joined", seed)
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    ((_, info),) = [e for e in events if e[0] == "join_yields"]
+    assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 1.0
+    assert seeds == [joined.name, joined.name]  # seeded, then seeded again after the minis went on
+    assert len(trials[script]) == 1 + settings.per_iter + 1
+    assert [i.get("again") for k, i in events if k == "seeded"] == [None, True]
+    used = sum(len(v) for k, v in trials.items() if k != script)
+    assert used == sum(t.budget for t in plan.tasks if t.phase == "mini") + info["left"]
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: no third seed, no more trials
+    assert seeds == [joined.name, joined.name] and len(trials[script]) == 1 + settings.per_iter + 1
 
 
 def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path, fake_search, monkeypatch):
