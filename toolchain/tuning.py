@@ -18,7 +18,10 @@ reformer splits S into mini-subgraphs (one complex op each); the minis are tuned
 ``split_fraction`` of S's budget, each stopping early once its best latency stabilises (no gain
 over ``stable_tolerance`` in the last ``stable_window`` trials). Then the minis' best schedules are
 composed onto S's fused kernel (their traces replayed, block names mapped) and that composed
-schedule seeds S's own tuning with the rest of the budget. ``reformer=False`` (AGO-NR) tunes S
+schedule seeds S's own tuning with the rest of the budget (each nest keeping its mini's unroll
+depth). S must earn that budget: when its first batch leaves it slower than its minis together (by
+more than ``join_margin``) or finds nothing faster than its seed, the rest goes back to the minis and
+S is composed once more from their improved schedules. ``reformer=False`` (AGO-NR) tunes S
 directly; ``intensive=False`` (AGO-NI) leaves the intensive-fusion space out; ``partition="stock"``
 tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline).
 
@@ -678,16 +681,16 @@ def postprocess(sch, spec):
 
 def _unroll_of(trace_json) -> int | None:
     """The auto-unroll depth a MetaSchedule trace gives its kernel (the value of its root's
-    ``meta_schedule.unroll_explicit`` / ``unroll_implicit`` annotation), or None."""
+    ``meta_schedule.unroll_explicit`` annotation, a sampled categorical), or None."""
     insts, decisions = trace_json
     chosen = {int(d[0]): d[1] for d in decisions}
     values = {}  # random variable -> value, for the sampled categoricals
     for index, inst in enumerate(insts):
         if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
             values[inst[3][0]] = plain(inst[2][0])[int(chosen[index])]
-        if inst[0] == "Annotate" and inst[2] and str(inst[2][0]).startswith("meta_schedule.unroll"):
-            value = inst[1][1] if len(inst[1]) > 1 else None
-            return int(values.get(value, value)) if isinstance(values.get(value, value), (int, float)) else None
+        if inst[0] == "Annotate" and inst[2] and inst[2][0] == "meta_schedule.unroll_explicit" and len(inst[1]) > 1:
+            value = values.get(inst[1][1], inst[1][1])  # a sampled variable, or a literal
+            return int(value) if isinstance(value, (int, float)) else None
     return None
 
 
@@ -841,8 +844,8 @@ def tune_model(
                 best_ms = progress.get(task.name, {}).get("best_ms")
                 seed_ms = progress.get(task.name, {}).get("seed_ms")
                 minis_ms = _minis_ms([n for n, _ in plan.compositions.get(task.name, [])], verified)
-                slower = minis_ms is not None and best_ms is not None and best_ms > minis_ms * (1 + settings.join_margin)
-                stuck = seed_ms is not None and best_ms is not None and best_ms >= seed_ms * (1 - settings.stable_tolerance)
+                slower = None not in (minis_ms, best_ms) and best_ms > minis_ms * (1 + settings.join_margin)
+                stuck = None not in (seed_ms, best_ms) and best_ms >= seed_ms * (1 - settings.stable_tolerance)
                 if (slower or stuck) and plan.compositions.get(task.name):
                     on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
                              left=budget - done, reason="slower than its minis" if slower else "no gain on its seed")
@@ -965,7 +968,8 @@ def status(db_dir: Path) -> dict:
             }
         )
         if t.phase != "mini":  # what compile --db builds: the faster of the join and its minis
-            options = [v["latency_ms"] if v.get("status") == "verified" else None, _minis_ms(layout.get("minis", {}).get(t.name, []), verified)]
+            options = [v["latency_ms"] if v.get("status") == "verified" else None,
+                       _minis_ms(layout.get("minis", {}).get(t.name, []), verified)]
             if any(x is not None for x in options):
                 estimate += min(x for x in options if x is not None) * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
