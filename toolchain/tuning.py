@@ -129,19 +129,33 @@ def plain(obj):
     return str(obj)
 
 
-def trial_latencies(work_dir: Path) -> list[float]:
-    """Measured latency (s, median of the repeats) of every trial, in the order the tuner committed them.
+def trial_latencies(work_dir: Path, func=None) -> list[float]:
+    """Measured latency (s, median of the repeats) of every trial — of ``func``'s workload only, when
+    given — in the order the tuner committed them (the database itself lists a workload's records
+    best first).
 
     ``JSONDatabase`` appends one line per record to ``database_tuning_record.json``
     as results come in: ``[workload_index, [trace, run_secs, target, args_info]]``
-    (``TuningRecord.as_json``; ``run_secs`` holds one entry per runner repeat).
+    (``TuningRecord.as_json``; ``run_secs`` holds one entry per runner repeat), the index
+    counting lines of ``database_workload.json`` (``[structural hash, module]``).
     A failed build or run is recorded with a run time of 1e10 s; it stays in the
     list as ``inf``.
     """
     path = Path(work_dir) / "database_tuning_record.json"
+    wanted = None
+    if func is not None:
+        import tvm_ffi
+
+        shash = str(tvm_ffi.structural_hash(workload_module(func)) & 0xFFFFFFFFFFFFFFFF)
+        workloads = (Path(work_dir) / "database_workload.json").read_text().splitlines()
+        wanted = {i for i, line in enumerate(workloads) if line.strip() and json.loads(line)[0] == shash}
     out: list[float] = []
+    if not path.exists():
+        return out
     for line in path.read_text().splitlines():
         if not line.strip():
+            continue
+        if wanted is not None and int(line[1:line.index(",")]) not in wanted:
             continue
         _, record = json.loads(line)
         secs = [float(s) for s in (record[1] or [])]
@@ -434,7 +448,8 @@ def _short(value) -> str:
 
 
 def records_of(database, func) -> list:
-    """All tuning records of one kernel (workload), in commit order."""
+    """All tuning records of one kernel (workload), best first (:func:`trial_latencies` has them in
+    commit order)."""
     mod = workload_module(func)
     if not database.has_workload(mod):
         return []
@@ -859,7 +874,7 @@ def tune_model(
                 error = first_line(exc)
                 on_event("search_failed", task=task.name, reason=error)
                 return done, error, 0
-            lat = [latency(r) for r in records_of(database, func)]
+            lat = trial_latencies(db.ms_dir, func)  # in commit order: what stabilised() reads
             done = len(lat)
             best = min(lat) if lat else math.inf
             progress[task.name] = {**progress.get(task.name, {}), "trials": done,
@@ -887,7 +902,7 @@ def tune_model(
     carry = 0  # trials a kernel whose search failed left: the next kernel gets them
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         func = plan.funcs[task.name]
-        lat = [latency(r) for r in records_of(database, func)]
+        lat = trial_latencies(db.ms_dir, func)
         done = len(lat)
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
         if task.phase != "mini":

@@ -101,6 +101,28 @@ def test_scheduling_a_workload_leaves_the_kernel_it_was_made_from_as_it_was(dwse
     assert func.script() == before
 
 
+def test_a_kernels_latencies_come_in_commit_order_the_database_lists_them_best_first(dwsep_split, tmp_path):
+    """stabilised() reads the trials in the order they were measured; MetaSchedule's database hands a
+    workload's records back sorted (with it every mini looked stable after two windows)."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    (_, first), (_, second) = dwsep_split[-1][:2]
+    db = tuning.TuneDB(tmp_path)
+    database = db.ms_database()
+    order = {first: [3e-3, 1e-3, 2e-3], second: [5e-3, 4e-3]}
+    for i in range(3):
+        for func, secs in order.items():
+            if i < len(secs):
+                mod = tuning.workload_module(func)
+                database.commit_tuning_record(ms.database.TuningRecord(
+                    s_tir.Schedule(mod).trace, database.commit_workload(mod), [secs[i]], SPEC.tvm(),
+                    ms.arg_info.ArgInfo.from_prim_func(func)))
+    assert tuning.trial_latencies(db.ms_dir, first) == pytest.approx([3e-3, 1e-3, 2e-3])
+    assert tuning.trial_latencies(db.ms_dir, second) == pytest.approx([5e-3, 4e-3])
+    assert [tuning.latency(r) for r in tuning.records_of(database, first)] == pytest.approx([1e-3, 2e-3, 3e-3])
+
+
 def _mini_trace(func, block: str, unroll: int):
     """A MetaSchedule-like trace of one mini: split + parallel of ``block``, and the sampled auto-unroll
     depth as the root annotation (how ParallelizeVectorizeUnroll records it)."""
@@ -203,6 +225,7 @@ def fake_search(monkeypatch):
     ms = lambda func: trials.speed_ms.get(func.script(), 1.0)  # noqa: E731
     monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
     monkeypatch.setattr(tuning, "latency", lambda record: record)
+    monkeypatch.setattr(tuning, "trial_latencies", lambda work_dir, func: list(trials.get(func.script(), [])))
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
