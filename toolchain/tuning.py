@@ -315,7 +315,10 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         mini_budgets = _budgets([t.weight for t in new], int(share), settings.per_iter)
         tasks.extend(replace(t, budget=b) for t, b in zip(new, mini_budgets))
         final[parent] = replace(parent_task, phase="joined", budget=max(1, parent_task.budget - sum(mini_budgets)))
-    tasks.extend(final.values())
+    # a kernel that is also one of a join's minis (an identical op group elsewhere, tuned once) goes with
+    # the minis, before every join: a join is composed from its minis' verified schedules
+    composed = {name for parts in compositions.values() for name, _ in parts}
+    tasks.extend(sorted(final.values(), key=lambda t: t.phase != "kernel" or t.name not in composed))
     return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of)
 
 
@@ -931,8 +934,8 @@ def tune_model(
         keep(task, done, search_error, started)
         if left:
             handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,
-                                {n: len(records_of(database, plan.funcs[n])) for n in tasks_by_name
-                                 if tasks_by_name[n].phase == "mini"})
+                                {n: len(records_of(database, plan.funcs[n]))
+                                 for n, _ in plan.compositions.get(task.name, [])})
             progress[task.name] = {**progress.get(task.name, {}), "handed_back": handed, "handed_trials": left}
             db.save_progress(progress)
         for name, target in (handed or {}).items():  # the minis go on with the join's trials

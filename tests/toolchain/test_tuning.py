@@ -212,6 +212,20 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
+def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
+    """MnasNet repeats blocks: one op group is a kernel of its own in one place and a mini of a split
+    subgraph in another (one task). A join is composed from its minis' verified schedules, so that
+    kernel must be tuned before the joins (it was not: a join started with one conv unscheduled)."""
+    model = models.build("mnasnet", (1, 3, 56, 56))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    _, plan = tuning.plan_tasks(mod, op_graph(mod), SPEC, tuning.TuneSettings(trials=256))
+    phase = {t.name: t.phase for t in plan.tasks}
+    shared = {n for parts in plan.compositions.values() for n, _ in parts if phase[n] == "kernel"}
+    assert shared  # the case exists
+    first_join = min(i for i, t in enumerate(plan.tasks) if t.phase == "joined")
+    assert all(i < first_join for i, t in enumerate(plan.tasks) if t.name in shared)
+
+
 @pytest.fixture
 def fake_search(monkeypatch):
     """MetaSchedule replaced by a fake search: every trial of a kernel measures 1 ms, or what
