@@ -75,16 +75,13 @@ def _status_mb(key: str) -> float | None:
     return None
 
 
-RUNTIMES = {"tvm": "tvm", "onnxruntime": "onnxruntime"}
-
-
 def _load(entry: dict, threads: int, warmup: int):
     """(the engine's call, MiB its model added to the resident set once loaded and warmed up)."""
     import importlib
 
     from toolchain.artifact import load_artifact
 
-    importlib.import_module(RUNTIMES[entry["engine"]])  # the runtime itself is not the model's memory
+    importlib.import_module(entry["engine"])  # the runtime itself (tvm, onnxruntime) is not the model's memory
     before = _status_mb("VmRSS")
     call = ENGINES[entry["engine"]](load_artifact(entry["artifact"]), threads)
     for _ in range(warmup):

@@ -915,9 +915,9 @@ def tune_model(
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name)
-                seed = [latency(r) for r in records_of(database, func)]
-                progress[task.name] = {"trials": len(seed), "seed_ms": seed[0] * 1e3 if seed else None,
-                                       "best_ms": min(seed) * 1e3 if seed and min(seed) < math.inf else None}
+                (seed,) = trial_latencies(db.ms_dir, func)  # its first and only record
+                seed_ms = seed * 1e3 if seed < math.inf else None
+                progress[task.name] = {"trials": 1, "seed_ms": seed_ms, "best_ms": seed_ms}
                 db.save_progress(progress)
             else:  # nothing to start from: one batch of its own at least
                 budget = max(budget, settings.per_iter)
@@ -934,13 +934,13 @@ def tune_model(
         keep(task, done, search_error, started)
         if left:
             handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,
-                                {n: len(records_of(database, plan.funcs[n]))
+                                {n: len(trial_latencies(db.ms_dir, plan.funcs[n]))
                                  for n, _ in plan.compositions.get(task.name, [])})
             progress[task.name] = {**progress.get(task.name, {}), "handed_back": handed, "handed_trials": left}
             db.save_progress(progress)
         for name, target in (handed or {}).items():  # the minis go on with the join's trials
             mini, started = tasks_by_name[name], time.perf_counter()
-            mini_done = len(records_of(database, plan.funcs[name]))
+            mini_done = len(trial_latencies(db.ms_dir, plan.funcs[name]))
             on_event("task", task=name, phase="mini", done=mini_done, budget=target)
             mini_done, error, _ = search(mini, mini_done, target, stop_when_stable=False, check_join=False)
             carry += max(0, target - mini_done) if error else 0
@@ -948,7 +948,7 @@ def tune_model(
         if handed and not progress[task.name].get("reseeded"):  # compose the minis' better schedules again
             if seed_joined(task, plan, database, spec, verified, settings, measure):
                 on_event("seeded", task=task.name, again=True)
-                keep(task, len(records_of(database, func)), None, time.perf_counter())
+                keep(task, len(trial_latencies(db.ms_dir, func)), None, time.perf_counter())
             progress[task.name]["reseeded"] = True
             db.save_progress(progress)
     return status(db_dir)
