@@ -549,6 +549,13 @@ def tune(
         elif kind == "seeded":
             progress.console.print(f"[dim]{escape(info['task'])}: "
                                    f"{'composed again from its minis' if info.get('again') else 'starts from the composed mini schedules'}[/dim]")
+        elif kind == "pairing":
+            progress.update(state["bar"], description=f"timing {info['task'][:40]} next to its {info['minis']} minis")
+        elif kind == "paired":
+            verdict = (f"error: {escape(info['error'])}" if "error" in info else
+                       f"{info['joined_ms']:.4f} ms, its minis together {info['minis_ms']:.4f} ms → "
+                       f"{'kept' if info['ratio'] >= 1 else 'built as its minis'}")
+            progress.console.print(f"[dim]{escape(info['task'])} timed next to its minis: {verdict}[/dim]", soft_wrap=True)
         elif kind == "task_done":
             r = info["result"]
             note = f"{r.get('latency_ms', 0):.4f} ms verified" if r.get("status") == "verified" else r.get("status")

@@ -288,8 +288,18 @@ def tune_status_table(summary: dict, db_dir) -> Table:
         best = "" if r["best_ms"] is None else f"{r['best_ms']:.4f}"
         table.add_row(r["task"], r["phase"], str(r["calls"]), f"{r['trials']}/{r['budget']}", best,
                       str(r["rejected"]), r["status"] + (" (search failed)" if r.get("search_error") else "")
-                      + (f" ({r['handed_back']} trials to its minis)" if r.get("handed_back") else ""))
+                      + (f" ({r['handed_back']} trials to its minis)" if r.get("handed_back") else "")
+                      + _join_note(r))
     return table
+
+
+def _join_note(row: dict) -> str:
+    """What compile --db builds for a joined row, and on which measurement."""
+    if row.get("build") is None:
+        return ""
+    paired = row.get("paired")
+    timed = f", {paired['ratio']:.2f}× its minis timed together" if paired else ""
+    return f" → built {'joined' if row['build'] == 'joined' else 'as its minis'}{timed}"
 
 
 def rpc_report_table(report: dict) -> Table:

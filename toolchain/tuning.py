@@ -8,7 +8,8 @@ A tuning session works in a database directory that survives interruption::
       tasks.json       the tasks: kernel, phase, members, parent, weight, budget
       ms/              MetaSchedule's JSONDatabase (one line per finished trial; appended as it goes)
       progress.json    per task: trials recorded so far and the best measured latency
-      verified.json    per task: the kept (verified) record, and every candidate rejected, with the reason
+      verified.json    per task: the kept (verified) record, and every candidate rejected, with the reason;
+                       a join's also its timing next to its minis (``paired``)
 
 Re-running ``tune`` on the same DB resumes: trials already recorded count against each task's
 budget and nothing finished is lost. ``compile --db`` applies only verified records.
@@ -21,7 +22,9 @@ composed onto S's fused kernel (their traces replayed, block names mapped) and t
 schedule seeds S's own tuning with the rest of the budget (each nest keeping its mini's unroll
 depth). S must earn that budget: when its first batch leaves it slower than its minis together (by
 more than ``join_margin``) or finds nothing faster than its seed, the rest goes back to the minis and
-S is composed once more from their improved schedules. ``reformer=False`` (AGO-NR) tunes S
+S is composed once more from their improved schedules. Finally each join's kept schedule is timed
+next to its minis' kept schedules (:mod:`toolchain.pairing`): ``compile --db`` builds S as its minis
+when they are faster together. ``reformer=False`` (AGO-NR) tunes S
 directly; ``intensive=False`` (AGO-NI) leaves the intensive-fusion space out; ``partition="stock"``
 tunes TVM's FuseOps kernels with the default space (the Ansor-like baseline).
 
@@ -54,6 +57,7 @@ from typing import Callable
 from toolchain import build, fusion, partition, reform
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
+from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins
 from toolchain.timing import local_runner
 from toolchain.weights import load_model
 
@@ -951,11 +955,15 @@ def tune_model(
                 keep(task, len(trial_latencies(db.ms_dir, func)), None, time.perf_counter())
             progress[task.name]["reseeded"] = True
             db.save_progress(progress)
+    # join or minis: decided on the kept schedules timed together (toolchain/pairing.py)
+    if pair_joins(plan, verified, spec, settings, measure, on_event):
+        db.save_verified(verified)
     return status(db_dir)
 
 
 def status(db_dir: Path) -> dict:
-    """Per task: phase, budget, trials, best verified latency, rejected count; and the model estimate."""
+    """Per task: phase, budget, trials, best verified latency, rejected count, what a join is built as;
+    and the model estimate."""
     db = TuneDB(db_dir)
     session = db.session
     if session is None:
@@ -985,21 +993,14 @@ def status(db_dir: Path) -> dict:
                 "handed_back": p.get("handed_trials", 0),  # trials a join left to its minis
             }
         )
-        if t.phase != "mini":  # what compile --db builds: the faster of the join and its minis
-            options = [v["latency_ms"] if v.get("status") == "verified" else None,
-                       _minis_ms(layout.get("minis", {}).get(t.name, []), verified)]
-            if any(x is not None for x in options):
-                estimate += min(x for x in options if x is not None) * t.calls
+        if t.phase != "mini":  # what compile --db builds: the join or its minis (see pairing.choose)
+            choice = choose(t.name, layout.get("minis", {}).get(t.name, []), verified)
+            rows[-1]["build"] = choice.build if t.phase == "joined" else None
+            rows[-1]["paired"] = v.get("paired") if choice.paired else None
+            chosen = choice.joined_ms if choice.build == "joined" else choice.minis_ms
+            if chosen is not None:
+                estimate += chosen * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
-
-
-def _minis_ms(minis: list[str], verified: dict) -> float | None:
-    """The verified latencies of a joined kernel's minis added up (one call per instance), or None
-    when it has no minis or one of them has no verified schedule."""
-    parts = [verified.get(mini, {}) for mini in minis]
-    if not parts or any(e.get("status") != "verified" or e.get("latency_ms") is None for e in parts):
-        return None
-    return math.fsum(e["latency_ms"] for e in parts)
 
 
 # ----------------------------------------------------------------------------- applying a database
@@ -1025,14 +1026,11 @@ def unfuse_slower(plan, db_dir: Path):
     for index, group in enumerate(plan.groups):
         name = layout["group_tasks"][index]
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
-        joined = verified.get(name, {})
-        together = _minis_ms(layout.get("minis", {}).get(name, []), verified)
-        joined_ms = joined.get("latency_ms") if joined.get("status") == "verified" else None
-        if minis and together is not None and (joined_ms is None or together < joined_ms):
+        choice = choose(name, layout.get("minis", {}).get(name, []), verified)
+        if minis and choice.build == "minis":
             groups.extend(minis)
-            unfused.append({"ops": list(group), "joined_ms": joined_ms, "minis_ms": together, "minis": len(minis),
-                            "reason": "slower than its minis" if joined_ms is not None else
-                            f"no verified schedule ({joined.get('status', 'untuned')})"})
+            unfused.append({"ops": list(group), "joined_ms": choice.joined_ms, "minis_ms": choice.minis_ms,
+                            "minis": len(minis), "paired": choice.paired, "reason": choice.reason})
             continue
         groups.append(tuple(group))
     return replace(plan, groups=tuple(groups)), unfused

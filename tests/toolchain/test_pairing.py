@@ -1,0 +1,93 @@
+"""A join or its minis, decided on their kept schedules timed together (toolchain/pairing.py)."""
+
+import pytest
+
+from toolchain import pairing, tuning
+from tests.toolchain.test_tuning import SPEC, _fake_db, dwsep_split  # noqa: F401 - the fixture
+
+
+def _verified(joined_ms, minis_ms):
+    out = {"J": {"status": "verified", "latency_ms": joined_ms}}
+    out.update({f"m{i}": {"status": "verified", "latency_ms": ms} for i, ms in enumerate(minis_ms)})
+    return out
+
+
+def _pair(verified, ratio, joined_ms=1.0):
+    minis = [k for k in verified if k != "J"]
+    verified["J"]["paired"] = {"joined_ms": joined_ms, "minis_ms": joined_ms * ratio, "ratio": ratio, "rounds": 3,
+                               "of": pairing.pairing_key("J", minis, verified)}
+    return minis
+
+
+def test_without_a_pairing_the_recorded_latencies_decide():
+    verified = _verified(0.5, [0.1, 0.1])
+    choice = pairing.choose("J", ["m0", "m1"], verified)
+    assert (choice.build, choice.paired, choice.reason) == ("minis", False, "slower than its minis")
+    assert choice.minis_ms == pytest.approx(0.2)
+    assert pairing.choose("J", ["m0", "m1"], _verified(0.15, [0.1, 0.1])).build == "joined"
+    unverified = _verified(0.15, [0.1, 0.1])
+    unverified["J"]["status"] = "unverified"
+    assert pairing.choose("J", ["m0", "m1"], unverified).reason == "no verified schedule (unverified)"
+    unverified["m1"]["status"] = "unverified"  # nothing to compare: the subgraph as partitioned
+    assert pairing.choose("J", ["m0", "m1"], unverified).build == "joined"
+
+
+def test_a_current_pairing_overrules_the_recorded_latencies_and_a_stale_one_does_not():
+    verified = _verified(0.5, [0.1, 0.1])  # recorded: the join looks 2.5x slower
+    minis = _pair(verified, ratio=1.2)  # timed together it is 1.2x faster
+    choice = pairing.choose("J", minis, verified)
+    assert (choice.build, choice.paired, choice.joined_ms, choice.minis_ms) == ("joined", True, 1.0, 1.2)
+    verified = _verified(0.15, [0.1, 0.1])  # recorded: the join looks faster
+    minis = _pair(verified, ratio=0.8)
+    assert pairing.choose("J", minis, verified).build == "minis"
+    assert pairing.choose("J", minis, verified).reason == "slower than its minis, timed together"
+    verified["m0"]["latency_ms"] = 0.05  # a mini got a new schedule since: the pairing is stale
+    assert pairing.current_pairing("J", minis, verified) is None
+    assert pairing.choose("J", minis, verified).build == "joined"
+
+
+def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):  # noqa: F811
+    mod, graph, plan, split, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
+    assert tuning.unfuse_slower(plan, tmp_path)[0].groups == split.plan.groups  # recorded: slower
+    verified = db.verified
+    joined = next(t.name for t in db.tasks if t.phase == "joined")
+    minis = db.layout["minis"][joined]
+    verified[joined]["paired"] = {"joined_ms": 0.25, "minis_ms": 0.3, "ratio": 1.2, "rounds": 3,
+                                  "of": pairing.pairing_key(joined, minis, verified)}
+    db.save_verified(verified)
+    assert tuning.unfuse_slower(plan, tmp_path) == (plan, [])  # timed together the join is faster
+    summary = tuning.status(tmp_path)
+    assert summary["estimate_ms"] == pytest.approx(0.25)
+    (row,) = [r for r in summary["tasks"] if r["task"] == joined]
+    assert row["build"] == "joined" and row["paired"]["ratio"] == 1.2
+
+
+def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_split, tmp_path):  # noqa: F811
+    """Real builds and a real runner: the join and its minis (unscheduled traces) in turn, per round."""
+    from tvm import s_tir
+
+    mod, graph, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    (joined,) = plan.compositions
+    minis = [name for name, _ in plan.compositions[joined]]
+    verified = {
+        name: {"status": "verified", "latency_ms": 1.0,
+               "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[name])).trace.as_json())}
+        for name in [joined, *minis]
+    }
+    events = []
+    assert pairing.pair_joins(plan, verified, SPEC, settings, rounds=2,
+                              on_event=lambda kind, **info: events.append((kind, info))) == 1
+    paired = verified[joined]["paired"]
+    assert paired["rounds"] == 2 and paired["joined_ms"] > 0 and paired["minis_ms"] > 0 and paired["ratio"] > 0
+    assert paired["of"] == pairing.pairing_key(joined, minis, verified)
+    assert [k for k, _ in events] == ["pairing", "paired"]
+    assert pairing.pair_joins(plan, verified, SPEC, settings, rounds=2) == 0  # still current: not again
+    verified[minis[0]]["latency_ms"] = 0.5  # a new schedule for a mini: timed again
+    broken = {**verified, minis[1]: {**verified[minis[1]], "trace": [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]}}
+    assert pairing.pair_joins(plan, broken, SPEC, settings, rounds=2) == 0  # a pairing that fails: recorded
+    assert "paired_error" in broken[joined] and "paired" in broken[joined]  # (the stale one is ignored)
+    assert pairing.current_pairing(joined, minis, broken) is None

@@ -1,0 +1,178 @@
+"""Whether a joined kernel pays for itself, decided on measurements taken together.
+
+A join is built as its mini-subgraphs when it is slower than they are together (``tuning.unfuse_slower``).
+The verified latencies the tuner recorded cannot settle that on their own: each was measured when its
+kernel was tuned, minutes apart, and on these shared 2-vCPU machines the same build runs at different
+speeds from one minute — and one process — to the next (measured: one MobileNet-V2 build 2.1-3.2 ms
+within one process, 2.0-3.4 ms between processes; a MobileNet-V2 join recorded at 0.048 ms while tuned
+ran 0.035 ms next to its minis' 0.034). So once every kernel is tuned, each join's kept schedule and its
+minis' kept schedules are built once and timed in turn by one runner — one worker process on this
+machine, one device over RPC — for a few rounds, the order reversed every round; the decision reads
+the median over rounds of the minis' sum divided by the join's time in the same round.
+
+A pairing is stored with the join's verified entry (``verified.json``, key ``paired``) together with
+the recorded latencies it paired; when the join or one of its minis gets a new schedule (a resumed
+session) it no longer matches and is measured again.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+#: rounds of the join and its minis timed in turn (each round: every kernel once, one measurement)
+PAIR_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``compile --db`` builds for one joined subgraph, and on which numbers."""
+
+    build: str  # "joined" | "minis"
+    joined_ms: float | None
+    minis_ms: float | None
+    paired: bool  # True: the numbers were measured together (see the module doc)
+    reason: str = ""
+
+
+def _verified_ms(entry: dict) -> float | None:
+    return entry.get("latency_ms") if entry.get("status") == "verified" else None
+
+
+def minis_ms(minis: list[str], verified: dict) -> float | None:
+    """The recorded (verified) latencies of a join's minis added up, one call each; None when it has no
+    minis or one of them has no verified schedule."""
+    parts = [_verified_ms(verified.get(mini, {})) for mini in minis]
+    return math.fsum(parts) if parts and None not in parts else None
+
+
+def pairing_key(joined: str, minis: list[str], verified: dict) -> dict:
+    """The recorded latencies a pairing was made from: it is current while these are unchanged."""
+    return {name: _verified_ms(verified.get(name, {})) for name in [joined, *minis]}
+
+
+def current_pairing(joined: str, minis: list[str], verified: dict) -> dict | None:
+    paired = verified.get(joined, {}).get("paired")
+    if paired and paired.get("of") == pairing_key(joined, minis, verified):
+        return paired
+    return None
+
+
+def choose(joined: str, minis: list[str], verified: dict) -> Choice:
+    """Joined kernel or its minis: the minis when they are faster together (measured together when a
+    current pairing exists, else the recorded latencies), or when only they have verified schedules."""
+    joined_ms = _verified_ms(verified.get(joined, {}))
+    together = minis_ms(minis, verified)
+    if together is None:
+        return Choice("joined", joined_ms, None, False)
+    if joined_ms is None:
+        status = verified.get(joined, {}).get("status", "untuned")
+        return Choice("minis", None, together, False, f"no verified schedule ({status})")
+    paired = current_pairing(joined, minis, verified)
+    if paired is not None:
+        faster = paired["ratio"] >= 1.0  # the minis' time over the join's, round by round
+        return Choice("joined" if faster else "minis", paired["joined_ms"], paired["minis_ms"], True,
+                      "" if faster else "slower than its minis, timed together")
+    if together < joined_ms:
+        return Choice("minis", joined_ms, together, False, "slower than its minis")
+    return Choice("joined", joined_ms, together, False)
+
+
+def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,
+                  rounds: int = PAIR_ROUNDS) -> list[list[float]]:
+    """Build each (PrimFunc, trace JSON) once and time them all in turn with one runner, ``rounds``
+    times (the order reversed every other round): per round, each kernel's latency in ms.
+    Raises RuntimeError naming the kernel when one does not build or run."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from toolchain.tuning import _builder, _runner, workload_module
+
+    mods = []
+    for func, trace in kernels:
+        sch = s_tir.Schedule(workload_module(func))
+        s_tir.Trace.apply_json_to_schedule(trace, sch)
+        mods.append(sch.mod)
+    built = _builder(spec, measure, 1).build([BuilderInput(m, spec.tvm()) for m in mods])
+    for i, b in enumerate(built):
+        if b.error_msg:
+            raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
+    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func, _ in kernels]
+    runner = _runner(settings, measure)  # one runner: one worker process (or device) for every round
+    table: list[list[float]] = []
+    with tempfile.TemporaryDirectory(prefix="agoc-pair-") as tmp:
+        for r in range(rounds):
+            order = list(range(len(kernels)))
+            if r % 2:
+                order.reverse()
+            inputs = []
+            for i in order:  # a runner may delete what it ran (RPC): every round runs its own copy
+                source = Path(built[i].artifact_path)
+                copy = Path(tmp) / f"r{r}-k{i}{''.join(source.suffixes)}"
+                shutil.copyfile(source, copy)
+                inputs.append(RunnerInput(str(copy), "cpu", args[i]))
+            row = [0.0] * len(kernels)
+            for i, future in zip(order, runner.run(inputs)):
+                result = future.result()
+                if result.error_msg or not result.run_secs:
+                    raise RuntimeError(f"kernel {i} failed to run: {(result.error_msg or 'no timing').strip()[-200:]}")
+                secs = [float(getattr(x, "value", x)) for x in result.run_secs]
+                row[i] = statistics.median(secs) * 1e3
+            table.append(row)
+    for b in built:  # the builder's files (each in a temporary directory of its own)
+        path = Path(b.artifact_path)
+        path.unlink(missing_ok=True)
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass
+    return table
+
+
+def summarise(table: list[list[float]]) -> dict:
+    """A pairing from :func:`time_together`'s rows (the joined kernel first, then its minis)."""
+    joined = [row[0] for row in table]
+    minis = [sum(row[1:]) for row in table]
+    return {
+        "joined_ms": statistics.median(joined),
+        "minis_ms": statistics.median(minis),
+        "ratio": statistics.median(m / j for m, j in zip(minis, joined)),  # > 1: the join is faster
+        "rounds": len(table),
+    }
+
+
+def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lambda kind, **info: None,
+               rounds: int = PAIR_ROUNDS) -> int:
+    """Time every joined kernel with a verified schedule next to its verified minis and store the
+    pairing in ``verified`` (updated in place; the caller saves it). Pairings still current are kept.
+    A pairing that cannot be measured is recorded as ``paired_error`` (the recorded latencies then
+    decide). Returns how many were measured."""
+    measured = 0
+    for joined, parts in plan.compositions.items():
+        minis = [name for name, _ in parts]
+        if _verified_ms(verified.get(joined, {})) is None or minis_ms(minis, verified) is None:
+            continue
+        if current_pairing(joined, minis, verified) is not None:
+            continue
+        on_event("pairing", task=joined, minis=len(minis))
+        kernels = [(plan.funcs[name], verified[name]["trace"]) for name in [joined, *minis]]
+        try:
+            paired = {**summarise(time_together(kernels, spec, settings, measure, rounds)),
+                      "of": pairing_key(joined, minis, verified)}
+        except Exception as exc:  # noqa: BLE001 - a pairing is advice: without it the recorded latencies decide
+            from toolchain.errors import first_line
+
+            verified[joined] = {**verified[joined], "paired_error": first_line(exc)}
+            on_event("paired", task=joined, error=first_line(exc))
+            continue
+        verified[joined] = {k: v for k, v in verified[joined].items() if k != "paired_error"}
+        verified[joined]["paired"] = paired
+        measured += 1
+        on_event("paired", task=joined, **{k: paired[k] for k in ("joined_ms", "minis_ms", "ratio")})
+    return measured
