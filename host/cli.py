@@ -543,6 +543,9 @@ def tune(
                                    "keeping what it found, going on[/yellow]", soft_wrap=True)
         elif kind == "join_yields":
             minis = f", its minis together {info['minis_ms']:.4f} ms" if info.get("minis_ms") is not None else ""
+            if info.get("together"):  # timed in turn with its minis
+                t = info["together"]
+                minis = f"; timed next to its minis {t['joined_ms']:.4f} vs {t['minis_ms']:.4f} ms"
             progress.console.print(
                 f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch{minis} ({info['reason']}): "
                 f"its {info['left']} remaining trials go to its minis[/dim]", soft_wrap=True)

@@ -803,6 +803,24 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 # ----------------------------------------------------------------------------- the session
 
 
+def first_batch_vs_minis(func, minis: list[str], plan: TaskPlan, database, verified: dict, spec,
+                         settings: TuneSettings, measure: "Measure | None" = None) -> dict | None:
+    """A join's best candidate so far timed next to its minis' verified schedules (a pairing, see
+    :func:`toolchain.pairing.summarise`), or None when a mini has none or the timing fails: the
+    recorded latencies then decide whether the join yields its budget."""
+    from toolchain.pairing import summarise, time_together
+
+    records = sorted(records_of(database, func), key=latency)
+    if not records or latency(records[0]) == math.inf or _minis_ms(minis, verified) is None:
+        return None
+    kernels = [(func, plain(records[0].trace.as_json()))] + [(plan.funcs[m], verified[m]["trace"]) for m in minis]
+    try:
+        return summarise(time_together(kernels, spec, settings, measure))
+    except Exception as exc:  # noqa: BLE001 - advice only
+        log.info("timing a join next to its minis failed: %s", first_line(exc))
+        return None
+
+
 def _hand_back(composition: list, tasks: dict[str, Task], left: int, done: dict[str, int]) -> dict[str, int]:
     """A joined kernel's remaining ``left`` trials split over its minis in proportion to their weight
     (largest remainder): {mini task: the number of records it tunes to}."""
@@ -865,12 +883,18 @@ def tune_model(
                 checked = True
                 best_ms = progress.get(task.name, {}).get("best_ms")
                 seed_ms = progress.get(task.name, {}).get("seed_ms")
-                minis_ms = _minis_ms([n for n, _ in plan.compositions.get(task.name, [])], verified)
-                slower = None not in (minis_ms, best_ms) and best_ms > minis_ms * (1 + settings.join_margin)
+                minis = [n for n, _ in plan.compositions.get(task.name, [])]
+                minis_ms = _minis_ms(minis, verified)
+                together = first_batch_vs_minis(func, minis, plan, database, verified, spec, settings, measure)
+                if together is not None:  # timed next to its minis (toolchain/pairing.py)
+                    slower = together["ratio"] * (1 + settings.join_margin) < 1
+                else:
+                    slower = None not in (minis_ms, best_ms) and best_ms > minis_ms * (1 + settings.join_margin)
                 stuck = None not in (seed_ms, best_ms) and best_ms >= seed_ms * (1 - settings.stable_tolerance)
                 if (slower or stuck) and plan.compositions.get(task.name):
                     on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
-                             left=budget - done, reason="slower than its minis" if slower else "no gain on its seed")
+                             left=budget - done, reason="slower than its minis" if slower else "no gain on its seed",
+                             **({"together": together} if together else {}))
                     return done, None, budget - done
             # a join's first chunk is one batch, so that the comparison above comes early
             chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)

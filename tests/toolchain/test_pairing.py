@@ -91,3 +91,30 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     assert pairing.pair_joins(plan, broken, SPEC, settings, rounds=2) == 0  # a pairing that fails: recorded
     assert "paired_error" in broken[joined] and "paired" in broken[joined]  # (the stale one is ignored)
     assert pairing.current_pairing(joined, minis, broken) is None
+
+
+def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):  # noqa: F811
+    """The hand-back check after a join's first batch: its best record so far and its minis' kept
+    schedules, timed in turn; nothing to time while a mini has no verified schedule."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    mod, graph, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    (joined,) = plan.compositions
+    minis = [name for name, _ in plan.compositions[joined]]
+    func = plan.funcs[joined]
+    database = ms.database.MemoryDatabase()
+    assert tuning.first_batch_vs_minis(func, minis, plan, database, {}, SPEC, settings) is None  # no records
+    workload = database.commit_workload(tuning.workload_module(func))
+    trace = s_tir.Schedule(tuning.workload_module(func)).trace
+    database.commit_tuning_record(ms.database.TuningRecord(
+        trace, workload, [0.001], SPEC.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)))
+    verified = {m: {"status": "verified", "latency_ms": 1.0,
+                    "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[m])).trace.as_json())}
+                for m in minis}
+    together = tuning.first_batch_vs_minis(func, minis, plan, database, verified, SPEC, settings)
+    assert together["rounds"] == pairing.PAIR_ROUNDS and together["joined_ms"] > 0 and together["ratio"] > 0
+    verified[minis[0]]["status"] = "unverified"
+    assert tuning.first_batch_vs_minis(func, minis, plan, database, verified, SPEC, settings) is None

@@ -243,7 +243,9 @@ def fake_search(monkeypatch):
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
-    monkeypatch.setattr(tuning, "pair_joins", lambda *a, **k: 0)  # (no schedules to time: tests/toolchain/test_pairing.py)
+    # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
+    monkeypatch.setattr(tuning, "pair_joins", lambda *a, **k: 0)
+    monkeypatch.setattr(tuning, "first_batch_vs_minis", lambda *a, **k: None)
     monkeypatch.setattr(tuning, "verify_task", lambda task, func, *a, **k: {
         "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": ms(func),
         "trials": len(trials.get(func.script(), []))})
