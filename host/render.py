@@ -298,7 +298,7 @@ def _join_note(row: dict) -> str:
     if row.get("build") is None:
         return ""
     paired = row.get("paired")
-    timed = f", {paired['ratio']:.2f}× its minis timed together" if paired else ""
+    timed = f" (timed together: {1 / paired['ratio']:.2f}× its minis' time)" if paired else ""
     return f" → built {'joined' if row['build'] == 'joined' else 'as its minis'}{timed}"
 
 

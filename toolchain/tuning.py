@@ -57,7 +57,7 @@ from typing import Callable
 from toolchain import build, fusion, partition, reform
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
-from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins
+from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, summarise, time_together
 from toolchain.timing import local_runner
 from toolchain.weights import load_model
 
@@ -808,8 +808,6 @@ def first_batch_vs_minis(func, minis: list[str], plan: TaskPlan, database, verif
     """A join's best candidate so far timed next to its minis' verified schedules (a pairing, see
     :func:`toolchain.pairing.summarise`), or None when a mini has none or the timing fails: the
     recorded latencies then decide whether the join yields its budget."""
-    from toolchain.pairing import summarise, time_together
-
     records = sorted(records_of(database, func), key=latency)
     if not records or latency(records[0]) == math.inf or _minis_ms(minis, verified) is None:
         return None
@@ -980,8 +978,8 @@ def tune_model(
             progress[task.name]["reseeded"] = True
             db.save_progress(progress)
     # join or minis: decided on the kept schedules timed together (toolchain/pairing.py)
-    if pair_joins(plan, verified, spec, settings, measure, on_event):
-        db.save_verified(verified)
+    pair_joins(plan, verified, spec, settings, measure, on_event)
+    db.save_verified(verified)
     return status(db_dir)
 
 
@@ -1018,10 +1016,12 @@ def status(db_dir: Path) -> dict:
             }
         )
         if t.phase != "mini":  # what compile --db builds: the join or its minis (see pairing.choose)
-            choice = choose(t.name, layout.get("minis", {}).get(t.name, []), verified)
+            minis = layout.get("minis", {}).get(t.name, [])
+            choice = choose(t.name, minis, verified)
             rows[-1]["build"] = choice.build if t.phase == "joined" else None
             rows[-1]["paired"] = v.get("paired") if choice.paired else None
-            chosen = choice.joined_ms if choice.build == "joined" else choice.minis_ms
+            # (recorded latencies, like every other kernel's: a pairing's were taken in another process)
+            chosen = rows[-1]["best_ms"] if choice.build == "joined" else _minis_ms(minis, verified)
             if chosen is not None:
                 estimate += chosen * t.calls
     return {"session": session, "tasks": rows, "estimate_ms": estimate}

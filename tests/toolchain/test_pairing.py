@@ -59,7 +59,7 @@ def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):  # 
     db.save_verified(verified)
     assert tuning.unfuse_slower(plan, tmp_path) == (plan, [])  # timed together the join is faster
     summary = tuning.status(tmp_path)
-    assert summary["estimate_ms"] == pytest.approx(0.25)
+    assert summary["estimate_ms"] == pytest.approx(0.5)  # the join is built; its recorded latency counts
     (row,) = [r for r in summary["tasks"] if r["task"] == joined]
     assert row["build"] == "joined" and row["paired"]["ratio"] == 1.2
 
