@@ -87,18 +87,13 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
     """Build each (PrimFunc, trace JSON) once and time them all in turn with one runner, ``rounds``
     times (the order reversed every other round): per round, each kernel's latency in ms.
     Raises RuntimeError naming the kernel when one does not build or run."""
-    from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder import BuilderInput
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from toolchain.tuning import _builder, _runner, workload_module
+    from toolchain.tuning import _builder, _runner, scheduled
 
-    mods = []
-    for func, trace in kernels:
-        sch = s_tir.Schedule(workload_module(func))
-        s_tir.Trace.apply_json_to_schedule(trace, sch)
-        mods.append(sch.mod)
+    mods = [scheduled(func, trace).mod for func, trace in kernels]
     built = _builder(spec, measure, 1).build([BuilderInput(m, spec.tvm()) for m in mods])
     for i, b in enumerate(built):
         if b.error_msg:
@@ -147,6 +142,15 @@ def summarise(table: list[list[float]]) -> dict:
     }
 
 
+def time_join(plan, joined: str, joined_trace, verified: dict, spec, settings, measure=None,
+              rounds: int = PAIR_ROUNDS) -> dict:
+    """``joined`` with ``joined_trace`` timed next to its minis' verified schedules: a pairing
+    (:func:`summarise`) without its key. Raises like :func:`time_together`."""
+    minis = [name for name, _ in plan.compositions[joined]]
+    kernels = [(plan.funcs[joined], joined_trace)] + [(plan.funcs[m], verified[m]["trace"]) for m in minis]
+    return summarise(time_together(kernels, spec, settings, measure, rounds))
+
+
 def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lambda kind, **info: None,
                rounds: int = PAIR_ROUNDS) -> int:
     """Time every joined kernel with a verified schedule next to its verified minis and store the
@@ -161,9 +165,8 @@ def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lamb
         if current_pairing(joined, minis, verified) is not None:
             continue
         on_event("pairing", task=joined, minis=len(minis))
-        kernels = [(plan.funcs[name], verified[name]["trace"]) for name in [joined, *minis]]
         try:
-            paired = {**summarise(time_together(kernels, spec, settings, measure, rounds)),
+            paired = {**time_join(plan, joined, verified[joined]["trace"], verified, spec, settings, measure, rounds),
                       "of": pairing_key(joined, minis, verified)}
         except Exception as exc:  # noqa: BLE001 - a pairing is advice: without it the recorded latencies decide
             from toolchain.errors import first_line

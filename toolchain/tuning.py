@@ -57,7 +57,7 @@ from typing import Callable
 from toolchain import build, fusion, partition, reform
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
-from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, summarise, time_together
+from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, time_join
 from toolchain.timing import local_runner
 from toolchain.weights import load_model
 
@@ -175,6 +175,15 @@ def workload_module(func):
     import tvm
 
     return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+
+
+def scheduled(func, trace_json):
+    """``func``'s workload scheduled by a trace (JSON, as the database and verified.json hold it)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(workload_module(func))
+    s_tir.Trace.apply_json_to_schedule(trace_json, sch)
+    return sch
 
 
 def kernel_hash(func) -> str:
@@ -803,17 +812,17 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 # ----------------------------------------------------------------------------- the session
 
 
-def first_batch_vs_minis(func, minis: list[str], plan: TaskPlan, database, verified: dict, spec,
-                         settings: TuneSettings, measure: "Measure | None" = None) -> dict | None:
+def first_batch_vs_minis(joined: str, plan: TaskPlan, database, verified: dict, spec, settings: TuneSettings,
+                         measure: "Measure | None" = None) -> dict | None:
     """A join's best candidate so far timed next to its minis' verified schedules (a pairing, see
-    :func:`toolchain.pairing.summarise`), or None when a mini has none or the timing fails: the
+    :func:`toolchain.pairing.time_join`), or None when a mini has none or the timing fails: the
     recorded latencies then decide whether the join yields its budget."""
-    records = sorted(records_of(database, func), key=latency)
+    records = sorted(records_of(database, plan.funcs[joined]), key=latency)
+    minis = [name for name, _ in plan.compositions.get(joined, [])]
     if not records or latency(records[0]) == math.inf or _minis_ms(minis, verified) is None:
         return None
-    kernels = [(func, plain(records[0].trace.as_json()))] + [(plan.funcs[m], verified[m]["trace"]) for m in minis]
     try:
-        return summarise(time_together(kernels, spec, settings, measure))
+        return time_join(plan, joined, plain(records[0].trace.as_json()), verified, spec, settings, measure)
     except Exception as exc:  # noqa: BLE001 - advice only
         log.info("timing a join next to its minis failed: %s", first_line(exc))
         return None
@@ -881,9 +890,8 @@ def tune_model(
                 checked = True
                 best_ms = progress.get(task.name, {}).get("best_ms")
                 seed_ms = progress.get(task.name, {}).get("seed_ms")
-                minis = [n for n, _ in plan.compositions.get(task.name, [])]
-                minis_ms = _minis_ms(minis, verified)
-                together = first_batch_vs_minis(func, minis, plan, database, verified, spec, settings, measure)
+                minis_ms = _minis_ms([n for n, _ in plan.compositions.get(task.name, [])], verified)
+                together = first_batch_vs_minis(task.name, plan, database, verified, spec, settings, measure)
                 if together is not None:  # timed next to its minis (toolchain/pairing.py)
                     slower = together["ratio"] * (1 + settings.join_margin) < 1
                 else:
@@ -1062,7 +1070,6 @@ def unfuse_slower(plan, db_dir: Path):
 
 def apply_verified(fused_mod, db_dir: Path, spec):
     """Schedule the fused module's kernels with the verified records of ``db_dir`` (others stay default)."""
-    import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
@@ -1082,10 +1089,8 @@ def apply_verified(fused_mod, db_dir: Path, spec):
         entry = verified.get(by_hash.get(digest, ""))
         if not entry or entry.get("status") != "verified":
             continue
-        mod = workload_module(func)
-        sch = tvm.s_tir.Schedule(mod)
-        tvm.s_tir.Trace.apply_json_to_schedule(entry["trace"], sch)
-        workload = memory.commit_workload(mod)
+        sch = scheduled(func, entry["trace"])
+        workload = memory.commit_workload(workload_module(func))
         memory.commit_tuning_record(
             ms.database.TuningRecord(
                 sch.trace, workload, [entry["latency_ms"] / 1e3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)
@@ -1093,5 +1098,5 @@ def apply_verified(fused_mod, db_dir: Path, spec):
         )
         applied += 1
     with spec.tvm(), memory:
-        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
-    return scheduled, applied
+        out = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
+    return out, applied

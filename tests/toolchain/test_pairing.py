@@ -106,7 +106,7 @@ def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):  # noqa: F
     minis = [name for name, _ in plan.compositions[joined]]
     func = plan.funcs[joined]
     database = ms.database.MemoryDatabase()
-    assert tuning.first_batch_vs_minis(func, minis, plan, database, {}, SPEC, settings) is None  # no records
+    assert tuning.first_batch_vs_minis(joined, plan, database, {}, SPEC, settings) is None  # no records
     workload = database.commit_workload(tuning.workload_module(func))
     trace = s_tir.Schedule(tuning.workload_module(func)).trace
     database.commit_tuning_record(ms.database.TuningRecord(
@@ -114,7 +114,7 @@ def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):  # noqa: F
     verified = {m: {"status": "verified", "latency_ms": 1.0,
                     "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[m])).trace.as_json())}
                 for m in minis}
-    together = tuning.first_batch_vs_minis(func, minis, plan, database, verified, SPEC, settings)
+    together = tuning.first_batch_vs_minis(joined, plan, database, verified, SPEC, settings)
     assert together["rounds"] == pairing.PAIR_ROUNDS and together["joined_ms"] > 0 and together["ratio"] > 0
     verified[minis[0]]["status"] = "unverified"
-    assert tuning.first_batch_vs_minis(func, minis, plan, database, verified, SPEC, settings) is None
+    assert tuning.first_batch_vs_minis(joined, plan, database, verified, SPEC, settings) is None
