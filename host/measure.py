@@ -101,7 +101,7 @@ def cleanup(session, remote_path: str | None) -> None:
 
 
 def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: Hygiene,
-             log: str | None = None) -> list[float]:
+             log: str | None = None, pairing: str | None = None) -> list[float]:
     """MetaSchedule ``f_run_evaluator`` with measurement hygiene; logs one line per candidate."""
     if hygiene.cooldown_s > 0:
         time.sleep(hygiene.cooldown_s)
@@ -114,12 +114,46 @@ def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: 
     costs, measurements = measure(rt_mod, device, repeated_args, hygiene.timing)
     after = _sysinfo(session)
     log_line(log, {
-        "status": "ok", "device": after.get("device") or before.get("device", ""),
+        "status": "ok", "purpose": "pairing" if pairing else "candidate", **({"pairing": pairing} if pairing else {}),
+        "device": after.get("device") or before.get("device", ""),
         "median_ms": statistics.median(costs) * 1e3, "spread": spread(costs), "measurements": measurements,
         "cpu_freq_khz": {"before": before.get("cpu_freq_khz", {}), "after": after.get("cpu_freq_khz", {})},
         "thermal_c": {"before": before.get("thermal_c", {}), "after": after.get("thermal_c", {})},
     })
     return costs
+
+
+def time_in_one_session(tracker: tuple[str, int], key: str, hygiene: Hygiene, log: str | None,
+                        paths: list[str], args_info: list, rounds: int) -> list[list[float]]:
+    """``Measure.together`` over a farm: one session from the tracker (so one device), every kernel
+    uploaded and loaded once, then ``rounds`` rounds of each timed in turn (order reversed every
+    other round) with the same hygiene as a candidate; per round, each kernel's median ms. The log
+    lines say ``"purpose": "pairing"`` and, in ``"pairing"``, which call they belong to."""
+    import uuid
+
+    import numpy as np
+    import tvm
+    from tvm import rpc
+
+    from toolchain.pairing import round_order
+
+    session = rpc.connect_tracker(*tracker).request(key, priority=1, session_timeout=hygiene.session_timeout_s)
+    device = session.cpu()
+    rng = np.random.default_rng(0)
+    mods, args = [], []
+    for i, (path, infos) in enumerate(zip(paths, args_info)):
+        remote = f"pair-{i}{''.join(Path(path).suffixes)}"
+        mods.append(upload(session, path, remote))
+        args.append([tvm.runtime.tensor(np.asarray(rng.uniform(-1, 1, [int(d) for d in a.shape]), dtype=str(a.dtype)),
+                                        device) for a in infos])
+    table, call = [], uuid.uuid4().hex[:8]
+    for r in range(rounds):
+        row = [0.0] * len(paths)
+        for i in round_order(len(paths), r):
+            costs = evaluate(session, mods[i], device, None, [args[i]], hygiene, log, pairing=call)
+            row[i] = statistics.median(costs) * 1e3
+        table.append(row)
+    return table
 
 
 def make_rpc_runner(tracker: tuple[str, int], key: str, workers: int, hygiene: Hygiene, log: Path | None = None,

@@ -570,14 +570,16 @@ class RpcSession:
     def measure(self):
         import functools
 
-        from host.measure import export_so, make_rpc_runner
+        from host.measure import export_so, make_rpc_runner, time_in_one_session
         from toolchain.targets import find_compiler
         from toolchain.tuning import Measure
 
         compiler = None if self.spec.runs_on_host else find_compiler(self.spec).path
         runner = make_rpc_runner(self.tracker, self.key, self.servers, self.hygiene, self.log, self.retries)
+        together = functools.partial(time_in_one_session, self.tracker, self.key, self.hygiene,
+                                     str(self.log) if self.log else None)
         return Measure(runner=runner, export=functools.partial(export_so, compiler=compiler),
-                       where=f"rpc:{self.key}@{self.tracker[0]}:{self.tracker[1]}")
+                       where=f"rpc:{self.key}@{self.tracker[0]}:{self.tracker[1]}", together=together)
 
     def report(self) -> dict:
         """Per device: sessions served, sessions lost, runner restarts, state; from the log: measurements."""
@@ -587,9 +589,10 @@ class RpcSession:
         devices = {name: {k: v for k, v in self.agent_status(name).items() if k not in ("device", "port")}
                    for name in self.agents}
         for line in lines:
-            if line.get("status") == "ok":
+            if line.get("status") == "ok":  # a candidate measured, or a kernel timed for a pairing
                 entry = devices.setdefault(line.get("device") or "?", {})
-                entry["measured"] = entry.get("measured", 0) + 1
+                what = "paired" if line.get("purpose") == "pairing" else "measured"
+                entry[what] = entry.get(what, 0) + 1
         return {
             "tracker": f"{self.tracker[0]}:{self.tracker[1]}" if self.tracker else None,
             "key": self.key,

@@ -7,7 +7,8 @@ speeds from one minute — and one process — to the next (measured: one Mobile
 within one process, 2.0-3.4 ms between processes; a MobileNet-V2 join recorded at 0.048 ms while tuned
 ran 0.035 ms next to its minis' 0.034). So once every kernel is tuned, each join's kept schedule and its
 minis' kept schedules are built once and timed in turn by one runner — one worker process on this
-machine, one device over RPC — for a few rounds, the order reversed every round; the decision reads
+machine, one device session over RPC (a farm's runner would spread them over its devices) — for a
+few rounds, the order reversed every round; the decision reads
 the median over rounds of the minis' sum divided by the join's time in the same round.
 
 A pairing is stored with the join's verified entry (``verified.json``, key ``paired``) together with
@@ -17,6 +18,7 @@ session) it no longer matches and is measured again.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import statistics
@@ -84,35 +86,59 @@ def choose(joined: str, minis: list[str], verified: dict) -> Choice:
 
 def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,
                   rounds: int = PAIR_ROUNDS) -> list[list[float]]:
-    """Build each (PrimFunc, trace JSON) once and time them all in turn with one runner, ``rounds``
-    times (the order reversed every other round): per round, each kernel's latency in ms.
+    """Build each (PrimFunc, trace JSON) once and time them all in turn, ``rounds`` times (the order
+    reversed every other round), on one runner — one worker process here, one device session over
+    RPC (``measure.together``): per round, each kernel's latency in ms.
     Raises RuntimeError naming the kernel when one does not build or run."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder import BuilderInput
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from toolchain.tuning import _builder, _runner, scheduled
+    from toolchain.tuning import _builder, scheduled
 
     mods = [scheduled(func, trace).mod for func, trace in kernels]
     built = _builder(spec, measure, 1).build([BuilderInput(m, spec.tvm()) for m in mods])
-    for i, b in enumerate(built):
-        if b.error_msg:
-            raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
-    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func, _ in kernels]
-    runner = _runner(settings, measure)  # one runner: one worker process (or device) for every round
+    try:
+        for i, b in enumerate(built):
+            if b.error_msg:
+                raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
+        paths = [b.artifact_path for b in built]
+        args = [ms.arg_info.ArgInfo.from_prim_func(func) for func, _ in kernels]
+        together = getattr(measure, "together", None) or functools.partial(_rounds_on_runner, settings, measure)
+        return together(paths, args, rounds)
+    finally:
+        for b in built:  # the builder's files (each in a temporary directory of its own)
+            if b.artifact_path:
+                path = Path(b.artifact_path)
+                path.unlink(missing_ok=True)
+                try:
+                    path.parent.rmdir()
+                except OSError:
+                    pass
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """The order kernels are timed in round ``r``: as given, reversed every other round."""
+    return list(range(n))[::-1] if r % 2 else list(range(n))
+
+
+def _rounds_on_runner(settings, measure, paths: list[str], args: list, rounds: int) -> list[list[float]]:
+    """:func:`time_together`'s rounds on MetaSchedule's runner (this machine's: one worker process)."""
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from toolchain.tuning import _runner
+
+    runner = _runner(settings, measure)
     table: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="agoc-pair-") as tmp:
         for r in range(rounds):
-            order = list(range(len(kernels)))
-            if r % 2:
-                order.reverse()
+            order = round_order(len(paths), r)
             inputs = []
-            for i in order:  # a runner may delete what it ran (RPC): every round runs its own copy
-                source = Path(built[i].artifact_path)
+            for i in order:  # a runner may delete what it ran: every round runs its own copy
+                source = Path(paths[i])
                 copy = Path(tmp) / f"r{r}-k{i}{''.join(source.suffixes)}"
                 shutil.copyfile(source, copy)
                 inputs.append(RunnerInput(str(copy), "cpu", args[i]))
-            row = [0.0] * len(kernels)
+            row = [0.0] * len(paths)
             for i, future in zip(order, runner.run(inputs)):
                 result = future.result()
                 if result.error_msg or not result.run_secs:
@@ -120,13 +146,6 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
                 secs = [float(getattr(x, "value", x)) for x in result.run_secs]
                 row[i] = statistics.median(secs) * 1e3
             table.append(row)
-    for b in built:  # the builder's files (each in a temporary directory of its own)
-        path = Path(b.artifact_path)
-        path.unlink(missing_ok=True)
-        try:
-            path.parent.rmdir()
-        except OSError:
-            pass
     return table
 
 

@@ -509,11 +509,14 @@ def space_for(func, spec, intensive: bool):
 class Measure:
     """Where candidates are measured. The default (``None`` everywhere) is this machine:
     MetaSchedule's LocalRunner on the stock export. A device session (host/measure.py) passes
-    its RPC runner and an export that makes a shared object the device loads (cross-compiled)."""
+    its RPC runner and an export that makes a shared object the device loads (cross-compiled), and
+    ``together``: times built kernels in turn in one device session (a farm's runner would spread
+    them over its devices; a pairing compares kernels on one device)."""
 
     runner: object = None
     export: Callable | None = None  # LocalBuilder f_export
     where: str = "local"
+    together: Callable | None = None  # (artifact paths, ArgInfo lists, rounds) -> ms per kernel per round
 
 
 def _builder(spec, measure: "Measure | None", max_workers: int):

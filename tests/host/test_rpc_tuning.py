@@ -99,7 +99,9 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
     assert ok and all(ln["device"] == "qemu" and ln["median_ms"] > 0 for ln in ok)
     assert all("cpu_freq_khz" in ln and "thermal_c" in ln for ln in ok)
     report = json.loads((db / "devices.json").read_text())
-    assert report["devices"]["qemu"]["measured"] == len(ok)
+    assert report["devices"]["qemu"]["measured"] == sum(ln["purpose"] == "candidate" for ln in ok)
+    # the join and its two minis timed in turn on the device, in 3 rounds (PAIR_ROUNDS)
+    assert report["devices"]["qemu"]["paired"] == sum(ln["purpose"] == "pairing" for ln in ok) == 3 * 3
     # every kernel verified; MetaSchedule's records hold the device's latencies
     status = cli("tune", "--status", db)
     assert status.exit_code == 0 and "verified" in status.stdout
@@ -114,15 +116,27 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
 
 
 def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
-    """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run."""
+    """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run; a join
+    and its minis are timed against each other on one of them, never across the two."""
+    from toolchain.pairing import PAIR_ROUNDS
+
     db = sandboxes / "db2"
     result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "qemu", "--device", "emulator-5554",
-                 "--trials", "16", "--per-iter", "8", "--partition", "stock")
+                 "--trials", "16", "--per-iter", "8")
     assert result.exit_code == 0, result.stderr
     report = json.loads((db / "devices.json").read_text())
     measured = {name: d.get("measured", 0) for name, d in report["devices"].items()}
     assert set(measured) == {"qemu", "emulator-5554"}
     assert all(n > 0 for n in measured.values()), measured
+    log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
+    ok = [ln for ln in log if ln["status"] == "ok"]
+    pairings: dict[str, list] = {}
+    for ln in ok:
+        if ln["purpose"] == "pairing":
+            pairings.setdefault(ln["pairing"], []).append(ln)
+    assert pairings, "the join was never timed next to its minis"
+    for lines in pairings.values():  # one pairing: rounds of the join and each of its minis, on one device
+        assert len(lines) % PAIR_ROUNDS == 0 and len({ln["device"] for ln in lines}) == 1, lines
 
 
 def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
