@@ -309,11 +309,12 @@ def rpc_report_table(report: dict) -> Table:
               f"{report.get('retried', 0)} candidates retried after a device failure, {report.get('failed', 0)} failed",
         title_justify="left",
     )
-    for col, just in (("device", "left"), ("measured", "right"), ("sessions", "right"), ("lost sessions", "right"),
-                      ("runner restarts", "right"), ("state", "left")):
+    for col, just in (("device", "left"), ("measured", "right"), ("paired", "right"), ("sessions", "right"),
+                      ("lost sessions", "right"), ("runner restarts", "right"), ("state", "left")):
         table.add_column(col, justify=just)
     for name, d in report.get("devices", {}).items():
-        table.add_row(name, str(d.get("measured", 0)), str(d.get("sessions", "")), str(d.get("failed", "")),
+        table.add_row(name, str(d.get("measured", 0)), str(d.get("paired", 0)), str(d.get("sessions", "")),
+                      str(d.get("failed", "")),
                       str(d.get("restarts", "")), str(d.get("state", "")))
     return table
 
