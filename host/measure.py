@@ -124,14 +124,33 @@ def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: 
 
 
 def time_in_one_session(tracker: tuple[str, int], key: str, hygiene: Hygiene, log: str | None,
-                        paths: list[str], args_info: list, rounds: int) -> list[list[float]]:
+                        paths: list[str], funcs: list, rounds: int) -> list[list[float]]:
     """``Measure.together`` over a farm: one session from the tracker (so one device), every kernel
     uploaded and loaded once, then ``rounds`` rounds of each timed in turn (order reversed every
     other round) with the same hygiene as a candidate; per round, each kernel's median ms. The log
-    lines say ``"purpose": "pairing"`` and, in ``"pairing"``, which call they belong to."""
+    lines say ``"purpose": "pairing"`` and, in ``"pairing"``, which call they belong to.
+
+    The session runs in a child process, as MetaSchedule's runner runs its own: a blocking TVM call
+    holds the interpreter lock, which would stall anything this process relays for the device (the
+    test suite's adb server does); and a device that stops answering costs the session timeout, not
+    the tuning run."""
+    import multiprocessing
+
+    from toolchain.intensive import random_args
+
+    arrays = [random_args(func) for func in funcs]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        job = pool.apply_async(_time_in_session, (tracker, key, hygiene, log, paths, arrays, rounds))
+        try:
+            return job.get(timeout=hygiene.session_timeout_s + 60)
+        except multiprocessing.TimeoutError:
+            raise RuntimeError(f"timing kernels on a '{key}' device took more than "
+                               f"{hygiene.session_timeout_s + 60} s") from None
+
+
+def _time_in_session(tracker, key, hygiene: Hygiene, log, paths, arrays, rounds) -> list[list[float]]:
     import uuid
 
-    import numpy as np
     import tvm
     from tvm import rpc
 
@@ -139,13 +158,10 @@ def time_in_one_session(tracker: tuple[str, int], key: str, hygiene: Hygiene, lo
 
     session = rpc.connect_tracker(*tracker).request(key, priority=1, session_timeout=hygiene.session_timeout_s)
     device = session.cpu()
-    rng = np.random.default_rng(0)
     mods, args = [], []
-    for i, (path, infos) in enumerate(zip(paths, args_info)):
-        remote = f"pair-{i}{''.join(Path(path).suffixes)}"
-        mods.append(upload(session, path, remote))
-        args.append([tvm.runtime.tensor(np.asarray(rng.uniform(-1, 1, [int(d) for d in a.shape]), dtype=str(a.dtype)),
-                                        device) for a in infos])
+    for i, (path, inputs) in enumerate(zip(paths, arrays)):
+        mods.append(upload(session, path, f"pair-{i}{''.join(Path(path).suffixes)}"))
+        args.append([tvm.runtime.tensor(a, device) for a in inputs])
     table, call = [], uuid.uuid4().hex[:8]
     for r in range(rounds):
         row = [0.0] * len(paths)

@@ -90,7 +90,6 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
     reversed every other round), on one runner — one worker process here, one device session over
     RPC (``measure.together``): per round, each kernel's latency in ms.
     Raises RuntimeError naming the kernel when one does not build or run."""
-    from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
     from toolchain.tuning import _builder, scheduled
@@ -102,9 +101,8 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
             if b.error_msg:
                 raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
         paths = [b.artifact_path for b in built]
-        args = [ms.arg_info.ArgInfo.from_prim_func(func) for func, _ in kernels]
         together = getattr(measure, "together", None) or functools.partial(_rounds_on_runner, settings, measure)
-        return together(paths, args, rounds)
+        return together(paths, [func for func, _ in kernels], rounds)
     finally:
         for b in built:  # the builder's files (each in a temporary directory of its own)
             if b.artifact_path:
@@ -121,12 +119,14 @@ def round_order(n: int, r: int) -> list[int]:
     return list(range(n))[::-1] if r % 2 else list(range(n))
 
 
-def _rounds_on_runner(settings, measure, paths: list[str], args: list, rounds: int) -> list[list[float]]:
+def _rounds_on_runner(settings, measure, paths: list[str], funcs: list, rounds: int) -> list[list[float]]:
     """:func:`time_together`'s rounds on MetaSchedule's runner (this machine's: one worker process)."""
+    from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     from toolchain.tuning import _runner
 
+    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     runner = _runner(settings, measure)
     table: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="agoc-pair-") as tmp:

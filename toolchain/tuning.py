@@ -516,7 +516,7 @@ class Measure:
     runner: object = None
     export: Callable | None = None  # LocalBuilder f_export
     where: str = "local"
-    together: Callable | None = None  # (artifact paths, ArgInfo lists, rounds) -> ms per kernel per round
+    together: Callable | None = None  # (artifact paths, their PrimFuncs, rounds) -> ms per kernel per round
 
 
 def _builder(spec, measure: "Measure | None", max_workers: int):

@@ -139,6 +139,16 @@ def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
         assert len(lines) % PAIR_ROUNDS == 0 and len({ln["device"] for ln in lines}) == 1, lines
 
 
+def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandboxes, phone):
+    """The fake adb server relays the phone's forwarded port in this process: timing a join next to
+    its minis must not block it (a blocking TVM call holds the interpreter lock; it hung here once)."""
+    db = sandboxes / "db3"
+    result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "emulator-5554", "--trials", "16", "--per-iter", "8")
+    assert result.exit_code == 0, result.stderr
+    log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
+    assert {ln["device"] for ln in log if ln.get("purpose") == "pairing"} == {"emulator-5554"}
+
+
 def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     """SIGKILL the device's RPC server while it measures: the run finishes on the restarted
     runner, the loss is reported, and every finished record is in the database."""
