@@ -43,6 +43,7 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
     from host.bench import machine_context
     from host.devices import get_device
     from host.measure import Hygiene
+    from toolchain.timing import Timing
     from toolchain import tuning
     from toolchain.targets import resolve_target
     from tvm.s_tir import meta_schedule as ms
@@ -52,7 +53,7 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
                           num_cores=None if dev.kind == "local" else dev.describe().get("cores"))
     label, kernel, func = _kernel(model, spec)
     settings = tuning.TuneSettings(trials=trials, per_iter=per_iter)
-    hygiene = Hygiene()
+    hygiene = Hygiene(Timing(cold=settings.cold_weights))  # as the local runner times
     work = Path(tempfile.mkdtemp(prefix="agoc-bench-rpc-"))
     rows = {"local": [], "rpc": [], "warm-up": []}
 

@@ -456,6 +456,9 @@ def tune(
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
     per_iter: int = typer.Option(16, help="Candidates per search batch."),
+    warm_weights: bool = typer.Option(
+        False, "--warm-weights", help="Time candidates with their weights in cache (repeated calls, as a "
+        "micro-benchmark does) instead of flushed (as the model runs them: the default)."),
     seed: int = typer.Option(0, help="Search seed."),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
@@ -492,6 +495,7 @@ def tune(
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
+        cold_weights=not warm_weights,
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -505,7 +509,7 @@ def tune(
     err_console.print(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where)}: {trials} trials, partition {partition}, "
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
-        f"split {split_fraction:g}, {per_iter}/batch, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"split {split_fraction:g}, {per_iter}/batch, weights {'warm' if warm_weights else 'cold'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -574,7 +578,7 @@ def tune(
     from host.measure import Hygiene
     from toolchain.timing import Timing
 
-    hygiene = Hygiene(Timing(max_spread=max_spread), cooldown_s=cooldown)
+    hygiene = Hygiene(Timing(max_spread=max_spread, cold=settings.cold_weights), cooldown_s=cooldown)
     db.mkdir(parents=True, exist_ok=True)
     session = rpc_mod.RpcSession(
         spec, devices, rpc_mod.parse_address(tracker) if tracker else None, key, hygiene,

@@ -13,6 +13,15 @@ measured cold, so the tuner learned from, and kept, schedules partly by luck.
 :func:`evaluate_local` is a MetaSchedule ``f_run_evaluator`` for ``LocalRunner``; the device
 path (``host/measure.py``) wraps :func:`measure` with its own hygiene (pinning, cool-down,
 frequency logging). No TVM import at module level: the runner's worker processes unpickle it.
+
+Why weights are timed cold (``Timing.cold``, the default for tuning): in a model a kernel's weights
+were last touched one whole inference ago, so they come from memory; timed warm — the same call
+over and over — they sit in cache, and the tuner ranks schedules by a cost the model never sees.
+Measured on MobileNet-V2 (e2e-12, README): the late 960-channel expand conv's warm-best candidate
+ran at 0.23 ms with its weights flushed, the third-best at 0.09; in the model the AGO build lost
+0.34 vs 0.11 ms there. Cold timing flushes every argument but the first (TVM's
+``cache_flush_cpu_non_first_arg``; the first is the input activation, which the previous kernel
+just wrote) before each call and times single calls.
 """
 
 from __future__ import annotations
@@ -36,11 +45,36 @@ class Timing:
     measurements: int = 2  # timed measurements at least; the fastest (lowest median) is kept
     max_spread: float = 0.15  # (max - min) / median of the repeats above this: measure again
     remeasure: int = 2  # at most this many extra measurements
+    cold: bool = False  # flush all arguments but the first before each timed call (see above)
+    cold_calls: int = 30  # cold: single calls timed per measurement
 
 
 def spread(costs: list[float]) -> float:
+    """How much repeats disagree, relative to their median: the full range of a few repeats (each an
+    average of calls), the range between the first and ninth decile of many (single cold calls, of
+    which a few are always interrupted)."""
     med = statistics.median(costs)
-    return (max(costs) - min(costs)) / med if med > 0 else 0.0
+    if med <= 0:
+        return 0.0
+    if len(costs) >= 10:
+        deciles = statistics.quantiles(costs, n=10, method="inclusive")
+        return (deciles[-1] - deciles[0]) / med
+    return (max(costs) - min(costs)) / med
+
+
+#: TVM's pre-call hook (in every runtime, phones' included) that flushes all arguments but the first
+COLD_PREPROC = "cache_flush_cpu_non_first_arg"
+
+
+def evaluator_of(rt_mod, device, timing: Timing):
+    """``rt_mod``'s TVM ``time_evaluator`` as ``timing`` says: warm repeats of ``number`` calls (at
+    least ``min_repeat_ms`` each), or ``cold_calls`` single calls each after a flush."""
+    if timing.cold:
+        return rt_mod.time_evaluator(rt_mod.entry_name, device, number=1, repeat=timing.cold_calls, min_repeat_ms=0,
+                                     f_preproc=COLD_PREPROC)
+    return rt_mod.time_evaluator(
+        rt_mod.entry_name, device, number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms
+    )
 
 
 def warm_up(func, device, repeated_args, warmup_ms: float, calls: int) -> int:
@@ -63,9 +97,7 @@ def measure(rt_mod, device, repeated_args, timing: Timing) -> tuple[list[float],
     measurement (lowest median: slowness here is interference, never the kernel) and how many
     measurements were taken."""
     warm_up(rt_mod[rt_mod.entry_name], device, repeated_args, timing.warmup_ms, timing.warmup_calls)
-    evaluator = rt_mod.time_evaluator(
-        rt_mod.entry_name, device, number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms
-    )
+    evaluator = evaluator_of(rt_mod, device, timing)
     attempts = []
     for _ in range(max(1, timing.measurements) + timing.remeasure):
         costs = []
@@ -80,9 +112,10 @@ def measure(rt_mod, device, repeated_args, timing: Timing) -> tuple[list[float],
 
 def evaluate_local(rt_mod, device, evaluator_config, repeated_args, timing: Timing | None = None) -> list[float]:
     """MetaSchedule ``f_run_evaluator`` (LocalRunner's signature): :func:`measure` with ``timing``
-    (default: ``evaluator_config``'s number / repeat / min_repeat_ms)."""
+    (default: ``evaluator_config``'s number / repeat / min_repeat_ms / cache flush)."""
     if timing is None:
-        timing = Timing(int(evaluator_config.number), int(evaluator_config.repeat), int(evaluator_config.min_repeat_ms))
+        timing = Timing(int(evaluator_config.number), int(evaluator_config.repeat), int(evaluator_config.min_repeat_ms),
+                        cold=bool(getattr(evaluator_config, "enable_cpu_cache_flush", False)))
     return measure(rt_mod, device, repeated_args, timing)[0]
 
 
@@ -95,7 +128,8 @@ def local_runner(timing: Timing | None = None, timeout_sec: int = 60):
     timing = timing or Timing()
     return ms.runner.LocalRunner(
         evaluator_config=ms.runner.EvaluatorConfig(
-            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms, enable_cpu_cache_flush=False
+            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
+            enable_cpu_cache_flush=timing.cold,
         ),
         timeout_sec=timeout_sec,
         f_run_evaluator=functools.partial(evaluate_local, timing=timing),

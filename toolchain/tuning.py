@@ -58,7 +58,7 @@ from toolchain import build, fusion, partition, reform
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, time_join
-from toolchain.timing import local_runner
+from toolchain.timing import Timing, local_runner
 from toolchain.weights import load_model
 
 log = logging.getLogger("agoc.tuning")
@@ -83,6 +83,8 @@ class TuneSettings:
     stable_window: int = 16  # minis stop early when the last window of trials ...
     stable_tolerance: float = 0.02  # ... improved the best latency by less than this
     verify_top: int = 5  # candidates checked, best first, before giving up on a task
+    cold_weights: bool = True  # time candidates with all arguments but the first flushed from cache
+    # (toolchain/timing.py: in a model a kernel's weights come from memory); False: timed warm
     join_margin: float = 0.10  # a join still this much slower than its minis together after its first
     # batch hands the rest of its budget back to them (it would be built as its minis anyway)
     seed: int = 0
@@ -368,8 +370,12 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 # ----------------------------------------------------------------------------- the database directory
 
 
+#: settings added since databases were first made, at the value a database made before them implicitly used
+BEFORE_SETTING = {"cold_weights": False}
+
+
 def _settings_but_trials(settings: dict) -> dict:
-    return {k: v for k, v in {**TuneSettings().to_json(), **settings}.items() if k != "trials"}
+    return {k: v for k, v in {**TuneSettings().to_json(), **BEFORE_SETTING, **settings}.items() if k != "trials"}
 
 
 class TuneDB:
@@ -403,7 +409,7 @@ class TuneDB:
         if existing is not None:
             for key in ("model_sha256", "target", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
-                # (a setting added since a database was made counts at its default)
+                # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((_settings_but_trials(existing[key]), _settings_but_trials(session[key]))
                             if key == "settings" else (existing[key], session[key]))
                 if old != now:
@@ -531,7 +537,7 @@ def _runner(settings: TuneSettings, runner=None):
         runner = runner.runner
     if runner is not None:
         return runner
-    return local_runner()
+    return local_runner(Timing(cold=settings.cold_weights))
 
 
 def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,

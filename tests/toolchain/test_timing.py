@@ -24,7 +24,9 @@ class FakeModule:
 
         return call
 
-    def time_evaluator(self, name, device, number, repeat, min_repeat_ms):
+    def time_evaluator(self, name, device, number, repeat, min_repeat_ms, **kwargs):
+        self.evaluator = {"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms, **kwargs}
+
         def evaluate(*args):
             self.timed += 1
             return SimpleNamespace(results=self.measurements.pop(0))
@@ -66,3 +68,38 @@ def test_local_runner_evaluator_reads_the_config_when_no_timing_is_given():
     mod = FakeModule([[1.0, 1.0], [0.5, 0.5]])
     config = SimpleNamespace(number=1, repeat=2, min_repeat_ms=0)
     assert timing.evaluate_local(mod, DEVICE, config, [()]) == [0.5, 0.5]
+
+
+def test_cold_timing_flushes_all_but_the_first_argument_before_each_single_call():
+    mod = FakeModule([[1.0] * 30, [1.0] * 30])
+    timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, cold=True, cold_calls=30))
+    assert mod.evaluator == {"number": 1, "repeat": 30, "min_repeat_ms": 0, "f_preproc": "cache_flush_cpu_non_first_arg"}
+    warm = FakeModule([[1.0] * 3] * 2)
+    timing.measure(warm, DEVICE, [()], timing.Timing(warmup_ms=0))
+    assert warm.evaluator == {"number": 3, "repeat": 3, "min_repeat_ms": 20}
+    config = SimpleNamespace(number=1, repeat=2, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    cold = FakeModule([[1.0] * 30] * 2)
+    timing.evaluate_local(cold, DEVICE, config, [()])
+    assert cold.evaluator["f_preproc"] == "cache_flush_cpu_non_first_arg"
+
+
+def test_spread_of_many_single_calls_ignores_the_odd_interrupted_one():
+    calls = [1.0] * 28 + [1.02, 5.0]  # one call of thirty preempted
+    assert timing.spread(calls) < 0.05
+    assert timing.spread([1.0, 1.0, 1.5]) == 0.5  # a few averaged repeats: their whole range
+
+
+def test_cold_timing_runs_on_the_tvm_runtime():
+    """TVM's flush hook is found and called by the real evaluator (the tuning default)."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    a, b = te.placeholder((4096,), name="a"), te.placeholder((4096,), name="b")
+    c = te.compute((4096,), lambda i: a[i] + b[i], name="c")
+    lib = tvm.compile(te.create_prim_func([a, b, c]), target="llvm")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ones(4096, "float32"), dev) for _ in range(3)]
+    costs, _ = timing.measure(lib.mod, dev, [args], timing.Timing(warmup_ms=0, cold=True, cold_calls=12))
+    assert len(costs) == 12 and all(c > 0 for c in costs)
+    np.testing.assert_array_equal(args[2].numpy(), 2.0)
