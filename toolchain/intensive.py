@@ -494,12 +494,55 @@ def _rest_complex(sch, pair: IntensivePair) -> list[str]:
     return names[::-1]
 
 
-def space(pair: IntensivePair | None, target, num_cores: int | None = None, check: bool = True):
-    """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None."""
+def shared_consumer(func) -> str | None:
+    """Why TVM's stock space cannot schedule ``func``, or None: a reduction block (a conv, a matmul)
+    whose consumer — past elementwise blocks, which the stock space inlines into it first — also
+    reads another block's output (SqueezeNet's fire module: two convs into one concat).
+    MultiLevelTiling's write fusion moves that consumer under the reduction's tile with
+    ``reverse_compute_at``, which needs every producer there: the whole space generation fails."""
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+
+    def reduces(rv) -> bool:
+        return any(int(iv.iter_type) == 2 for iv in sch.get(rv).iter_vars)
+
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if not reduces(block):
+            continue
+        todo, seen = list(sch.get_consumers(block)), set()
+        while todo:
+            consumer = todo.pop()
+            name = sch.get(consumer).name_hint
+            if name in seen:
+                continue
+            seen.add(name)
+            if len(sch.get_producers(consumer)) > 1:
+                return f"{sch.get(block).name_hint}'s consumer {name} has other producers"
+            if not reduces(consumer):
+                todo.extend(sch.get_consumers(consumer))
+    return None
+
+
+def _rules_without_write_fusion() -> list:
+    """TVM's llvm schedule rules, with MultiLevelTiling's consumer fusion (``reuse_write``) off."""
+    from tvm.s_tir import meta_schedule as ms
+
+    rules = ms.schedule_rule.ScheduleRule.create("llvm")
+    plain = ms.schedule_rule.MultiLevelTiling(structure="SSRSRS", max_innermost_factor=64)
+    return [plain if type(r).__name__ == "MultiLevelTiling" else r for r in rules]
+
+
+def space(pair: IntensivePair | None, target, num_cores: int | None = None, check: bool = True,
+          write_fusion: bool = True):
+    """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None
+    (``write_fusion=False``: with :func:`_rules_without_write_fusion`)."""
     from tvm.s_tir import meta_schedule as ms
 
     if pair is None:
-        return ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs=postprocs(check), mutator_probs="llvm")
+        rules = "llvm" if write_fusion else _rules_without_write_fusion()
+        return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs(check), mutator_probs="llvm")
     return ms.space_generator.ScheduleFn(
         schedule_fn(pair, target, num_cores), sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm"
     )
@@ -511,7 +554,7 @@ class SpaceChoice:
 
     generator: object  # tvm.s_tir.meta_schedule.SpaceGenerator
     pair: IntensivePair | None
-    kind: str  # "intensive" | "intensive+default" | "default"
+    kind: str  # "intensive" | "intensive+default" | "default" | "default-no-write-fusion"
     reason: str
 
 
@@ -547,15 +590,22 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     initialised for it."""
     from tvm.s_tir import meta_schedule as ms
 
-    default = space(None, target, check=check)
+    blocked = shared_consumer(func)  # the stock space then goes without consumer fusion
+    default = space(None, target, check=check, write_fusion=blocked is None)
+
+    def stock(pair, reason: str) -> SpaceChoice:
+        if blocked is None:
+            return SpaceChoice(default, pair, "default", reason)
+        return SpaceChoice(default, pair, "default-no-write-fusion", f"{reason}; {blocked}")
+
     if not intensive:
-        return SpaceChoice(default, None, "default", "intensive fusion disabled")
+        return stock(None, "intensive fusion disabled")
     pair = find_pair(func)
     if pair is None:
-        return SpaceChoice(default, None, "default", "no depthwise/pointwise/matmul fed by another complex op")
+        return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
     why_not = dry_run(func, pair, num_cores=num_cores)
     if why_not:
-        return SpaceChoice(default, pair, "default", f"{pair.kind}: {why_not}")
+        return stock(pair, f"{pair.kind}: {why_not}")
     gen = space(pair, target, num_cores, check)
     if include_default:
         union = ms.space_generator.SpaceGeneratorUnion(
