@@ -49,6 +49,7 @@ class Variant:
     tuned: bool = False  # tuned with the suite's trial budget (same budget for every tuned variant)
     intensive: bool = True  # tuned: offer the intensive-fusion space (False: AGO-NI)
     reformer: bool = True  # tuned: split/join divide-and-conquer (False: AGO-NR)
+    cold_weights: bool = True  # tuned: candidates timed with their weights flushed (False: warm, the old way)
 
 
 #: Every pipeline variant the suites know.
@@ -64,6 +65,10 @@ VARIANTS: tuple[Variant, ...] = (
             intensive=False),
     Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",
             tuned=True, reformer=False),
+    Variant("tvm-stock-tuned-warm", "tvm", "the stock baseline tuned with candidates timed warm (weights in cache)",
+            partition="stock", tuned=True, cold_weights=False),
+    Variant("tvm-ago-tuned-warm", "tvm", "AGO tuned with candidates timed warm (weights in cache)", partition="ago",
+            tuned=True, cold_weights=False),
 )
 VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}
 
@@ -279,7 +284,7 @@ def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: i
     return tuning.TuneSettings(
         trials=settings.trials if trials is None else trials, partition=variant.partition,
         threshold=_threshold(suite),
-        intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed,
+        intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
     )
 
 
