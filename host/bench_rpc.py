@@ -43,9 +43,9 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
     from host.bench import machine_context
     from host.devices import get_device
     from host.measure import Hygiene
-    from toolchain.timing import Timing
     from toolchain import tuning
     from toolchain.targets import resolve_target
+    from toolchain.timing import Timing
     from tvm.s_tir import meta_schedule as ms
 
     dev = get_device(device)

@@ -43,7 +43,7 @@ class Timing:
     warmup_ms: float = WARMUP_MS
     warmup_calls: int = WARMUP_CALLS
     measurements: int = 2  # timed measurements at least; the fastest (lowest median) is kept
-    max_spread: float = 0.15  # (max - min) / median of the repeats above this: measure again
+    max_spread: float = 0.15  # repeats spread (:func:`spread`) more than this: measure again
     remeasure: int = 2  # at most this many extra measurements
     cold: bool = False  # flush all arguments but the first before each timed call (see above)
     cold_calls: int = 30  # cold: single calls timed per measurement
