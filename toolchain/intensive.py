@@ -590,13 +590,12 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     initialised for it."""
     from tvm.s_tir import meta_schedule as ms
 
-    blocked = shared_consumer(func)  # the stock space then goes without consumer fusion
-    default = space(None, target, check=check, write_fusion=blocked is None)
-
     def stock(pair, reason: str) -> SpaceChoice:
+        blocked = shared_consumer(func)  # the stock space then goes without consumer fusion
+        gen = space(None, target, check=check, write_fusion=blocked is None)
         if blocked is None:
-            return SpaceChoice(default, pair, "default", reason)
-        return SpaceChoice(default, pair, "default-no-write-fusion", f"{reason}; {blocked}")
+            return SpaceChoice(gen, pair, "default", reason)
+        return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
     if not intensive:
         return stock(None, "intensive fusion disabled")
@@ -609,7 +608,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     gen = space(pair, target, num_cores, check)
     if include_default:
         union = ms.space_generator.SpaceGeneratorUnion(
-            [gen, default], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",
+            [gen, stock(pair, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",
         )
         return SpaceChoice(union, pair, "intensive+default", f"{pair.kind}, {pair.tiled}")
     return SpaceChoice(gen, pair, "intensive", f"{pair.kind}, {pair.tiled}")

@@ -168,7 +168,7 @@ def test_space_choice():
     assert fallback.kind == "default" and fallback.pair is None
 
 
-def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion(tmp_path):
+def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion():
     """TVM's stock space fails on it as a whole (MultiLevelTiling moves the concat under one conv's
     tile, where the other conv is not): the space leaves consumer fusion out, so the kernel is tuned."""
     from tvm.s_tir import meta_schedule as ms
