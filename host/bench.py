@@ -562,8 +562,31 @@ def run_suite(
         entry["variants"] = run_case(case, chosen, suite, settings, work_dir, rng, on_event)
         document["results"].append(entry)
         on_event("case_done", case=case.label, index=i, total=len(cases), variants=entry["variants"])
+    document["summary"] = {"geomean_speedup": {}}  # over this run's cases (see geomean_speedups)
+    for row in geomean_speedups([document]):
+        document["summary"]["geomean_speedup"].setdefault(row["variant"], {})[row["baseline"]] = row["geomean"]
     document["seconds"] = round(time.time() - started, 1)
     return document
+
+
+def geomean_speedups(documents: list[dict]) -> list[dict]:
+    """Speed-ups summarised over models, as targets are stated ("≥ 1.2× geomean over stock tuned"):
+    per (variant, baseline), each case's speed-up (the median of per-round ratios; a case measured by
+    several runs — several documents — gets the median over them, and its range is kept) and the
+    geometric mean over the cases."""
+    by_pair: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for document in documents:
+        for entry in document["results"]:
+            for name, res in entry["variants"].items():
+                for base, ratio in res.get("speedup_vs", {}).items():
+                    by_pair.setdefault((name, base), {}).setdefault(entry["label"], []).append(ratio["median"])
+    rows = []
+    for (name, base), cases in by_pair.items():
+        per_case = {label: {"median": float(np.median(runs)), "runs": runs} for label, runs in cases.items()}
+        values = np.asarray([c["median"] for c in per_case.values()], dtype=np.float64)
+        rows.append({"variant": name, "baseline": base, "geomean": float(np.exp(np.log(values).mean())),
+                     "cases": per_case})
+    return rows
 
 
 def results_path(out_dir: Path, suite: str, today: datetime.date | None = None) -> Path:

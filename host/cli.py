@@ -749,6 +749,8 @@ def bench_suite(
     console.print(render.bench_table(document))
     if proxy:
         console.print(render.proxy_bench_table(document))
+    if len(document["results"]) > 1:
+        console.print(render.geomean_table(bench.geomean_speedups([document]), 1))
     console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
     if any(r["status"] != "ok" or r["proxy_status"] not in (None, "ok") for r in bench.summary_rows(document)):
         raise typer.Exit(1)
@@ -757,26 +759,35 @@ def bench_suite(
 @app.command("bench-report")
 @_guard
 def bench_report(
-    results: Path = typer.Argument(..., help="A results JSON written by `agoc bench-suite` (bench/results/*.json)."),
-    png: Optional[Path] = typer.Option(None, "--png", help="Also redraw its chart to this PNG."),
+    results: list[Path] = typer.Argument(..., help="Results JSON written by `agoc bench-suite` (bench/results/*.json); "
+                                         "several: their tables, then the geomean speed-ups over all their cases."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Also redraw the (first) run's chart to this PNG."),
 ):
-    """Print the tables of a saved benchmark run (latency, ratios, phone-cache proxy); optionally redraw the chart."""
+    """Print the tables of saved benchmark runs (latency, ratios, phone-cache proxy) and the geomean speed-ups over
+    their cases; optionally redraw the chart."""
     from host import bench
     from host.chart import speedup_chart
 
-    if not results.is_file():
-        raise AgocError(f"{results}: no such file (results are in bench/results/)")
-    try:
-        document = json.loads(results.read_text())
-    except ValueError as exc:
-        raise AgocError(f"{results}: not JSON ({exc})") from None
-    if not isinstance(document, dict) or document.get("schema") != bench.SCHEMA:
-        raise AgocError(f"{results}: not an agoc benchmark result (schema {bench.SCHEMA})")
-    console.print(render.bench_table(document))
-    if document["context"].get("proxy"):
-        console.print(render.proxy_bench_table(document))
+    documents = []
+    for path in results:
+        if not path.is_file():
+            raise AgocError(f"{path}: no such file (results are in bench/results/)")
+        try:
+            document = json.loads(path.read_text())
+        except ValueError as exc:
+            raise AgocError(f"{path}: not JSON ({exc})") from None
+        if not isinstance(document, dict) or document.get("schema") != bench.SCHEMA:
+            raise AgocError(f"{path}: not an agoc benchmark result (schema {bench.SCHEMA})")
+        documents.append(document)
+    for document in documents:
+        console.print(render.bench_table(document))
+        if document["context"].get("proxy"):
+            console.print(render.proxy_bench_table(document))
+    geomeans = bench.geomean_speedups(documents)
+    if geomeans:
+        console.print(render.geomean_table(geomeans, len(documents)))
     if png is not None:
-        speedup_chart(document, png)
+        speedup_chart(documents[0], png)
         console.print(f"[green]✓[/green] {escape(str(png))}")
 
 

@@ -113,6 +113,23 @@ def bench_table(document: dict) -> Table:
     return table
 
 
+def geomean_table(rows: list[dict], runs: int) -> Table:
+    """Speed-ups over the models (``bench.geomean_speedups``): per variant and baseline the geometric mean,
+    and each case's speed-up (the median over the runs that measured it, their range when several did)."""
+    table = Table(title=f"geomean speed-up over the cases ({runs} run{'s' if runs != 1 else ''})", title_justify="left")
+    for col in ("variant", "vs", "geomean", "per case"):
+        table.add_column(col, justify="right" if col == "geomean" else "left")
+    for row in rows:
+        cases = []
+        for label, case in row["cases"].items():
+            spread = f" ({min(case['runs']):.2f}–{max(case['runs']):.2f}, {len(case['runs'])} runs)" \
+                if len(case["runs"]) > 1 else ""
+            cases.append(f"{label.split('@')[0]} {case['median']:.2f}×{spread}")
+        g = row["geomean"]
+        table.add_row(row["variant"], row["baseline"], f"[{'green' if g >= 1 else 'red'}]{g:.2f}×[/]", "; ".join(cases))
+    return table
+
+
 def _mega(value) -> str:
     return "" if value is None else f"{value / 1e6:.2f}"
 

@@ -175,3 +175,45 @@ def test_bench_report_prints_a_saved_run_and_refuses_other_files(document, cli, 
     result = cli("bench-report", other)
     assert result.exit_code == 1 and "not an agoc benchmark result" in result.stderr
     assert "no such file" in cli("bench-report", tmp_path / "missing.json").stderr
+
+
+LATENCY = {"median": 1.0, "p10": 0.9, "p90": 1.1}
+
+
+def _run(*cases):
+    """A results document with only what the geomean reads: per case, the AGO variant's speed-up over stock."""
+    return {"schema": bench.SCHEMA, "suite": "e2e", "context": {"threads": 2, "baselines": ["tvm-stock-tuned"]},
+            "results": [{"label": label, "variants": {
+                "tvm-stock-tuned": {"status": "ok", "latency_ms": LATENCY, "speedup_vs": {}},
+                "tvm-ago-tuned": {"status": "ok", "latency_ms": LATENCY,
+                                  "speedup_vs": {"tvm-stock-tuned": {"median": x, "p10": x, "rounds": 3}}},
+            }} for label, x in cases]}
+
+
+def test_geomean_over_models_takes_each_models_median_over_runs():
+    # mobilenet measured twice (1.0 and 1.5: median 1.25), squeezenet once (2.0): geomean sqrt(1.25 * 2.0)
+    (row,) = bench.geomean_speedups([_run(("mobilenet-v2@1x3x112x112", 1.0), ("squeezenet-1.1@1x3x112x112", 2.0)),
+                                     _run(("mobilenet-v2@1x3x112x112", 1.5))])
+    assert (row["variant"], row["baseline"]) == ("tvm-ago-tuned", "tvm-stock-tuned")
+    assert row["geomean"] == pytest.approx((1.25 * 2.0) ** 0.5)
+    assert row["cases"]["mobilenet-v2@1x3x112x112"] == {"median": 1.25, "runs": [1.0, 1.5]}
+    assert bench.geomean_speedups([_run()]) == []
+
+
+def test_bench_report_of_several_runs_prints_the_geomean_over_their_cases(cli, tmp_path):
+    paths = []
+    for i, cases in enumerate([[("mobilenet-v2@1x3x112x112", 0.5), ("mnasnet@1x3x112x112", 2.0)],
+                               [("mobilenet-v2@1x3x112x112", 0.7)]]):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(_run(*cases)))
+    result = cli("bench-report", *paths)
+    assert result.exit_code == 0, result.stderr
+    assert "geomean speed-up over the cases (2 runs)" in result.stdout
+    assert "1.10×" in result.stdout  # sqrt(0.6 * 2.0)
+    assert "0.50–0.70, 2 runs" in result.stdout
+
+
+def test_a_suite_run_records_its_geomean(document):
+    summary = document["summary"]["geomean_speedup"]
+    ratio = document["results"][0]["variants"]["tvm-stock"]["speedup_vs"]["onnxruntime"]["median"]
+    assert summary["tvm-stock"]["onnxruntime"] == pytest.approx(ratio)  # one case: its own speed-up
