@@ -124,7 +124,7 @@ def geomean_table(rows: list[dict], runs: int) -> Table:
         for label, case in row["cases"].items():
             spread = f" ({min(case['runs']):.2f}–{max(case['runs']):.2f}, {len(case['runs'])} runs)" \
                 if len(case["runs"]) > 1 else ""
-            cases.append(f"{label.split('@')[0]} {case['median']:.2f}×{spread}")
+            cases.append(f"{label} {case['median']:.2f}×{spread}")
         g = row["geomean"]
         table.add_row(row["variant"], row["baseline"], f"[{'green' if g >= 1 else 'red'}]{g:.2f}×[/]", "; ".join(cases))
     return table
