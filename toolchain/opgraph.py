@@ -82,6 +82,12 @@ class OpGraph:
     def complex_ids(self) -> frozenset[str]:
         return frozenset(n.id for n in self.nodes if n.is_complex)
 
+    @property
+    def reducing_ids(self) -> frozenset[str]:
+        """Ops with a reduction loop: every complex op, and the simple reductions (pooling, mean, softmax,
+        norms) that TVM's FuseOps never puts after a conv in one kernel."""
+        return frozenset(n.id for n in self.nodes if n.is_complex or any(b.reduce_extents for b in n.blocks))
+
 
 def _int(expr) -> int:
     return int(expr.value) if hasattr(expr, "value") else int(expr)

@@ -14,8 +14,8 @@ A tuning session works in a database directory that survives interruption::
 Re-running ``tune`` on the same DB resumes: trials already recorded count against each task's
 budget and nothing finished is lost. ``compile --db`` applies only verified records.
 
-Phases (AGO §V). For every subgraph S of the AGO partition holding several complex ops, the
-reformer splits S into mini-subgraphs (one complex op each); the minis are tuned first with
+Phases (AGO §V). For every subgraph S of the AGO partition holding several complex (or other reducing) ops, the
+reformer splits S into mini-subgraphs (one complex or other reducing op each); the minis are tuned first with
 ``split_fraction`` of S's budget, each stopping early once its best latency stabilises (no gain
 over ``stable_tolerance`` in the last ``stable_window`` trials). Then the minis' best schedules are
 composed onto S's fused kernel (their traces replayed, block names mapped) and that composed
@@ -299,7 +299,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
         for parent_index, parent in enumerate(order):
             minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
-            if len(minis) >= 2:  # one complex op: tuned directly
+            if len(minis) >= 2:  # one reducing op: tuned directly
                 minis_of.setdefault(parent, minis)
                 split_of[parent_index] = [g for _, g in minis]
     # a subgraph the reformer splits gets at least a batch per mini (the stock partition gives each of

@@ -138,11 +138,28 @@ def test_no_ago_subgraph_boundary_cuts_a_conv_from_its_epilogue(zoo_plans):
 def test_split_gives_single_complex_minis_and_join_restores_the_plan(zoo_plans):
     name, graph, ago, _ = zoo_plans
     split = reform.split_plan(graph, ago)
-    complex_ids = graph.complex_ids
-    assert all(sum(n in complex_ids for n in mini) <= 1 for mini in split.plan.groups)
+    assert graph.complex_ids < graph.reducing_ids  # pools, means, softmax, norms reduce too
+    assert all(sum(n in graph.reducing_ids for n in mini) <= 1 for mini in split.plan.groups)
     partition.check(graph, split.plan)  # the minis form an acyclic partition too
     assert len(split.plan.groups) >= len(ago.groups)
     assert reform.join_plan(graph, split) == ago
+
+
+def test_split_puts_a_pool_apart_from_the_conv_before_it():
+    # SqueezeNet's AGO subgraphs hold a conv with the max-pool after it (one complex op): split, the pool
+    # is a mini of its own, so the pair is a join (kept only if timed faster than the conv's and the
+    # pool's kernels) rather than one kernel tuned with no alternative
+    _, _, mod = legalized("squeezenet-1.1", (1, 3, 56, 56))
+    graph = op_graph(mod)
+    ago = partition.plan("ago", mod, SPEC, graph=graph)
+    split = reform.split_plan(graph, ago)
+    func = {n.id: n.func for n in graph.nodes}
+    pools = [x for group in ago.groups for x in group if func[x].startswith("max_pool2d")]
+    with_conv = [x for x in pools if any(y in graph.complex_ids for y in next(g for g in ago.groups if x in g))]
+    assert len(pools) == 3 and with_conv
+    for pool in with_conv:
+        mini = next(m for m in split.plan.groups if pool in m)
+        assert not set(mini) & graph.complex_ids, [func[x] for x in mini]
 
 
 def test_partition_cli_json_explain_dot(cli, tmp_path):
