@@ -954,6 +954,9 @@ def tune_model(
         if task.phase != "mini":
             budget, carry = budget + carry, 0
         handed = progress.get(task.name, {}).get("handed_back")  # {mini: trials it tunes to}, when resumed
+        if handed:  # a database from an older split may name minis this plan no longer has: those are gone
+            current = {name for name, _ in plan.compositions.get(task.name, [])}
+            handed = {name: n for name, n in handed.items() if name in current}
         on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
         if task.phase == "joined" and done == 0:
             if seed_joined(task, plan, database, spec, verified, settings, measure):

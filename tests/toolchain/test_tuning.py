@@ -298,6 +298,13 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
     tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+    # a database whose join handed trials to a mini an older split had (not in this plan): resuming skips it
+    db = tuning.TuneDB(tmp_path)
+    progress = db.progress
+    progress[joined.name]["handed_back"]["fused_gone-000000000000"] = 99
+    db.save_progress(progress)
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
+    assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
     # a join that keeps up with its minis (1 ms vs 3 ms) and has no seed to beat spends its whole budget
     trials.clear()
     trials.speed_ms.clear()
