@@ -1,5 +1,5 @@
 """AGO's reformer layer (§V) on partition plans: split every subgraph into
-mini-subgraphs (at most one complex op each — one reducing op, see below — by Cluster), and join them back.
+mini-subgraphs (AGO: at most one complex op each; here one reducing op, see below; by Cluster), and join them back.
 
 One deviation from AGO, measured: a mini holds at most one op *with a reduction* —
 a complex op, or a pooling / mean / softmax / norm op. AGO's minis bound the complex
