@@ -66,6 +66,11 @@ class OpNode:
     def is_complex(self) -> bool:
         return self.op_class in COMPLEX_CLASSES
 
+    @property
+    def reduces(self) -> bool:
+        """Has a reduction loop: every complex op, and the simple reductions (pooling, mean, softmax, norms)."""
+        return self.is_complex or any(b.reduce_extents for b in self.blocks)
+
 
 @dataclass(frozen=True)
 class OpGraph:
@@ -84,9 +89,9 @@ class OpGraph:
 
     @property
     def reducing_ids(self) -> frozenset[str]:
-        """Ops with a reduction loop: every complex op, and the simple reductions (pooling, mean, softmax,
-        norms) that TVM's FuseOps never puts after a conv in one kernel."""
-        return frozenset(n.id for n in self.nodes if n.is_complex or any(b.reduce_extents for b in n.blocks))
+        """Ops with a reduction loop (:attr:`OpNode.reduces`): TVM's FuseOps never puts a simple one after a
+        conv in one kernel."""
+        return frozenset(n.id for n in self.nodes if n.reduces)
 
 
 def _int(expr) -> int:

@@ -143,7 +143,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     unit_of: dict[str, str] = {n.id: n.id for n in graph.nodes if n.is_complex}
     members: dict[str, list[str]] = {head: [head] for head in unit_of}
     for n in graph.nodes:
-        if n.is_complex or any(b.reduce_extents for b in n.blocks):
+        if n.reduces:
             continue
         for p in producers[n.id]:
             tail = p in unit_of and members[unit_of[p]][-1] == p
