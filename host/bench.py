@@ -288,17 +288,53 @@ def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: i
     )
 
 
+def _case_model(case: Case, settings: Settings):
+    """(ONNX model, target spec) of a case."""
+    import models as zoo
+    from toolchain.targets import resolve_target
+
+    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads)
+
+
+def _legalized(model, spec):
+    """The legalized Relax module of ``model`` (what is partitioned and tuned)."""
+    from toolchain import build, onnx_import
+
+    return build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+
+
+#: Partitioning time is the median of this many runs of each partitioner on the case's op graph.
+PARTITION_REPEATS = 5
+
+
+def partition_figures(case: Case, suite: Suite, settings: Settings) -> dict:
+    """The case's AGO and stock partitions as ``agoc partition --json`` reports them (subgraphs, trivial, Jain,
+    complex chains, ...), with the partitioning time the median of :data:`PARTITION_REPEATS` runs; ``ops`` and
+    ``graph_seconds``: the op graph both partition (extracted once, its time apart)."""
+    from toolchain import partition
+    from toolchain.opgraph import op_graph
+
+    model, spec = _case_model(case, settings)
+    mod = _legalized(model, spec)
+    started = time.perf_counter()
+    graph = op_graph(mod)
+    figures: dict = {"ops": len(graph.nodes), "graph_seconds": round(time.perf_counter() - started, 3)}
+    for method in ("ago", "stock"):
+        plans = [partition.plan(method, mod, spec, _threshold(suite), graph) for _ in range(PARTITION_REPEATS)]
+        partition.check(graph, plans[0])
+        seconds = sorted(p.seconds for p in plans)[len(plans) // 2]
+        figures[method] = {**partition.stats(graph, plans[0]), "seconds": round(seconds, 4)}
+    return figures
+
+
 def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Settings) -> int:
     """The case's trial budget, the same for every tuned variant: the suite's, raised (in whole search
     batches) until no variant's plan needs more, since every kernel gets at least one batch and the
     stock partition of a large model has more kernels than the suite's budget has batches."""
-    import models as zoo
-    from toolchain import build, onnx_import, tuning
-    from toolchain.targets import resolve_target
+    from toolchain import tuning
 
-    spec = resolve_target(settings.target, num_cores=settings.threads)
-    model = zoo.build(case.model, case.shape)
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+    model, spec = _case_model(case, settings)
+    mod = _legalized(model, spec)
     batch = tuning.TuneSettings().per_iter
     budget = settings.trials
     for _ in range(4):  # the plans are in whole batches: this settles in one or two steps
@@ -312,24 +348,22 @@ def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Setti
 def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
                      on_event) -> tuple[dict, Path | None]:
     """Compile (tuning first if the variant is tuned) + verify one TVM variant; (record, artifact dir or None)."""
-    import models as zoo
     from host.devices import LocalDevice
-    from toolchain import build, onnx_import, tuning
+    from toolchain import onnx_import, tuning
     from toolchain.errors import AgocError, first_line
     from toolchain.pipeline import CompileRequest, compile_model
-    from toolchain.targets import find_compiler, resolve_target
+    from toolchain.targets import find_compiler
     from toolchain.verify import verify_artifact
 
     out = work_dir / case.label / variant.name
     record: dict = {"status": "ok"}
     threshold = _threshold(suite)
     try:
-        spec = resolve_target(settings.target, num_cores=settings.threads)
-        model = zoo.build(case.model, case.shape)
+        model, spec = _case_model(case, settings)
         db = None
         if variant.tuned:
             db = work_dir / case.label / f"{variant.name}.db"
-            mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+            mod = _legalized(model, spec)
             started = time.perf_counter()
             summary = tuning.tune_model(
                 mod, onnx_import.model_hash(model), spec, _tune_settings(variant, suite, settings), db,
@@ -559,6 +593,11 @@ def run_suite(
     for i, case in enumerate(cases):
         on_event("case", case=case.label, index=i, total=len(cases))
         entry = {"model": case.model, "shape": list(case.shape), "label": case.label}
+        on_event("stage", case=case.label, stage="partitioning (AGO and stock)")
+        try:
+            entry["partition"] = partition_figures(case, suite, settings)
+        except Exception as exc:  # noqa: BLE001 - the variants report their own failures; keep the case
+            entry["partition"] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         entry["variants"] = run_case(case, chosen, suite, settings, work_dir, rng, on_event)
         document["results"].append(entry)
         on_event("case_done", case=case.label, index=i, total=len(cases), variants=entry["variants"])

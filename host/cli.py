@@ -747,6 +747,7 @@ def bench_suite(
         document = bench.run_suite(bench.SUITES[suite], cases, settings, work_dir, chosen, on_event)
     json_path, png_path = bench.write_results(document, out)
     console.print(render.bench_table(document))
+    console.print(render.partition_bench_table(document))
     if proxy:
         console.print(render.proxy_bench_table(document))
     if len(document["results"]) > 1:
@@ -781,6 +782,8 @@ def bench_report(
         documents.append(document)
     for document in documents:
         console.print(render.bench_table(document))
+        if any("partition" in entry for entry in document["results"]):
+            console.print(render.partition_bench_table(document))
         if document["context"].get("proxy"):
             console.print(render.proxy_bench_table(document))
     geomeans = bench.geomean_speedups(documents)

@@ -113,6 +113,27 @@ def bench_table(document: dict) -> Table:
     return table
 
 
+def partition_bench_table(document: dict) -> Table:
+    """Per case: AGO's partition beside the stock one (what ``agoc partition`` prints), and how long AGO took."""
+    table = Table(title="partitions (AGO | stock TVM)", title_justify="left")
+    for col in ("case", "ops", "subgraphs", "trivial", "Jain", "partitioning ms", "complex chains (AGO)"):
+        table.add_column(col, justify="left" if col in ("case", "complex chains (AGO)") else "right")
+    for entry in document["results"]:
+        fig = entry.get("partition")
+        if fig is None:
+            continue
+        if "ago" not in fig:
+            table.add_row(entry["label"], "", f"[red]{fig.get('status', 'failed')}[/red]", fig.get("reason", "")[:60])
+            continue
+        ago, stock = fig["ago"], fig["stock"]
+        table.add_row(
+            entry["label"], str(fig["ops"]), f"{ago['subgraphs']} | {stock['subgraphs']}",
+            f"{ago['trivial']} | {stock['trivial']}", f"{ago['jain']:.2f} | {stock['jain']:.2f}",
+            f"{ago['seconds'] * 1e3:.1f} | {stock['seconds'] * 1e3:.1f}", chains_cell(ago["chains"]),
+        )
+    return table
+
+
 def geomean_table(rows: list[dict], runs: int) -> Table:
     """Speed-ups over the models (``bench.geomean_speedups``): per variant and baseline the geometric mean,
     and each case's speed-up (the median over the runs that measured it, their range when several did)."""
@@ -228,7 +249,19 @@ def partition_stats_table(label: str, summary: dict, threshold: float, trivial_c
     table.add_column("stock TVM", justify="right")
     for key, name, fmt in STAT_ROWS:
         table.add_row(name, fmt.format(summary["ago"][key]), fmt.format(summary["stock"][key]))
+    table.add_row("complex chains in one subgraph", chains_cell(summary["ago"]["chains"]),
+                  chains_cell(summary["stock"]["chains"]))
     return table
+
+
+_SHORT_CLASS = {"pointwise_conv": "pw", "depthwise_conv": "dw"}
+
+
+def chains_cell(chains: dict[str, int]) -> str:
+    """``{"pointwise_conv→depthwise_conv": 7, ...}`` → ``"pw→dw 7, ..."``."""
+    def short(pair: str) -> str:
+        return "→".join(_SHORT_CLASS.get(k, k) for k in pair.split("→"))
+    return ", ".join(f"{short(p)} {n}" for p, n in chains.items()) or "none"
 
 
 def subgraphs_table(graph, plan, trivial_cut: float) -> Table:

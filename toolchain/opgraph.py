@@ -67,6 +67,11 @@ class OpNode:
         return self.op_class in COMPLEX_CLASSES
 
     @property
+    def kind(self) -> str:
+        """The op's name without LegalizeOps' numbering (``reshape12`` → ``reshape``); complex ops: their class."""
+        return self.op_class if self.is_complex else op_base(self.func)
+
+    @property
     def reduces(self) -> bool:
         """Has a reduction loop: every complex op, and the simple reductions (pooling, mean, softmax, norms)."""
         return self.is_complex or any(b.reduce_extents for b in self.blocks)
@@ -118,8 +123,13 @@ def block_nests(func) -> tuple[BlockNest, ...]:
     return tuple(nests)
 
 
+def op_base(func_name: str) -> str:
+    """A PrimFunc name without the number LegalizeOps appends to repeated ops."""
+    return re.sub(r"\d+$", "", func_name)
+
+
 def classify(func_name: str, blocks: tuple[BlockNest, ...], shape: tuple[int, ...]) -> str:
-    base = re.sub(r"\d+$", "", func_name)
+    base = op_base(func_name)
     op_class = next((cls for prefix, cls in OP_CLASSES if base.startswith(prefix)), "simple")
     if op_class != "conv":
         return op_class

@@ -183,8 +183,51 @@ def check(graph: OpGraph, plan_: PartitionPlan) -> None:
     clustering.check_partition(g, plan_.groups)
 
 
+@dataclass(frozen=True)
+class Chain:
+    """Two complex ops in one subgraph, the second fed by the first through simple ops of that subgraph only."""
+
+    group: int
+    ops: tuple[str, ...]  # node ids, first and last complex
+    kinds: tuple[str, ...]  # OpNode.kind of each, e.g. ("matmul", "transpose", "reshape", "matmul")
+
+    @property
+    def pair(self) -> str:
+        return f"{self.kinds[0]}→{self.kinds[-1]}"
+
+
+def chains(graph: OpGraph, groups) -> list[Chain]:
+    """Every complex→…→complex path that stays inside one subgraph (the fusions AGO's partition makes
+    possible: pw→dw, dw→pw, matmul→reshape→transpose→matmul ...)."""
+    node = {n.id: n for n in graph.nodes}
+    group_of = {m: i for i, g in enumerate(groups) for m in g}
+    succ: dict[str, list[str]] = {}
+    for a, b in graph.edges:
+        if group_of[a] == group_of[b]:
+            succ.setdefault(a, []).append(b)
+    found = []
+    for start in graph.nodes:
+        if not start.is_complex:
+            continue
+        paths = [(start.id,)]
+        while paths:
+            path = paths.pop()
+            for nxt in succ.get(path[-1], ()):
+                if node[nxt].is_complex:
+                    ops = (*path, nxt)
+                    found.append(Chain(group_of[start.id], ops, tuple(node[o].kind for o in ops)))
+                else:
+                    paths.append((*path, nxt))
+    return found
+
+
 def stats(graph: OpGraph, plan_: PartitionPlan, trivial_cut: float = TRIVIAL_CUT) -> dict:
-    """AGO's partition statistics (subgraphs, trivial, mean/median weight, Jain index, ...)."""
+    """AGO's partition statistics (subgraphs, trivial, mean/median weight, Jain index, ...), and how many
+    pairs of complex ops each subgraph chains (``chains``: {"pointwise_conv→depthwise_conv": n, ...})."""
     g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
     result = clustering.partition_stats(g, plan_.groups, trivial_cut)
-    return {**result, "seconds": round(plan_.seconds, 3)}
+    pairs: dict[str, set] = {}
+    for c in chains(graph, plan_.groups):
+        pairs.setdefault(c.pair, set()).add((c.ops[0], c.ops[-1]))
+    counts = {pair: len(ends) for pair, ends in sorted(pairs.items(), key=lambda kv: (-len(kv[1]), kv[0]))}
+    return {**result, "chains": counts, "seconds": round(plan_.seconds, 3)}

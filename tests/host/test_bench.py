@@ -46,6 +46,16 @@ def test_results_document_schema(document):
     json.dumps(document)  # serialisable as is
 
 
+def test_the_suite_records_both_partitions_and_the_partitioning_time(document):
+    (entry,) = document["results"]
+    fig = entry["partition"]
+    assert fig["ops"] == 7  # tiny-cnn legalized: conv, add, relu, add, reshape, matmul, add
+    for method in ("ago", "stock"):
+        assert fig[method]["acyclic"] and 0 < fig[method]["seconds"] < 60
+        assert {"subgraphs", "trivial", "jain", "chains", "max_complex_ops"} <= set(fig[method])
+    assert fig["ago"]["subgraphs"] <= fig["stock"]["subgraphs"] == 3  # stock: the tvm-stock variant's 3 kernels
+
+
 def test_write_results_gives_json_and_png_without_overwriting(document, tmp_path):
     first, png = bench.write_results(document, tmp_path)
     second, _ = bench.write_results(document, tmp_path)
@@ -169,6 +179,7 @@ def test_bench_report_prints_a_saved_run_and_refuses_other_files(document, cli, 
     result = cli("bench-report", path, "--png", tmp_path / "again.png")
     assert result.exit_code == 0, result.stderr
     assert "tiny-cnn@1x3x16x16" in result.stdout and "tvm-stock" in result.stdout and "× vs onnxruntime" in result.stdout
+    assert "partitions (AGO | stock TVM)" in result.stdout
     assert (tmp_path / "again.png").stat().st_size > 0
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')

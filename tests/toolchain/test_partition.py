@@ -119,6 +119,36 @@ def test_ago_partition_beats_stock_on_every_zoo_model(zoo_plans):
     assert a["max_complex_ops"] >= 2 and s["max_complex_ops"] == 1
 
 
+#: The fusions AGO's partition exists for (issue: "pw→dw and dw→pw chains ... matmul→reshape→transpose→matmul").
+CHAINS_EXPECTED = {
+    "mobilenet-v2": ("pointwise_conv→depthwise_conv", "depthwise_conv→pointwise_conv"),
+    "mobilevit": ("matmul→matmul",),
+}
+
+
+def test_complex_chains_are_paths_inside_one_subgraph(dwsep):
+    _, _, _, graph = dwsep
+    ids = [n.id for n in graph.nodes]
+    one = (tuple(ids),)
+    (pw_dw, dw_pw) = partition.chains(graph, one)
+    assert pw_dw.ops == tuple(ids[0:5]) and pw_dw.kinds == ("pointwise_conv", "add", "maximum", "minimum", "depthwise_conv")
+    assert dw_pw.ops == tuple(ids[4:9]) and dw_pw.pair == "depthwise_conv→pointwise_conv"
+    assert partition.chains(graph, (tuple(ids[:4]), tuple(ids[4:]))) == [
+        partition.Chain(1, tuple(ids[4:9]), dw_pw.kinds)]  # the pw→dw path now crosses a subgraph boundary
+
+
+def test_ago_subgraphs_chain_pw_dw_and_matmul_reshape_transpose_matmul(zoo_plans):
+    name, graph, ago, stock = zoo_plans
+    found = partition.chains(graph, ago.groups)
+    assert partition.chains(graph, stock.groups) == []  # one complex op per stock kernel
+    pairs = partition.stats(graph, ago)["chains"]
+    for pair in CHAINS_EXPECTED.get(name, ()):
+        assert pairs.get(pair, 0) >= 2, (name, pairs)
+    if name == "mobilevit":  # attention: q/k/v out of a matmul, split into heads, into the next matmul
+        layouts = [c.kinds for c in found if c.pair == "matmul→matmul" and {"reshape", "transpose"} <= set(c.kinds)]
+        assert len(layouts) >= 3, found
+
+
 def test_epilogue_units_are_a_conv_and_the_elementwise_ops_that_follow_it(dwsep):
     _, _, _, graph = dwsep
     ids = [n.id for n in graph.nodes]
@@ -168,9 +198,10 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     import json
 
     data = json.loads(result.stdout)
-    keys = {"subgraphs", "trivial", "mean_weight", "median_weight", "jain", "max_complex_ops", "acyclic", "seconds"}
+    keys = {"subgraphs", "trivial", "mean_weight", "median_weight", "jain", "max_complex_ops", "acyclic", "seconds",
+            "chains"}
     assert data["model"] == "tiny-dwsep" and set(data["ago"]) == keys and set(data["stock"]) == keys
-    assert data["stock"]["subgraphs"] == 3
+    assert data["stock"]["subgraphs"] == 3 and data["stock"]["chains"] == {}
 
     result = cli("partition", "zoo:tiny-dwsep", "--threshold", "10", "--explain", "--dot", tmp_path / "g.dot")
     assert result.exit_code == 0, result.stderr

@@ -38,8 +38,9 @@ stitching only joins groups whose row forms agree.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
+
+from toolchain.opgraph import op_base
 
 ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE = "element-wise", "broadcast", "reduction", "opaque"
 KINDS = (ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE)
@@ -210,7 +211,7 @@ def type_block(block, param_of: list) -> OpType:
 
 
 def opaque_detail(func_name: str, relations) -> str:
-    base = re.sub(r"\d+$", "", func_name)
+    base = op_base(func_name)
     for prefix, detail in OPAQUE_DETAILS:
         if base.startswith(prefix):
             return detail
