@@ -542,6 +542,9 @@ def tune(
             left = state["budgets"].get(info["task"], info["done"]) - info["done"]
             progress.console.print(f"[dim]{escape(info['task'])}: stable after {info['done']} trials"
                                    f"{f', {left} left to its join' if left > 0 else ''}[/dim]")
+        elif kind == "exhausted":
+            progress.console.print(f"[dim]{escape(info['task'])}: every schedule of its space measured after "
+                                   f"{info['done']} trials; {info['left']} left go to the next kernel[/dim]")
         elif kind == "search_failed":
             progress.console.print(f"[yellow]{escape(info['task'])}: the search failed ({escape(info['reason'])}); "
                                    "keeping what it found, going on[/yellow]", soft_wrap=True)

@@ -540,9 +540,42 @@ def _runner(settings: TuneSettings, runner=None):
     return local_runner(Timing(cold=settings.cold_weights))
 
 
+#: A kernel's search space is exhausted when its last EXHAUSTED_ROUNDS search rounds together brought
+#: fewer than EXHAUSTED_NEW new candidates. MetaSchedule measures each distinct schedule once; a layout
+#: kernel (ShuffleNet's concatenate + reshape + transpose + split) has only a handful, and once they are
+#: measured every round still samples, evolves and scores ~500 candidates (4-8 s here) to send 0 or 1,
+#: without end: 13 trials in 11 minutes of a 48-trial budget. The rest of such a kernel's budget goes to
+#: the next kernel (as when its search fails).
+EXHAUSTED_ROUNDS = 3
+EXHAUSTED_NEW = 4
+
+
+def _exhaustion_callback():
+    """A MetaSchedule measure callback that ends the task once its space is exhausted (see above);
+    ``.exhausted`` then says so. It runs after the default callbacks (records are in the database)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class EndWhenExhausted(PyMeasureCallback):
+        def __init__(self):
+            self.rounds: list[int] = []
+            self.exhausted = False
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+            self.rounds.append(len(measure_candidates))
+            last = self.rounds[-EXHAUSTED_ROUNDS:]
+            if not self.exhausted and len(last) == EXHAUSTED_ROUNDS and sum(last) < EXHAUSTED_NEW:
+                self.exhausted = True
+                task_scheduler.terminate_task(task_id)
+
+    return EndWhenExhausted()
+
+
 def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,
-                measure: "Measure | None" = None):
-    """Run ``trials`` more MetaSchedule trials of one kernel into ``database``."""
+                measure: "Measure | None" = None) -> bool:
+    """Run ``trials`` more MetaSchedule trials of one kernel into ``database``; True when the search
+    ended early because the kernel's search space is exhausted (:data:`EXHAUSTED_ROUNDS`)."""
     from tvm.s_tir import meta_schedule as ms
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
@@ -554,6 +587,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
     for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
         ms_logger.removeHandler(handler)
     builder = _builder(spec, measure, max(1, min(spec.num_cores, os.cpu_count() or 1)))
+    exhaustion = _exhaustion_callback()
     ms.tune_tir(
         workload_module(func),
         target=spec.tvm(),
@@ -566,7 +600,9 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         space=space_for(func, spec, intensive).generator,
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
+        measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
     )
+    return exhaustion.exhausted
 
 
 def check_target(spec) -> dict:
@@ -914,7 +950,7 @@ def tune_model(
             # a join's first chunk is one batch, so that the comparison above comes early
             chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)
             try:
-                tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
+                exhausted = tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays
                 error = first_line(exc)
@@ -927,6 +963,11 @@ def tune_model(
                                    "best_ms": best * 1e3 if best < math.inf else None}
             db.save_progress(progress)
             on_event("trials", task=task.name, done=done, budget=budget, best_ms=best * 1e3)
+            if exhausted:  # every distinct schedule measured: the rest of its budget goes on
+                progress[task.name]["exhausted"] = True
+                db.save_progress(progress)
+                on_event("exhausted", task=task.name, done=done, left=budget - done)
+                break
             if stop_when_stable and stabilised(lat, settings.stable_window, settings.stable_tolerance):
                 on_event("stable", task=task.name, done=done)
                 break
@@ -970,13 +1011,13 @@ def tune_model(
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
-        if handed is not None:
-            budget = done  # it already handed the rest of its budget to its minis
+        if handed is not None or progress.get(task.name, {}).get("exhausted"):
+            budget = done  # it handed the rest of its budget to its minis, or has no schedule left to try
         done, search_error, left = search(task, done, budget, stop_when_stable=task.phase == "mini",
                                           check_join=task.phase == "joined" and handed is None)
         spent[task.name] = done
-        if search_error and task.phase != "mini":  # (a mini's unspent trials go to its join)
-            carry += max(0, budget - done)
+        if task.phase != "mini":  # what a kernel's search could not spend (failed, exhausted) and did not
+            carry += max(0, budget - done - left)  # hand to its minis goes to the next (a mini's: to its join)
         keep(task, done, search_error, started)
         if left:
             handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,
@@ -989,7 +1030,7 @@ def tune_model(
             mini_done = len(trial_latencies(db.ms_dir, plan.funcs[name]))
             on_event("task", task=name, phase="mini", done=mini_done, budget=target)
             mini_done, error, _ = search(mini, mini_done, target, stop_when_stable=False, check_join=False)
-            carry += max(0, target - mini_done) if error else 0
+            carry += max(0, target - mini_done)
             keep(mini, mini_done, error, started)
         if handed and not progress[task.name].get("reseeded"):  # compose the minis' better schedules again
             if seed_joined(task, plan, database, spec, verified, settings, measure):

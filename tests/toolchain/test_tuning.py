@@ -387,6 +387,31 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
     assert len(fake_search.get(plan.funcs[second.name].script(), [])) == second.budget + first.budget
 
 
+def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_again(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    mod, graph, *_ = dwsep_split
+    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    first, second = plan.tasks[:2]
+    fake, small = tuning.tune_trials, plan.funcs[first.name].script()
+
+    def tune_trials(func, spec, database, n, *args, **kwargs):  # the first kernel has 5 schedules in all
+        if func.script() != small:
+            return fake(func, spec, database, n, *args, **kwargs)
+        fake(func, spec, database, min(n, 5 - len(fake_search.get(small, []))), *args, **kwargs)
+        return True
+
+    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    assert ("exhausted", {"task": first.name, "done": 5, "left": first.budget - 5}) in events
+    assert len(fake_search[small]) == 5
+    assert len(fake_search[plan.funcs[second.name].script()]) == second.budget + first.budget - 5
+    events.clear()
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
+
+
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     """A tuning database whose verified latencies are given (no trials run)."""
     _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
@@ -471,3 +496,27 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     unfused = manifest["partition_info"]["unfused"]
     assert manifest["tuning"]["applied"] == manifest["tuning"]["kernels"] == (3 if unfused else 1)
     assert cli("verify", tmp_path / "art").exit_code == 0
+
+
+def _transpose_func():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def transpose(a: T.Buffer((8, 16), "float32"), b: T.Buffer((16, 8), "float32")):
+        for i, j in T.grid(16, 8):
+            with T.sblock("t"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vj, vi]
+
+    return transpose
+
+
+def test_a_search_space_with_nothing_left_to_try_ends_its_task(tmp_path):
+    """A layout kernel has a handful of distinct schedules; once they are measured MetaSchedule would
+    go on sampling rounds of 0-1 new candidates for ever: the search stops and says so."""
+    func = _transpose_func().with_attr("global_symbol", "main")
+    db = tuning.TuneDB(tmp_path / "db")
+    settings = tuning.TuneSettings(per_iter=16)
+    exhausted = tuning.tune_trials(func, SPEC, db.ms_database(), 256, settings, False, tmp_path / "logs")
+    measured = len(tuning.trial_latencies(db.ms_dir))  # (the database holds this workload only)
+    assert exhausted and 0 < measured < 16
