@@ -338,6 +338,7 @@ def tune_status_table(summary: dict, db_dir) -> Table:
         best = "" if r["best_ms"] is None else f"{r['best_ms']:.4f}"
         table.add_row(r["task"], r["phase"], str(r["calls"]), f"{r['trials']}/{r['budget']}", best,
                       str(r["rejected"]), r["status"] + (" (search failed)" if r.get("search_error") else "")
+                      + (" (space exhausted)" if r.get("exhausted") else "")
                       + (f" ({r['handed_back']} trials to its minis)" if r.get("handed_back") else "")
                       + _join_note(r))
     return table

@@ -1074,6 +1074,7 @@ def status(db_dir: Path) -> dict:
                 "rejected": len(v.get("rejected", [])),
                 "search_error": v.get("search_error"),
                 "handed_back": p.get("handed_trials", 0),  # trials a join left to its minis
+                "exhausted": bool(p.get("exhausted")),  # its search space ran out before its budget
             }
         )
         if t.phase != "mini":  # what compile --db builds: the join or its minis (see pairing.choose)

@@ -407,6 +407,8 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
     assert ("exhausted", {"task": first.name, "done": 5, "left": first.budget - 5}) in events
     assert len(fake_search[small]) == 5
     assert len(fake_search[plan.funcs[second.name].script()]) == second.budget + first.budget - 5
+    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    assert rows[first.name]["exhausted"] and not rows[second.name]["exhausted"]
     events.clear()
     tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
     assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
