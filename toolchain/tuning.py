@@ -35,6 +35,9 @@ minis get ``split_fraction`` of their subgraph's budget, more when that is under
 joined kernel gets the rest, at a tight budget only its seed (the composed schedule, measured and
 verified like any candidate) — or one batch when nothing could be composed.
 
+Search: one XGB cost model for the whole session (:func:`session_cost_model`), trained on every
+record of every kernel, so a kernel's search ranks candidates by what the session has measured so far.
+
 Correctness: every space carries the static dropped-iteration check; after a task is tuned, its
 candidates are checked best-first in a fresh process against the unscheduled kernel
 (:mod:`toolchain.check_candidate`) until one passes; that one is kept, the others are recorded as
@@ -572,10 +575,39 @@ def _exhaustion_callback():
     return EndWhenExhausted()
 
 
+def session_cost_model(funcs: dict, database, spec):
+    """The session's cost model: one MetaSchedule XGB model for every kernel of the session, trained on
+    every record ``database`` holds for ``funcs`` (a resumed session starts where it stopped).
+
+    ``tune_tir`` would make a fresh model per call, and an XGB model predicts at random until it has
+    seen ``num_warmup_samples`` (100) trials: with the 16-64 trials a kernel gets here, every search
+    was random sampling. Shared over the session (as TVM's own ``tune_tasks`` shares one over a
+    model's tasks), it ranks candidates from the session's 100th trial on. The records are the only
+    state: nothing else is saved, so an interrupted session loses nothing of it."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    model = ms.cost_model.XGBModel(num_tuning_cores=spec.num_cores)
+    for func in funcs.values():
+        records = [r for r in records_of(database, func) if r.run_secs]
+        if not records:
+            continue
+        mod = workload_module(func)
+        context = ms.TuneContext(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
+        candidates = []
+        for record in records:
+            sch = s_tir.Schedule(mod)
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+            candidates.append(ms.search_strategy.MeasureCandidate(sch, record.args_info))
+        model.update(context, candidates, [ms.runner.RunnerResult(r.run_secs, None) for r in records])
+    return model
+
+
 def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,
-                measure: "Measure | None" = None) -> bool:
+                measure: "Measure | None" = None, cost_model=None) -> bool:
     """Run ``trials`` more MetaSchedule trials of one kernel into ``database``; True when the search
-    ended early because the kernel's search space is exhausted (:data:`EXHAUSTED_ROUNDS`)."""
+    ended early because the kernel's search space is exhausted (:data:`EXHAUSTED_ROUNDS`).
+    ``cost_model``: the session's (:func:`session_cost_model`); None: a fresh one."""
     from tvm.s_tir import meta_schedule as ms
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
@@ -601,6 +633,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
+        cost_model=cost_model if cost_model is not None else "xgb",
     )
     return exhaustion.exhausted
 
@@ -922,6 +955,12 @@ def tune_model(
     work = db.root / "logs"
     tasks_by_name = {t.name: t for t in plan.tasks}
     intensive = settings.intensive and settings.partition == "ago"
+    shared: dict = {}  # the session's cost model, made when a search first runs (warming it reads every record)
+
+    def cost_model():
+        if "model" not in shared:
+            shared["model"] = session_cost_model(plan.funcs, database, spec)
+        return shared["model"]
 
     def search(task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
         """Tune ``task`` until it has ``budget`` records; returns (done, search error, trials handed back).
@@ -950,7 +989,8 @@ def tune_model(
             # a join's first chunk is one batch, so that the comparison above comes early
             chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)
             try:
-                exhausted = tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure)
+                exhausted = tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure,
+                                        cost_model())
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays
                 error = first_line(exc)

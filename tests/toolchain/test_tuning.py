@@ -243,6 +243,7 @@ def fake_search(monkeypatch):
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
+    monkeypatch.setattr(tuning, "session_cost_model", lambda *a, **k: None)  # (no records to learn from)
     # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
     monkeypatch.setattr(tuning, "pair_joins", lambda *a, **k: 0)
     monkeypatch.setattr(tuning, "first_batch_vs_minis", lambda *a, **k: None)
@@ -499,6 +500,53 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     unfused = manifest["partition_info"]["unfused"]
     assert manifest["tuning"]["applied"] == manifest["tuning"]["kernels"] == (3 if unfused else 1)
     assert cli("verify", tmp_path / "art").exit_code == 0
+
+
+def _loop_schedule(func, parallel: bool, factor: int):
+    """``func``'s first block with its second loop split by ``factor``, the outer part parallel or not."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tuning.workload_module(func))
+    block = sch.get_child_blocks(sch.get_sblock("root"))[-1]
+    outer, _ = sch.split(sch.get_loops(block)[1], [None, factor])
+    if parallel:
+        sch.parallel(outer)
+    return sch
+
+
+def test_the_session_cost_model_ranks_a_new_kernels_candidates_by_what_other_kernels_measured(
+        dwsep_split, tmp_path):
+    """A fresh MetaSchedule cost model guesses at random for its first 100 trials, more than a kernel
+    gets here: the session's model is trained on every record the database holds, whichever kernel they
+    are of, so a kernel it has never seen is searched with what the others measured."""
+    from tvm.s_tir import meta_schedule as ms
+
+    (_, first), (_, second) = dwsep_split[-1][:2]
+    database = tuning.TuneDB(tmp_path).ms_database()
+    mod = tuning.workload_module(first)
+    workload = database.commit_workload(mod)
+    for i in range(120):  # the first kernel: parallel schedules measured 4x faster than serial ones
+        parallel, factor = i % 2 == 0, [1, 2, 4, 8][i // 2 % 4]
+        database.commit_tuning_record(ms.database.TuningRecord(
+            _loop_schedule(first, parallel, factor).trace, workload, [1e-3 if parallel else 4e-3], SPEC.tvm(),
+            ms.arg_info.ArgInfo.from_prim_func(first)))
+    model = tuning.session_cost_model({"first": first, "second": second}, database, SPEC)
+    assert model.data_size == 120
+    context = ms.TuneContext(mod=tuning.workload_module(second), target=SPEC.tvm(), num_threads=1)
+    args = ms.arg_info.ArgInfo.from_prim_func(second)
+    scores = [model.predict(context, [ms.search_strategy.MeasureCandidate(_loop_schedule(second, p, 2), args)])[0]
+              for p in (True, False, True)]
+    assert scores[0] == scores[2] > scores[1]  # a trained model (a random one would differ between calls)
+
+
+def test_every_search_of_a_session_uses_the_sessions_cost_model(dwsep_split, tmp_path, fake_search, monkeypatch):
+    mod, *_ = dwsep_split
+    made, used = [], []
+    monkeypatch.setattr(tuning, "session_cost_model", lambda *a, **k: made.append(object()) or made[-1])
+    search = tuning.tune_trials
+    monkeypatch.setattr(tuning, "tune_trials", lambda *a, **k: used.append(a[-1]) or search(*a, **k))
+    tuning.tune_model(mod, "a" * 64, SPEC, tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9), tmp_path)
+    assert len(made) == 1 and len(used) >= 4 and all(m is made[0] for m in used)
 
 
 def _transpose_func():
