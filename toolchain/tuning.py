@@ -594,12 +594,16 @@ def session_cost_model(funcs: dict, database, spec):
             continue
         mod = workload_module(func)
         context = ms.TuneContext(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
-        candidates = []
+        candidates, results = [], []
         for record in records:
             sch = s_tir.Schedule(mod)
-            record.trace.apply_to_schedule(sch, remove_postproc=False)
+            try:
+                record.trace.apply_to_schedule(sch, remove_postproc=False)
+            except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing; it stays
+                continue
             candidates.append(ms.search_strategy.MeasureCandidate(sch, record.args_info))
-        model.update(context, candidates, [ms.runner.RunnerResult(r.run_secs, None) for r in records])
+            results.append(ms.runner.RunnerResult(record.run_secs, None))
+        model.update(context, candidates, results)
     return model
 
 
