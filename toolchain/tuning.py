@@ -46,6 +46,7 @@ failed and never applied.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -959,12 +960,8 @@ def tune_model(
     work = db.root / "logs"
     tasks_by_name = {t.name: t for t in plan.tasks}
     intensive = settings.intensive and settings.partition == "ago"
-    shared: dict = {}  # the session's cost model, made when a search first runs (warming it reads every record)
-
-    def cost_model():
-        if "model" not in shared:
-            shared["model"] = session_cost_model(plan.funcs, database, spec)
-        return shared["model"]
+    # the session's cost model, made when a search first runs (warming it reads every record)
+    cost_model = functools.cache(lambda: session_cost_model(plan.funcs, database, spec))
 
     def search(task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
         """Tune ``task`` until it has ``budget`` records; returns (done, search error, trials handed back).
