@@ -51,6 +51,10 @@ Choices the paper leaves open, made here:
   other, yet run as units the three wait on each other in a ring.
   :func:`check_partition` rejects such plans; a cycle witness walks real edges
   and writes "…" where it has to jump between two ops of one subgraph.
+* Kept-apart edges (``boundaries``): the caller may name edges whose two ops
+  must never share a group, each with a reason. A partner whose merge would
+  take such an edge inside one hyper node is ruled out like one over the
+  complex-op limit, and the reason is recorded. Units may not hold one.
 * Subgraphs are numbered from 0 (their index in ``groups``) in error messages.
 * ``Graph.nodes`` must be a topological order (checked: every edge goes
   forward), duplicate edges are ignored, weight entries for unknown ops are
@@ -317,12 +321,27 @@ class _Step:
     decisions: tuple[Decision, ...]
 
 
-def _choose(q: _Quotient, v: int, threshold: float, max_complex: int | None) -> _Step:
+def _kept_apart(q: _Quotient, v: int, x: int, apart: Mapping[int, Mapping[int, str]]) -> str | None:
+    """Why v and x may not merge (a kept-apart edge would fall inside the group), or None."""
+    if not apart:
+        return None
+    inside = set(q.members[x])
+    for m in q.members[v]:
+        for other, why in apart.get(m, {}).items():
+            if other in inside:
+                a, b = sorted((m, other))
+                return f"keeps {q.graph.nodes[a]} → {q.graph.nodes[b]} apart: {why}"
+    return None
+
+
+def _choose(q: _Quotient, v: int, threshold: float, max_complex: int | None,
+            apart: Mapping[int, Mapping[int, str]] = MappingProxyType({})) -> _Step:
     """One iteration of Algorithm 1 for the chosen v (lines 6–11), with the reasons."""
     sv = q.stage[v]
     notes: list[Decision] = []
     eligible: list[int] = []
     affixes = 0
+    over_limit = 0
     for x in q.neighbours(v):
         sx = q.stage[x]
         if abs(sx - sv) != 1:
@@ -338,16 +357,20 @@ def _choose(q: _Quotient, v: int, threshold: float, max_complex: int | None) -> 
                 Decision("excluded", q.names(v), q.names(x),
                          f"would hold {held} complex ops (limit {max_complex})")
             )
+            over_limit += 1
+            continue
+        why = _kept_apart(q, v, x, apart)
+        if why:
+            notes.append(Decision("excluded", q.names(v), q.names(x), why))
             continue
         eligible.append(x)
     if not affixes:
         notes.append(Decision("declined", q.names(v), (), "no affix neighbour (stage ±1)"))
         return _Step(None, 0.0, tuple(notes))
     if not eligible:
-        notes.append(
-            Decision("declined", q.names(v), (),
-                     f"every affix neighbour would exceed the complex-op limit {max_complex}")
-        )
+        reason = (f"every affix neighbour would exceed the complex-op limit {max_complex}" if over_limit == affixes
+                  else "every affix neighbour is ruled out (complex-op limit or a kept-apart edge)")
+        notes.append(Decision("declined", q.names(v), (), reason))
         return _Step(None, 0.0, tuple(notes))
     u = min(eligible, key=lambda x: (q.weight[x], q.first(x)))
     wv, wu = q.weight[v], q.weight[u]
@@ -384,13 +407,34 @@ def _seed_units(q: _Quotient, graph: Graph, units: Iterable[Iterable[str]]) -> l
     return notes
 
 
+def _apart_table(graph: Graph, boundaries: Mapping[tuple[str, str], str],
+                 units: Iterable[Iterable[str]]) -> dict[int, dict[int, str]]:
+    """Kept-apart edges as position → {position: reason}, both ways; checked against the graph and the units."""
+    apart: dict[int, dict[int, str]] = {}
+    for (a, b), why in boundaries.items():
+        for end in (a, b):
+            if end not in graph.position:
+                raise PartitionError(f"kept-apart edge {a} → {b} names op {end!r}, which is not in the graph")
+        pa, pb = graph.position[a], graph.position[b]
+        apart.setdefault(pa, {})[pb] = why
+        apart.setdefault(pb, {})[pa] = why
+    for unit in map(set, units):
+        for (a, b) in boundaries:
+            if a in unit and b in unit:
+                raise PartitionError(f"a unit holds {a} and {b}, which an edge rule keeps apart")
+    return apart
+
+
 def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, check: bool = False,
-            units: Iterable[Iterable[str]] = ()) -> Partition:
+            units: Iterable[Iterable[str]] = (),
+            boundaries: Mapping[tuple[str, str], str] = MappingProxyType({})) -> Partition:
     """AGO Algorithm 1: greedy affix merging under the weight threshold; an acyclic partition.
 
     ``units`` are op sets that start as one hyper node each (the caller's conventional epilogue
     fusion: a conv with its bias and activation); every group is a union of units and single ops.
-    ``max_complex`` limits complex ops per group (Split uses 1). ``check=True``
+    ``max_complex`` limits complex ops per group (Split uses 1). ``boundaries`` maps (producer,
+    consumer) pairs that must never share a group to the reason (recorded when it rules a partner out).
+    ``check=True``
     verifies after every merge that the quotient is acyclic and the incremental
     stages equal a full recomputation (debug / tests; O(V+E) per merge).
     """
@@ -398,6 +442,8 @@ def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, c
         raise PartitionError("the weight threshold is NaN; give a number")
     if max_complex is not None and max_complex < 0:
         raise PartitionError(f"max_complex is {max_complex}; give a count >= 0 or None")
+    units = [tuple(u) for u in units]
+    apart = _apart_table(graph, boundaries, units)
     q = _Quotient(graph)
     decisions: list[Decision] = _seed_units(q, graph, units)
     candidates = set(q.members)
@@ -407,7 +453,7 @@ def cluster(graph: Graph, threshold: float, max_complex: int | None = None, *, c
         _, _, v = heapq.heappop(heap)
         if v not in candidates:
             continue  # merged away since it was pushed
-        step = _choose(q, v, threshold, max_complex)
+        step = _choose(q, v, threshold, max_complex, apart)
         decisions.extend(step.decisions)
         candidates.discard(v)
         if step.partner is None:

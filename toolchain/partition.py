@@ -14,7 +14,10 @@ activation, residual add: :func:`epilogue_units`) start as one hyper node, so
 no subgraph boundary falls between a conv and its own bias or activation (a
 boundary there moves the epilogue into the next kernel as a prologue, read
 back in full from memory: measured 2x slower on MobileNet-V2's 56x56 expansion
-conv). Clustering then works over these units exactly as Algorithm 1 says.
+conv). Clustering then works over these units exactly as Algorithm 1 says, except
+across the edges :data:`KEEP_APART` names (a conv reading a channel-permuted
+tensor, as after ShuffleNet's channel shuffle): those stay subgraph boundaries
+whatever the weights say, and each decision they cause says why.
 
 Both give a :class:`PartitionPlan` (groups of node ids, in a topological
 order of the quotient graph) that :func:`toolchain.fusion.fuse_groups` builds.
@@ -39,6 +42,49 @@ DEFAULT_TD_TRIALS = 48.0  # three 16-candidate search batches
 DEFAULT_THRESHOLD = default_threshold(DEFAULT_TD_TRIALS)
 
 _MARK = "__agoc__"
+
+
+@dataclass(frozen=True)
+class KeepApart:
+    """An edge rule: an op of class ``consumer`` never shares a subgraph with the op feeding it when that
+    input comes from a ``source`` op, directly or through single-input ``through`` ops only."""
+
+    consumers: frozenset[str]  # OpNode.op_class values
+    sources: frozenset[str]  # OpNode.kind values
+    through: frozenset[str]  # OpNode.kind values
+    why: str
+
+
+#: Edges AGO's clustering keeps as subgraph boundaries (rules as a table; the reason goes into --explain).
+KEEP_APART: tuple[KeepApart, ...] = (
+    KeepApart(
+        consumers=frozenset({"conv", "depthwise_conv", "pointwise_conv"}),
+        sources=frozenset({"transpose"}),
+        through=frozenset({"reshape", "split", "strided_slice", "squeeze", "expand_dims"}),
+        why=("a conv reading a channel permutation (ShuffleNet's channel shuffle) in its own kernel "
+             "re-gathers it inside its tiles; the producer's kernel writes it once (as stock TVM's do)"),
+    ),
+)
+
+
+def kept_apart(graph: OpGraph, rules: tuple[KeepApart, ...] = KEEP_APART) -> dict[tuple[str, str], str]:
+    """The edges (producer id, consumer id) the rules keep between subgraphs, with the reason."""
+    node = {n.id: n for n in graph.nodes}
+    producers: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for a, b in graph.edges:
+        producers[b].append(a)
+    found: dict[tuple[str, str], str] = {}
+    for a, b in graph.edges:
+        for rule in rules:
+            if node[b].op_class not in rule.consumers:
+                continue
+            x = a
+            while node[x].kind in rule.through and len(producers[x]) == 1:
+                x = producers[x][0]
+            if node[x].kind in rule.sources:
+                found[(a, b)] = rule.why
+                break
+    return found
 
 
 @dataclass(frozen=True)
@@ -161,7 +207,7 @@ def plan_ago(
     weights = op_weights(graph, model or load_model())
     g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
     units = epilogue_units(graph)
-    result = clustering.cluster(g, threshold, units=units)
+    result = clustering.cluster(g, threshold, units=units, boundaries=kept_apart(graph))
     return PartitionPlan(
         "ago", result.groups, weights, threshold, result.decisions, seconds=time.perf_counter() - started,
         units=units,

@@ -410,6 +410,34 @@ def test_units_stay_whole_and_the_partition_stays_acyclic(g, threshold, picks):
             assert sum(x in g.complex for x in mini) <= 1 or any(set(u) == set(mini) for u in units)
 
 
+def test_a_kept_apart_edge_stays_a_boundary_and_the_reason_is_recorded():
+    g = chain({"t": 1.0, "r": 1.0, "c": 10.0, "add": 1.0}, complex_ops={"c"})
+    assert cluster(g, 100).groups == (("t", "r", "c", "add"),)
+    p = cluster(g, 100, boundaries={("r", "c"): "permuted input"})
+    assert p.groups == (("t", "r"), ("c", "add"))
+    assert Decision("excluded", ("c", "add"), ("r",), "keeps r → c apart: permuted input") in p.decisions
+    assert any(d.kind == "declined" and "kept-apart" in d.reason for d in p.decisions)
+
+
+def test_kept_apart_edges_naming_unknown_ops_or_inside_a_unit_are_rejected():
+    g = chain({"a": 1.0, "b": 1.0, "c": 1.0})
+    with pytest.raises(PartitionError, match="'x'"):
+        cluster(g, 10.0, boundaries={("a", "x"): "why"})
+    with pytest.raises(PartitionError, match="keeps apart"):
+        cluster(g, 10.0, units=[("a", "b")], boundaries={("a", "b"): "why"})
+
+
+@given(dags(), thresholds, st.lists(st.booleans(), min_size=120, max_size=120))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_no_group_holds_both_ends_of_a_kept_apart_edge(g, threshold, picks):
+    apart = {e: "rule" for e, keep in zip(dict.fromkeys(g.edges), picks) if keep}
+    p = cluster(g, threshold, check=True, boundaries=apart)
+    check_partition(g, p.groups)
+    assert not quotient_has_cycle(g, p.groups)
+    group_of = {x: i for i, group in enumerate(p.groups) for x in group}
+    assert all(group_of[a] != group_of[b] for a, b in apart)
+
+
 def test_a_cyclic_unit_is_rejected():
     g = chain({"a": 1.0, "b": 1.0, "c": 1.0})
     with pytest.raises(PartitionError, match="cycle"):

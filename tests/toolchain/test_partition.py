@@ -192,6 +192,25 @@ def test_split_puts_a_pool_apart_from_the_conv_before_it():
         assert not set(mini) & graph.complex_ids, [func[x] for x in mini]
 
 
+def test_shufflenet_channel_shuffle_is_written_by_its_producer_not_read_inside_a_conv():
+    # AGO's weights alone put the shuffle (concat → reshape → transpose → reshape → split) and the next
+    # block's convs in one subgraph; the conv then re-gathers the permutation inside its tiles
+    _, _, mod = legalized("shufflenet-v2", (1, 3, 56, 56))
+    graph = op_graph(mod)
+    apart = partition.kept_apart(graph)
+    node = {n.id: n for n in graph.nodes}
+    assert len(apart) >= 12 and all(node[b].is_complex for _, b in apart)
+    assert {node[a].kind for a, _ in apart} <= {"split", "reshape"}
+    ago = partition.plan("ago", mod, SPEC, graph=graph)
+    group_of = {x: i for i, group in enumerate(ago.groups) for x in group}
+    assert all(group_of[a] != group_of[b] for a, b in apart)
+    assert any("keeps" in d.reason and "channel shuffle" in d.reason for d in ago.decisions)
+    for chain in partition.chains(graph, ago.groups):  # no complex → … → complex path inside a group permutes
+        assert "transpose" not in chain.kinds, chain
+    assert partition.stats(graph, ago)["max_complex_ops"] >= 2  # still multi-conv subgraphs
+    assert not partition.kept_apart(op_graph(legalized("mobilenet-v2", (1, 3, 56, 56))[2]))
+
+
 def test_partition_cli_json_explain_dot(cli, tmp_path):
     result = cli("partition", "zoo:tiny-dwsep", "--json", "--threshold", "20")
     assert result.exit_code == 0, result.stderr
