@@ -22,9 +22,11 @@ padding blocks stay materialised), D's tiled loops are split with
 ``sample_perfect_tile`` and fused (with the batch) into one outer tile loop,
 D's epilogue is ``reverse_compute_at`` into it, and D's input chain, U's
 epilogue and U are ``compute_at`` into it (producers in reverse order,
-``preserve_unit_loops=True``). U's own input padding joins the tile only
-where tiles do not overlap on it (dw→dw: channel tiles); elsewhere it stays
-a separate nest before the tile loop. Inside the tile, U and D each get
+``preserve_unit_loops=True``). U's own input padding joins the tile where
+each tile reads only part of U's input (dw→dw channel tiles; row tiles of a
+pw / matmul D, which copy a (kernel − stride)-row halo twice: a copy, no
+arithmetic); where every tile reads all of it (a pw / conv U under dw channel
+tiles) it stays one nest before the tile loop (:data:`INPUT_IN_TILE`). Inside the tile, U and D each get
 MultiLevelTiling's "SRS" register tile: every spatial loop split in two with
 a sampled inner factor (W / columns: the vector, ≤ 16; output channels /
 rows: ≤ 8; H: ≤ 4; a depthwise conv's channels are not blocked, they share
@@ -420,9 +422,22 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None) -
     _annotate_root(sch, num_cores)
 
 
+#: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs
+#: where each tile reads a part of U's input. Elsewhere every tile reads all of it, so copying it
+#: per tile would repeat the whole copy: it stays one nest before the tile loop.
+INPUT_IN_TILE: dict[tuple[str, str], str] = {
+    ("dw", "dw"): "channel tiles partition U's input",
+    **{(u, d): "row tiles read U's input rows plus a (kernel - stride)-row halo"
+       for u in ("dw", "pw", "conv") for d in ("pw", "matmul")},
+    ("matmul", "matmul"): "row tiles partition U's input rows",
+}
+
+
 def _input_joins_tile(pair: IntensivePair) -> bool:
-    """U's input padding goes into the tile only where tiles partition it (dw→dw channel tiles)."""
-    return pair.downstream_kind == "dw" and pair.upstream_kind == "dw"
+    """U's input padding goes into the tile where tiles (nearly) partition it (:data:`INPUT_IN_TILE`):
+    a padded copy of the whole input made before the tile loop is written and read back through
+    memory — for MobileNet-V2's expand output at 112×112 that is 1.3 MB, more than a phone's L2."""
+    return (pair.upstream_kind, pair.downstream_kind) in INPUT_IN_TILE
 
 
 def _annotate_root(sch, num_cores: int | None) -> None:
