@@ -24,8 +24,8 @@ D's epilogue is ``reverse_compute_at`` into it, and D's input chain, U's
 epilogue and U are ``compute_at`` into it (producers in reverse order,
 ``preserve_unit_loops=True``). U's own input padding joins the tile where
 each tile reads only part of U's input (dw→dw channel tiles; row tiles of a
-pw / matmul D, which copy a (kernel − stride)-row halo twice: a copy, no
-arithmetic); where every tile reads all of it (a pw / conv U under dw channel
+pw / matmul D, whose neighbouring tiles copy the (kernel − stride)-wide halo
+again: a copy, no arithmetic); where every tile reads all of it (a pw / conv U under dw channel
 tiles) it stays one nest before the tile loop (:data:`INPUT_IN_TILE`). Inside the tile, U and D each get
 MultiLevelTiling's "SRS" register tile: every spatial loop split in two with
 a sampled inner factor (W / columns: the vector, ≤ 16; output channels /
