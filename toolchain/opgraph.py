@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 #: PrimFunc name prefix (as LegalizeOps names them) → op class. First match wins.
 OP_CLASSES: tuple[tuple[str, str], ...] = (
@@ -83,10 +84,27 @@ class OpGraph:
     edges: tuple[tuple[str, str], ...]  # (producer id, consumer id), deduplicated, in binding order
 
     def node(self, node_id: str) -> OpNode:
-        return self._by_id()[node_id]
+        return self.by_id[node_id]
 
-    def _by_id(self) -> dict[str, OpNode]:
+    @cached_property
+    def by_id(self) -> dict[str, OpNode]:
         return {n.id: n for n in self.nodes}
+
+    @cached_property
+    def producers(self) -> dict[str, tuple[str, ...]]:
+        """Each node id's producers, in edge order."""
+        return self._ends(1, 0)
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[str, ...]]:
+        """Each node id's consumers, in edge order."""
+        return self._ends(0, 1)
+
+    def _ends(self, key: int, value: int) -> dict[str, tuple[str, ...]]:
+        ends: dict[str, list[str]] = {n.id: [] for n in self.nodes}
+        for edge in self.edges:
+            ends[edge[key]].append(edge[value])
+        return {k: tuple(v) for k, v in ends.items()}
 
     @property
     def complex_ids(self) -> frozenset[str]:

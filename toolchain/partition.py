@@ -69,10 +69,7 @@ KEEP_APART: tuple[KeepApart, ...] = (
 
 def kept_apart(graph: OpGraph, rules: tuple[KeepApart, ...] = KEEP_APART) -> dict[tuple[str, str], str]:
     """The edges (producer id, consumer id) the rules keep between subgraphs, with the reason."""
-    node = {n.id: n for n in graph.nodes}
-    producers: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
-    for a, b in graph.edges:
-        producers[b].append(a)
+    node, producers = graph.by_id, graph.producers
     found: dict[tuple[str, str], str] = {}
     for a, b in graph.edges:
         for rule in rules:
@@ -180,12 +177,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
 
     Joining never creates a cycle: every unit member but the last has exactly one consumer, the next
     member, so nothing outside the unit is reachable from it except through its last op."""
-    consumers: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
-    producers: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
-    for a, b in graph.edges:
-        consumers[a].append(b)
-        producers[b].append(a)
-    node = {n.id: n for n in graph.nodes}
+    consumers, producers, node = graph.consumers, graph.producers, graph.by_id
     unit_of: dict[str, str] = {n.id: n.id for n in graph.nodes if n.is_complex}
     members: dict[str, list[str]] = {head: [head] for head in unit_of}
     for n in graph.nodes:
@@ -193,7 +185,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
             continue
         for p in producers[n.id]:
             tail = p in unit_of and members[unit_of[p]][-1] == p
-            if tail and consumers[p] == [n.id] and node[p].shape == n.shape:
+            if tail and consumers[p] == (n.id,) and node[p].shape == n.shape:
                 unit_of[n.id] = unit_of[p]
                 members[unit_of[p]].append(n.id)
                 break
@@ -245,7 +237,7 @@ class Chain:
 def chains(graph: OpGraph, groups) -> list[Chain]:
     """Every complex→…→complex path that stays inside one subgraph (the fusions AGO's partition makes
     possible: pw→dw, dw→pw, matmul→reshape→transpose→matmul ...)."""
-    node = {n.id: n for n in graph.nodes}
+    node = graph.by_id
     group_of = {m: i for i, g in enumerate(groups) for m in g}
     succ: dict[str, list[str]] = {}
     for a, b in graph.edges:
