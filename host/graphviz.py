@@ -22,7 +22,7 @@ def _quote(text: str) -> str:
 
 
 def partition_dot(graph, plan, title: str) -> str:
-    nodes = {n.id: n for n in graph.nodes}
+    nodes = graph.by_id
     lines = [f"digraph {_quote(title)} {{", "  rankdir=TB; node [fontsize=10]; compound=true;"]
     lines.append(f"  label={_quote(f'{title}: {plan.method} partition, {len(plan.groups)} subgraphs')};")
     for i, group in enumerate(plan.groups):

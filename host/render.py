@@ -265,7 +265,7 @@ def chains_cell(chains: dict[str, int]) -> str:
 
 
 def subgraphs_table(graph, plan, trivial_cut: float) -> Table:
-    nodes = {n.id: n for n in graph.nodes}
+    nodes = graph.by_id
     table = Table(title=f"AGO subgraphs ({len(plan.groups)})", title_justify="left")
     for col, just in (("#", "right"), ("ops", "right"), ("complex", "right"), ("weight", "right"), ("members", "left")):
         table.add_column(col, justify=just)
