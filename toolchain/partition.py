@@ -237,12 +237,8 @@ class Chain:
 def chains(graph: OpGraph, groups) -> list[Chain]:
     """Every complex→…→complex path that stays inside one subgraph (the fusions AGO's partition makes
     possible: pw→dw, dw→pw, matmul→reshape→transpose→matmul ...)."""
-    node = graph.by_id
+    node, consumers = graph.by_id, graph.consumers
     group_of = {m: i for i, g in enumerate(groups) for m in g}
-    succ: dict[str, list[str]] = {}
-    for a, b in graph.edges:
-        if group_of[a] == group_of[b]:
-            succ.setdefault(a, []).append(b)
     found = []
     for start in graph.nodes:
         if not start.is_complex:
@@ -250,7 +246,9 @@ def chains(graph: OpGraph, groups) -> list[Chain]:
         paths = [(start.id,)]
         while paths:
             path = paths.pop()
-            for nxt in succ.get(path[-1], ()):
+            for nxt in consumers[path[-1]]:
+                if group_of[nxt] != group_of[start.id]:
+                    continue  # the path leaves the subgraph
                 if node[nxt].is_complex:
                     ops = (*path, nxt)
                     found.append(Chain(group_of[start.id], ops, tuple(node[o].kind for o in ops)))
