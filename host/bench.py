@@ -85,6 +85,7 @@ class Settings:
     target: str = "host"
     trials: int = 0  # tuning budget per tuned variant and model
     proxy: str | None = None  # phone-cache proxy geometry (host/proxy.py) simulated for every TVM variant
+    scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tuning.SCHEDULERS)
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
@@ -285,6 +286,7 @@ def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: i
         trials=settings.trials if trials is None else trials, partition=variant.partition,
         threshold=_threshold(suite),
         intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
+        scheduler=settings.scheduler,
     )
 
 
@@ -327,16 +329,25 @@ def partition_figures(case: Case, suite: Suite, settings: Settings) -> dict:
     return figures
 
 
+#: With the latency scheduler, the equal budget is at least this many times the largest first pass
+#: (a first batch per task) of the tuned variants: half of AGO's budget or more goes where it pays.
+LATENCY_HEADROOM = 2
+
+
 def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Settings) -> int:
     """The case's trial budget, the same for every tuned variant: the suite's, raised (in whole search
     batches) until no variant's plan needs more, since every kernel gets at least one batch and the
-    stock partition of a large model has more kernels than the suite's budget has batches."""
+    stock partition of a large model has more kernels than the suite's budget has batches. With the
+    latency scheduler: at least :data:`LATENCY_HEADROOM` × the largest first pass."""
     from toolchain import tuning
 
     model, spec = _case_model(case, settings)
     mod = _legalized(model, spec)
     batch = tuning.TuneSettings().per_iter
     budget = settings.trials
+    if settings.scheduler == "latency":
+        need = max(tuning.first_pass_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
+        return max(budget, -(-LATENCY_HEADROOM * need // batch) * batch)
     for _ in range(4):  # the plans are in whole batches: this settles in one or two steps
         need = max(tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
         if need < budget + batch:  # within a batch: the plans agree

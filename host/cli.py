@@ -456,6 +456,9 @@ def tune(
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
     per_iter: int = typer.Option(16, help="Candidates per search batch."),
+    scheduler: str = typer.Option("weight", help="How the budget is spread over the kernels: weight (planned "
+                                  "by AGO weight) or latency (a first batch each, then rounds where they save most)."),
+    warmup: int = typer.Option(8, help="--scheduler latency: every kernel's first batch."),
     warm_weights: bool = typer.Option(
         False, "--warm-weights", help="Time candidates with their weights in cache (repeated calls, as a "
         "micro-benchmark does) instead of flushed (as the model runs them: the default)."),
@@ -492,10 +495,15 @@ def tune(
         raise UnsupportedModelError("the devices of one tuning run must run the same target; tune them separately")
     if partition not in ("ago", "stock"):
         raise UnsupportedModelError(f"unknown partition '{partition}'; choose ago or stock")
+    if scheduler not in tuning.SCHEDULERS:
+        raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose "
+                                    + " or ".join(f"{k} ({v})" for k, v in tuning.SCHEDULERS.items()))
+    if min(per_iter, warmup, trials) < 1:
+        raise UnsupportedModelError("--trials, --per-iter and --warmup must be at least 1")
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
-        cold_weights=not warm_weights,
+        cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup,
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -509,7 +517,8 @@ def tune(
     err_console.print(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where)}: {trials} trials, partition {partition}, "
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
-        f"split {split_fraction:g}, {per_iter}/batch, weights {'warm' if warm_weights else 'cold'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"split {split_fraction:g}, {per_iter}/batch, scheduler {scheduler}"
+        f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -521,15 +530,21 @@ def tune(
     def on_event(kind, **info):
         if kind == "plan":
             state["budgets"] = {t["name"]: t["budget"] for t in info["tasks"]}
-            total, tasks = sum(state["budgets"].values()), info["tasks"]
+            total, tasks = info.get("total", sum(state["budgets"].values())), info["tasks"]
+            first = info.get("first_pass", total)
             phases = {p: sum(t["phase"] == p for t in tasks) for p in ("kernel", "mini", "joined")}
             kernels = phases["kernel"] + phases["joined"]
             progress.console.print(
                 f"[dim]plan: {kernels} kernel{'s' * (kernels != 1)} ({phases['joined']} split into "
                 f"{phases['mini']} minis), {total} trials"
-                f"{f' (more than --trials {trials}: at least one batch of {per_iter} per task)' if total > trials else ''}"
+                f"{f' (more than --trials {trials}: at least one batch of {settings.unit} per task)' if total > trials else ''}"
+                f"{f', {first} of them a first batch per task' if scheduler == 'latency' else ''}"
                 "[/dim]", soft_wrap=True)
             state["bar"] = progress.add_task("tuning", total=total)
+        elif kind == "round":
+            progress.console.print(
+                f"[dim]round for {escape(info['task'])}: {info['model_ms']:.4f} ms of the model, expected to save "
+                f"{info['gain_ms']:.4f} ms; {info['left']} trials left[/dim]", soft_wrap=True)
         elif kind == "task":
             state["done"][info["task"]] = min(info["done"], info["budget"])
             progress.update(state["bar"], completed=sum(state["done"].values()),
@@ -674,6 +689,8 @@ def bench_suite(
     calls: Optional[int] = typer.Option(None, help="Timed calls per engine per round (default 10, quick 3)."),
     seed: int = typer.Option(0, help="Seed of the per-round engine order and of tuning."),
     trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
+    scheduler: str = typer.Option("weight", help="How every tuned variant spreads its budget: weight or latency "
+                                  "(see agoc tune --help)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -700,7 +717,11 @@ def bench_suite(
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
-                       trials=settings.trials if trials is None else trials, proxy=proxy)
+                       trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler)
+    from toolchain.tuning import SCHEDULERS
+
+    if scheduler not in SCHEDULERS:
+        raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -92,9 +92,25 @@ class TuneSettings:
     join_margin: float = 0.10  # a join still this much slower than its minis together after its first
     # batch hands the rest of its budget back to them (it would be built as its minis anyway)
     seed: int = 0
+    scheduler: str = "weight"  # how the budget is spread over the tasks (SCHEDULERS)
+    warmup: int = 8  # "latency" scheduler: the first batch every task gets (a split subgraph: one per
+    # mini and one for its join) before the rest goes round by round where it saves the most model time
+
+    @property
+    def unit(self) -> int:
+        """A task's first batch: what its floor is counted in."""
+        return self.warmup if self.scheduler == "latency" else self.per_iter
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+#: How a session spreads its trial budget over the tasks of a model.
+SCHEDULERS = {
+    "weight": "planned up front in proportion to AGO's weights (each task at least one batch of --per-iter)",
+    "latency": "a first batch of --warmup per task, then rounds of --per-iter to the task whose next round "
+               "is expected to save the most model time (its share of the model × expected gain, Ansor-style)",
+}
 
 
 @dataclass(frozen=True)
@@ -151,15 +167,22 @@ def trial_latencies(work_dir: Path, func=None) -> list[float]:
     A failed build or run is recorded with a run time of 1e10 s; it stays in the
     list as ``inf``.
     """
-    path = Path(work_dir) / "database_tuning_record.json"
-    wanted = None
-    if func is not None:
-        import tvm_ffi
+    if func is None:
+        return [lat for _, lat in _records_in_order(Path(work_dir))]
+    return trial_latencies_of(work_dir, {"f": func})["f"]
 
-        shash = str(tvm_ffi.structural_hash(workload_module(func)) & 0xFFFFFFFFFFFFFFFF)
-        workloads = (Path(work_dir) / "database_workload.json").read_text().splitlines()
-        wanted = {i for i, line in enumerate(workloads) if line.strip() and json.loads(line)[0] == shash}
-    out: list[float] = []
+
+def _workload_hash(func) -> str:
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(workload_module(func)) & 0xFFFFFFFFFFFFFFFF)
+
+
+def _records_in_order(work_dir: Path, wanted: set | None = None) -> list[tuple[int, float]]:
+    """(workload index, latency) of every record (of the ``wanted`` workload indices) in commit order
+    (see :func:`trial_latencies`)."""
+    path = work_dir / "database_tuning_record.json"
+    out: list[tuple[int, float]] = []
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
@@ -167,10 +190,30 @@ def trial_latencies(work_dir: Path, func=None) -> list[float]:
             continue
         if wanted is not None and int(line[1:line.index(",")]) not in wanted:
             continue
-        _, record = json.loads(line)
+        index, record = json.loads(line)
         secs = [float(s) for s in (record[1] or [])]
         lat = sorted(secs)[len(secs) // 2] if secs else math.inf
-        out.append(math.inf if lat >= FAILED_SECS else lat)
+        out.append((int(index), math.inf if lat >= FAILED_SECS else lat))
+    return out
+
+
+def trial_latencies_of(work_dir: Path, funcs: dict) -> dict:
+    """:func:`trial_latencies` of several kernels ({name: PrimFunc}) from one reading of the database."""
+    work_dir = Path(work_dir)
+    path = work_dir / "database_workload.json"
+    workloads = path.read_text().splitlines() if path.exists() else []
+    index_of: dict[str, set[int]] = {}
+    for i, line in enumerate(workloads):
+        if line.strip():
+            index_of.setdefault(json.loads(line)[0], set()).add(i)
+    owner: dict[int, list[str]] = {}
+    for name, func in funcs.items():
+        for i in index_of.get(_workload_hash(func), ()):
+            owner.setdefault(i, []).append(name)
+    out: dict[str, list[float]] = {name: [] for name in funcs}
+    for index, lat in _records_in_order(work_dir, set(owner)):
+        for name in owner.get(index, ()):
+            out[name].append(lat)
     return out
 
 
@@ -310,7 +353,9 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     # those ops a kernel and a batch of its own: equal footing at equal budget) and one for its join:
     # the composed seed alone never reaches the intensive-fusion structure
     floors = [len(minis_of[n]) + 1 if n in minis_of else 1 for n in final]
-    budgets = _budgets([t.weight for t in final.values()], settings.trials, settings.per_iter, floors)
+    # "latency": the plan is the first batches only; the rest of the budget goes round by round
+    first_pass = settings.trials if settings.scheduler != "latency" else 0
+    budgets = _budgets([t.weight for t in final.values()], first_pass, settings.unit, floors)
     final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 
     tasks: list[Task] = []
@@ -330,8 +375,8 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             new.append(Task(name, "mini", tuple(mini), parent, sum(plan.weights[n] for n in mini), 0))
         # the minis get split_fraction of the budget, at least a batch each; the joined kernel the rest,
         # which may be only its seed (the composed schedule, measured) when the budget is tight
-        share = min(parent_task.budget, max(settings.split_fraction * parent_task.budget, settings.per_iter * len(new)))
-        mini_budgets = _budgets([t.weight for t in new], int(share), settings.per_iter)
+        share = min(parent_task.budget, max(settings.split_fraction * parent_task.budget, settings.unit * len(new)))
+        mini_budgets = _budgets([t.weight for t in new], int(share), settings.unit)
         tasks.extend(replace(t, budget=b) for t, b in zip(new, mini_budgets))
         final[parent] = replace(parent_task, phase="joined", budget=max(1, parent_task.budget - sum(mini_budgets)))
     # a kernel that is also one of a join's minis (an identical op group elsewhere, tuned once) goes with
@@ -341,11 +386,18 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of)
 
 
+def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
+    """Trials of the session's plan (``mod``: a legalized module): every task's share of the budget
+    ("weight"), or its first batch only ("latency")."""
+    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
+    return sum(t.budget for t in plan.tasks)
+
+
 def planned_trials(mod, spec, settings: TuneSettings) -> int:
     """Trials a session with ``settings`` would spend on ``mod`` (a legalized module) at most: every
     kernel gets at least one search batch, so a model with many kernels can exceed ``settings.trials``."""
-    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
-    return sum(t.budget for t in plan.tasks)
+    first = first_pass_trials(mod, spec, settings)
+    return max(first, settings.trials) if settings.scheduler == "latency" else first
 
 
 def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:
@@ -375,7 +427,7 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
-BEFORE_SETTING = {"cold_weights": False}
+BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8}
 
 
 def _settings_but_trials(settings: dict) -> dict:
@@ -933,6 +985,48 @@ def unspent(plan: TaskPlan, joined: Task, spent: dict[str, int]) -> int:
                if t.phase == "mini" and t.parent == joined.name)
 
 
+# ----------------------------------------------------------------------------- the latency scheduler
+
+
+#: The latency scheduler's optimism: a task's next round of ``per_iter`` trials is expected to gain
+#: PRIOR_GAIN × per_iter / (trials so far + per_iter) of its time before its own record says otherwise
+#: (a fresh search gains most; Ansor's forward estimate plays this part).
+PRIOR_GAIN = 0.5
+
+
+def expected_gain(latencies: list[float], per_iter: int) -> float:
+    """The share of a task's time its next round is expected to save: the mean of what its last
+    ``per_iter`` trials brought (the search as it goes now) and the prior (:data:`PRIOR_GAIN`)."""
+    prior = PRIOR_GAIN * per_iter / (len(latencies) + per_iter)
+    if len(latencies) <= per_iter:
+        return prior
+    before, now = min(latencies[:-per_iter]), min(latencies)
+    recent = (before - now) / before if math.inf > before > 0 else prior
+    return (recent + prior) / 2
+
+
+def model_times(plan: TaskPlan, verified: dict, progress: dict) -> dict[str, float]:
+    """Each task's time in one run of the model (ms, every call): only tasks the model is built with
+    now count — a split subgraph's join or its minis, as :func:`toolchain.pairing.choose` decides.
+    A task's time is its verified latency, else the best it measured; a task with neither is left out."""
+    def ms(name: str) -> float | None:
+        entry = verified.get(name, {})
+        if entry.get("status") == "verified":
+            return entry["latency_ms"]
+        best = progress.get(name, {}).get("best_ms")
+        return best if best is not None and best < math.inf else None
+
+    out: dict[str, float] = {}
+    for name in plan.group_tasks:  # one entry per subgraph instance: calls count themselves
+        minis = [n for n, _ in plan.compositions.get(name, [])]
+        parts = [name] if not minis or choose(name, minis, verified).build == "joined" else minis
+        for part in parts:
+            t = ms(part)
+            if t is not None:
+                out[part] = out.get(part, 0.0) + t
+    return out
+
+
 def tune_model(
     mod,
     model_sha256: str,
@@ -956,7 +1050,9 @@ def tune_model(
     database = db.ms_database()
     verified = db.verified
     progress = db.progress
-    on_event("plan", tasks=[t.to_json() for t in plan.tasks])
+    first = sum(t.budget for t in plan.tasks)
+    on_event("plan", tasks=[t.to_json() for t in plan.tasks], first_pass=first,
+             total=max(first, settings.trials) if settings.scheduler == "latency" else first)
     work = db.root / "logs"
     tasks_by_name = {t.name: t for t in plan.tasks}
     intensive = settings.intensive and settings.partition == "ago"
@@ -971,7 +1067,7 @@ def tune_model(
         func = plan.funcs[task.name]
         checked = False
         while done < budget:
-            if check_join and not checked and done >= settings.per_iter:
+            if check_join and not checked and done >= settings.unit:
                 checked = True
                 best_ms = progress.get(task.name, {}).get("best_ms")
                 seed_ms = progress.get(task.name, {}).get("seed_ms")
@@ -988,7 +1084,7 @@ def tune_model(
                              **({"together": together} if together else {}))
                     return done, None, budget - done
             # a join's first chunk is one batch, so that the comparison above comes early
-            chunk = min(budget - done, settings.per_iter if check_join and not checked else 2 * settings.per_iter)
+            chunk = min(budget - done, settings.unit if check_join and not checked else 2 * settings.per_iter)
             try:
                 exhausted = tune_trials(func, spec, database, chunk, settings, intensive, work / task.name, measure,
                                         cost_model())
@@ -1079,6 +1175,27 @@ def tune_model(
                 keep(task, len(trial_latencies(db.ms_dir, func)), None, time.perf_counter())
             progress[task.name]["reseeded"] = True
             db.save_progress(progress)
+    if settings.scheduler == "latency":  # the rest of the budget, round by round, where it saves most
+        out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
+        while True:
+            lats = trial_latencies_of(db.ms_dir, plan.funcs)
+            left = settings.trials - sum(len(v) for v in lats.values())
+            times = {n: t for n, t in model_times(plan, verified, progress).items()
+                     if n not in out and not progress.get(n, {}).get("exhausted")
+                     and not verified.get(n, {}).get("search_error")}
+            if left <= 0 or not times:
+                break
+            gains = {n: t * expected_gain(lats[n], settings.per_iter) for n, t in times.items()}
+            name = max(gains, key=gains.get)
+            task, done = tasks_by_name[name], len(lats[name])
+            target = done + min(settings.per_iter, left)
+            on_event("round", task=name, model_ms=times[name], gain_ms=gains[name], left=left)
+            on_event("task", task=name, phase=task.phase, done=done, budget=target)
+            started = time.perf_counter()
+            now, error, _ = search(task, done, target, stop_when_stable=False, check_join=False)
+            if error or now <= done:
+                out.add(name)
+            keep(task, now, error, started)
     # join or minis: decided on the kept schedules timed together (toolchain/pairing.py)
     pair_joins(plan, verified, spec, settings, measure, on_event)
     db.save_verified(verified)
