@@ -325,8 +325,10 @@ def bench_result_table(result: dict) -> Table:
 
 def tune_status_table(summary: dict, db_dir) -> Table:
     settings = summary["session"]["settings"]
+    latency = settings.get("scheduler") == "latency"
     title = (
-        f"tuning database {db_dir}: partition {settings['partition']}, {settings['trials']} trials, "
+        f"tuning database {db_dir}: partition {settings['partition']}, {settings['trials']} trials"
+        f"{' (latency scheduler: trials/first batch)' if latency else ''}, "
         f"intensive {'on' if settings['intensive'] else 'off'}, reformer {'on' if settings['reformer'] else 'off'}; "
         f"estimated model latency {summary['estimate_ms']:.3f} ms"
     )

@@ -1144,7 +1144,7 @@ def tune_model(
                 progress[task.name] = {"trials": 1, "seed_ms": seed_ms, "best_ms": seed_ms}
                 db.save_progress(progress)
             else:  # nothing to start from: one batch of its own at least
-                budget = max(budget, settings.per_iter)
+                budget = max(budget, settings.unit)
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing

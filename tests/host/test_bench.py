@@ -1,6 +1,7 @@
 """The benchmark harness: schema of the results, failure recording, statistics. No timing asserts."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from PIL import Image
@@ -162,6 +163,12 @@ def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_
     assert budget == 48  # 3 kernels × one batch of 16, whole batches
     roomy = tiny_settings(trials=160)
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], roomy) == 160
+    # the latency scheduler: a first batch of 8 per task (AGO: 1 kernel per subgraph; stock: 3 kernels),
+    # and at least twice the larger first pass, so that half the budget or more goes round by round
+    latency = replace(tiny_settings(trials=16), scheduler="latency")
+    assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], latency) == 48
+    assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"],
+                              replace(roomy, scheduler="latency")) == 160
 
 
 def test_bench_suite_cli_logs_one_line_per_stage_when_not_on_a_terminal(cli, tmp_path):

@@ -240,6 +240,8 @@ def fake_search(monkeypatch):
     monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
     monkeypatch.setattr(tuning, "latency", lambda record: record)
     monkeypatch.setattr(tuning, "trial_latencies", lambda work_dir, func: list(trials.get(func.script(), [])))
+    monkeypatch.setattr(tuning, "trial_latencies_of", lambda work_dir, funcs: {
+        name: list(trials.get(func.script(), [])) for name, func in funcs.items()})
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
@@ -571,3 +573,73 @@ def test_a_search_space_with_nothing_left_to_try_ends_its_task(tmp_path):
     exhausted = tuning.tune_trials(func, SPEC, db.ms_database(), 256, settings, False, tmp_path / "logs")
     measured = len(tuning.trial_latencies(db.ms_dir))  # (the database holds this workload only)
     assert exhausted and 0 < measured < 16
+
+
+def test_expected_gain_is_optimistic_early_and_follows_the_search_after():
+    assert tuning.expected_gain([], 8) == pytest.approx(0.5)  # a fresh task: the whole prior
+    assert tuning.expected_gain([1.0] * 8, 8) == pytest.approx(0.25)  # one round, no record to go by
+    flat = tuning.expected_gain([1.0] * 24, 8)  # its last round brought nothing: half the prior
+    assert flat == pytest.approx(0.5 * 0.5 * 8 / 32)
+    improving = tuning.expected_gain([1.0] * 16 + [0.5] * 8, 8)  # its last round halved its time
+    assert improving == pytest.approx((0.5 + 0.5 * 8 / 32) / 2) and improving > flat
+    assert tuning.expected_gain([math.inf] * 16 + [1.0] * 8, 8) == pytest.approx(0.5 * 8 / 32)  # nothing to compare
+
+
+def test_model_times_count_what_the_model_is_built_with(dwsep_split):
+    mod, graph, *_ = dwsep_split
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9))
+    minis = [t.name for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t.name for t in plan.tasks if t.phase == "joined"]
+    verified = {n: {"status": "verified", "latency_ms": 1.0} for n in minis}
+    verified[joined] = {"status": "verified", "latency_ms": 2.0}
+    assert tuning.model_times(plan, verified, {}) == {joined: 2.0}  # faster than its minis: built joined
+    verified[joined]["latency_ms"] = 5.0
+    assert tuning.model_times(plan, verified, {}) == {n: 1.0 for n in minis}  # built as its minis
+    del verified[minis[0]]  # not verified yet: the best it measured, when it has one
+    assert tuning.model_times(plan, verified, {minis[0]: {"best_ms": 0.5}}) == {joined: 5.0}  # 2.5 < 5
+    assert tuning.model_times(plan, verified, {}) == {joined: 5.0}  # a mini without a time: the join
+
+
+def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dwsep_split, tmp_path, fake_search):
+    """A first batch of ``warmup`` per task, then rounds of ``per_iter`` by model time × expected gain:
+    the join runs slower than its minis together, so it gets no rounds; the slowest mini gets most.
+    The whole budget is spent, and a resumed session adds nothing."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    settings = tuning.TuneSettings(trials=96, per_iter=8, warmup=4, scheduler="latency", threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    minis = [t for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    assert [t.budget for t in plan.tasks] == [4] * 4  # the first pass: a batch of 4 per mini and one for the join
+    assert tuning.first_pass_trials(mod, SPEC, settings) == 16 and tuning.planned_trials(mod, SPEC, settings) == 96
+    for t, speed in zip(minis, (4.0, 2.0, 1.0)):
+        trials.speed_ms[plan.funcs[t.name].script()] = speed
+    trials.speed_ms[plan.funcs[joined.name].script()] = 9.0
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    used = [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)]
+    assert sum(used) == 96 and used[3] == 4  # all spent; none on the join, which is built as its minis
+    assert used[0] > used[1] > used[2] >= 4
+    rounds = [i for k, i in events if k == "round"]
+    assert len(rounds) == (96 - 16) // 8 and rounds[0]["task"] == minis[0].name and rounds[0]["left"] == 80
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == used
+    # where the join is the faster, the rounds all go to it
+    trials.clear()
+    trials.speed_ms[plan.funcs[joined.name].script()] = 1.0
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "again")
+    assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == [4, 4, 4, 84]
+
+
+def test_a_database_keeps_its_scheduler_and_a_bad_one_is_refused(tmp_path, cli):
+    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
+           "settings": {k: v for k, v in tuning.TuneSettings(trials=8).to_json().items()
+                        if k not in ("scheduler", "warmup")}}  # made before there was a choice: by weight
+    tuning.TuneDB(tmp_path).open_session(old)
+    with pytest.raises(tuning.TuningError, match="different settings"):
+        tuning.TuneDB(tmp_path).open_session(
+            {**old, "settings": tuning.TuneSettings(trials=8, scheduler="latency").to_json()})
+    tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=64).to_json()})
+    result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--scheduler", "fastest")
+    assert result.exit_code == 1 and "unknown scheduler 'fastest'" in result.stderr
+    assert not (tmp_path / "db").exists()
