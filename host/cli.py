@@ -714,14 +714,14 @@ def bench_suite(
         sizes = [int(x) for x in shapes.split(",")] if shapes else None
     except ValueError:
         raise InputShapeError(f"--shapes '{shapes}': expected comma-separated integers like 56,112") from None
-    names = [m.strip() for m in models_.split(",")] if models_ else None
-    settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
-    settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
-                       trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler)
     from toolchain.tuning import SCHEDULERS
 
     if scheduler not in SCHEDULERS:
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
+    names = [m.strip() for m in models_.split(",")] if models_ else None
+    settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
+    settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
+                       trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -197,9 +197,11 @@ def _records_in_order(work_dir: Path, wanted: set | None = None) -> list[tuple[i
     return out
 
 
-def trial_latencies_of(work_dir: Path, funcs: dict) -> dict:
-    """:func:`trial_latencies` of several kernels ({name: PrimFunc}) from one reading of the database."""
+def trial_latencies_of(work_dir: Path, funcs: dict, hashes: dict | None = None) -> dict:
+    """:func:`trial_latencies` of several kernels ({name: PrimFunc}) from one reading of the database.
+    ``hashes``: their workload hashes ({name: :func:`_workload_hash`}) when the caller already has them."""
     work_dir = Path(work_dir)
+    hashes = hashes or {name: _workload_hash(func) for name, func in funcs.items()}
     path = work_dir / "database_workload.json"
     workloads = path.read_text().splitlines() if path.exists() else []
     index_of: dict[str, set[int]] = {}
@@ -207,8 +209,8 @@ def trial_latencies_of(work_dir: Path, funcs: dict) -> dict:
         if line.strip():
             index_of.setdefault(json.loads(line)[0], set()).add(i)
     owner: dict[int, list[str]] = {}
-    for name, func in funcs.items():
-        for i in index_of.get(_workload_hash(func), ()):
+    for name in funcs:
+        for i in index_of.get(hashes[name], ()):
             owner.setdefault(i, []).append(name)
     out: dict[str, list[float]] = {name: [] for name in funcs}
     for index, lat in _records_in_order(work_dir, set(owner)):
@@ -393,11 +395,16 @@ def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
     return sum(t.budget for t in plan.tasks)
 
 
+def session_trials(first_pass: int, settings: TuneSettings) -> int:
+    """Trials a session spends at most, its plan taking ``first_pass``: the plan ("weight"), or the
+    whole budget ("latency"; more where the first batches alone need more)."""
+    return max(first_pass, settings.trials) if settings.scheduler == "latency" else first_pass
+
+
 def planned_trials(mod, spec, settings: TuneSettings) -> int:
     """Trials a session with ``settings`` would spend on ``mod`` (a legalized module) at most: every
     kernel gets at least one search batch, so a model with many kernels can exceed ``settings.trials``."""
-    first = first_pass_trials(mod, spec, settings)
-    return max(first, settings.trials) if settings.scheduler == "latency" else first
+    return session_trials(first_pass_trials(mod, spec, settings), settings)
 
 
 def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:
@@ -1051,8 +1058,7 @@ def tune_model(
     verified = db.verified
     progress = db.progress
     first = sum(t.budget for t in plan.tasks)
-    on_event("plan", tasks=[t.to_json() for t in plan.tasks], first_pass=first,
-             total=max(first, settings.trials) if settings.scheduler == "latency" else first)
+    on_event("plan", tasks=[t.to_json() for t in plan.tasks], first_pass=first, total=session_trials(first, settings))
     work = db.root / "logs"
     tasks_by_name = {t.name: t for t in plan.tasks}
     intensive = settings.intensive and settings.partition == "ago"
@@ -1177,8 +1183,9 @@ def tune_model(
             db.save_progress(progress)
     if settings.scheduler == "latency":  # the rest of the budget, round by round, where it saves most
         out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
+        hashes = {name: _workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
         while True:
-            lats = trial_latencies_of(db.ms_dir, plan.funcs)
+            lats = trial_latencies_of(db.ms_dir, plan.funcs, hashes)
             left = settings.trials - sum(len(v) for v in lats.values())
             times = {n: t for n, t in model_times(plan, verified, progress).items()
                      if n not in out and not progress.get(n, {}).get("exhausted")

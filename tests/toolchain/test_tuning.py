@@ -240,7 +240,7 @@ def fake_search(monkeypatch):
     monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
     monkeypatch.setattr(tuning, "latency", lambda record: record)
     monkeypatch.setattr(tuning, "trial_latencies", lambda work_dir, func: list(trials.get(func.script(), [])))
-    monkeypatch.setattr(tuning, "trial_latencies_of", lambda work_dir, funcs: {
+    monkeypatch.setattr(tuning, "trial_latencies_of", lambda work_dir, funcs, hashes=None: {
         name: list(trials.get(func.script(), [])) for name, func in funcs.items()})
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
