@@ -459,6 +459,9 @@ def tune(
     scheduler: str = typer.Option("weight", help="How the budget is spread over the kernels: weight (planned "
                                   "by AGO weight) or latency (a first batch each, then rounds where they save most)."),
     warmup: int = typer.Option(8, help="--scheduler latency: every kernel's first batch."),
+    no_prepack: bool = typer.Option(
+        False, "--no-prepack", help="Keep every weight in the model's layout (by default a schedule may store "
+        "each weight in the order it reads it, rewritten once at build time)."),
     warm_weights: bool = typer.Option(
         False, "--warm-weights", help="Time candidates with their weights in cache (repeated calls, as a "
         "micro-benchmark does) instead of flushed (as the model runs them: the default)."),
@@ -503,7 +506,7 @@ def tune(
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
-        cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup,
+        cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -518,7 +521,8 @@ def tune(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where)}: {trials} trials, partition {partition}, "
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
         f"split {split_fraction:g}, {per_iter}/batch, scheduler {scheduler}"
-        f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}"
+        f"{', not prepacked' if no_prepack else ', prepacked'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -691,6 +695,8 @@ def bench_suite(
     trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
     scheduler: str = typer.Option("weight", help="How every tuned variant spreads its budget: weight or latency "
                                   "(see agoc tune --help)."),
+    no_prepack: bool = typer.Option(False, "--no-prepack", help="Tune every variant with weights in the model's "
+                                    "layout (see agoc tune --help)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -721,7 +727,8 @@ def bench_suite(
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
-                       trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler)
+                       trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
+                       prepack=not no_prepack)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -80,6 +80,50 @@ def fuse_stock(mod, spec: TargetSpec):
         raise BuildError(f"fusing the model failed: {error_line(exc)} (rerun with --debug)") from exc
 
 
+def mark_weights(mod):
+    """Mark every kernel's weight parameters layout-free (``layout_free_buffers``): the parameters
+    ``main`` passes a constant at every call. MetaSchedule's ``RewriteLayout`` postprocessor may then
+    store such a weight in the order its schedule reads it (Ansor's layout rewrite); what the kernel
+    would do first on every call is done once at build time by :func:`prepack_weights`.
+
+    TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
+    import tvm
+    from tvm import relax, tirx
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    constant: dict[str, set[int]] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], relax.GlobalVar):
+            args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
+            here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
+            name = expr.args[0].name_hint
+            constant[name] = constant[name] & here if name in constant else here
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc) and constant.get(gv.name_hint):
+            out[gv] = func.with_attr("layout_free_buffers", sorted(constant[gv.name_hint]))
+    return out
+
+
+def prepack_weights(mod, spec: TargetSpec):
+    """After scheduling: a kernel whose schedule rewrote a weight's layout (see :func:`mark_weights`)
+    carries the rewrite as a first block; split it into a kernel of its own and fold it on the
+    constant weight now, so the model stores the weight rewritten and the kernel reads it directly."""
+    import tvm
+    from tvm import relax
+
+    try:
+        with spec.tvm():
+            return tvm.transform.Sequential(
+                [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
+            )(mod)
+    except Exception as exc:
+        raise BuildError(f"pre-packing the weights failed: {error_line(exc)} (rerun with --debug)") from exc
+
+
 def kernels(mod) -> list[KernelInfo]:
     """The PrimFuncs of a fused module with their call counts from ``main``, in call order."""
     import tvm

@@ -92,7 +92,7 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
     Raises RuntimeError naming the kernel when one does not build or run."""
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
-    from toolchain.tuning import _builder, scheduled
+    from toolchain.tuning import _builder, as_built, scheduled
 
     mods = [scheduled(func, trace).mod for func, trace in kernels]
     built = _builder(spec, measure, 1).build([BuilderInput(m, spec.tvm()) for m in mods])
@@ -102,7 +102,7 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
                 raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
         paths = [b.artifact_path for b in built]
         together = getattr(measure, "together", None) or functools.partial(_rounds_on_runner, settings, measure)
-        return together(paths, [func for func, _ in kernels], rounds)
+        return together(paths, [as_built(m)["main"] for m in mods], rounds)  # the parameters as built
     finally:
         for b in built:  # the builder's files (each in a temporary directory of its own)
             if b.artifact_path:

@@ -95,6 +95,8 @@ class TuneSettings:
     scheduler: str = "weight"  # how the budget is spread over the tasks (SCHEDULERS)
     warmup: int = 8  # "latency" scheduler: the first batch every task gets (a split subgraph: one per
     # mini and one for its join) before the rest goes round by round where it saves the most model time
+    prepack: bool = True  # weights layout-free: a schedule may store each weight in the order it reads
+    # it (MetaSchedule's RewriteLayout; folded at build time, build.prepack_weights)
 
     @property
     def unit(self) -> int:
@@ -134,12 +136,20 @@ class Task:
 # ----------------------------------------------------------------------------- helpers
 
 
+def as_built(mod):
+    """A scheduled kernel's module as it is built and timed: a weight whose layout the schedule rewrote
+    (``TuneSettings.prepack``) is passed rewritten, its rewrite block left out (the model does it once,
+    at build time): its ``main``'s parameters are what a runner must pass."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+
+
 def fast_build(mod, target, _params=None):
     """``LocalBuilder`` ``f_build`` without the stock builder's ``tvm.s_tir.tensor_intrin`` import (≈11 s/batch)."""
     from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    return tvm_build(as_built(mod), target=target)
 
 
 def plain(obj):
@@ -311,12 +321,13 @@ def _block_names(func) -> list[str]:
 def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[object, TaskPlan]:
     """Legalized module → (fused module, the tuning tasks)."""
     threshold = settings.threshold if settings.threshold is not None else partition.DEFAULT_THRESHOLD
+    mark = build.mark_weights if settings.prepack else (lambda m: m)
     if settings.partition == "stock":
-        fused = build.fuse_stock(mod, spec)
+        fused = mark(build.fuse_stock(mod, spec))
         plan = partition.plan("stock", mod, spec, graph=graph)
     else:
         plan = partition.plan("ago", mod, spec, threshold, graph)
-        fused = fusion.fuse_groups(mod, plan.groups, spec)
+        fused = mark(fusion.fuse_groups(mod, plan.groups, spec))
     kernels = group_kernels(fused)
     weights_by_node = plan.weights
     funcs: dict = {}
@@ -345,7 +356,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     split_of: dict[int, list] = {}
     if settings.partition == "ago" and settings.reformer:
         split = reform.split_plan(graph, plan, threshold)
-        mini_kernels = group_kernels(fusion.fuse_groups(mod, split.plan.groups, spec))
+        mini_kernels = group_kernels(mark(fusion.fuse_groups(mod, split.plan.groups, spec)))
         for parent_index, parent in enumerate(order):
             minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
             if len(minis) >= 2:  # one reducing op: tuned directly
@@ -434,7 +445,7 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
-BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8}
+BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False}
 
 
 def _settings_but_trials(settings: dict) -> dict:
@@ -941,7 +952,7 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
     if built.error_msg:
         return False
-    args = ms.arg_info.ArgInfo.from_prim_func(func)
+    args = ms.arg_info.ArgInfo.from_prim_func(as_built(sch.mod)["main"])
     result = _runner(settings, measure).run([RunnerInput(built.artifact_path, "cpu", args)])[0].result()
     if result.error_msg or not result.run_secs:
         return False
@@ -1288,13 +1299,17 @@ def unfuse_slower(plan, db_dir: Path):
 
 
 def apply_verified(fused_mod, db_dir: Path, spec):
-    """Schedule the fused module's kernels with the verified records of ``db_dir`` (others stay default)."""
+    """Schedule the fused module's kernels with the verified records of ``db_dir`` (others stay default);
+    a database tuned with ``prepack`` also gets its rewritten weights folded (build.prepack_weights)."""
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
     db = TuneDB(db_dir)
     if db.session is None:
         raise TuningError(f"{db_dir} is not a tuning database; create one with `agoc tune`")
+    prepack = _settings_but_trials(db.session.get("settings", {}))["prepack"]
+    if prepack:
+        fused_mod = build.mark_weights(fused_mod)
     verified = db.verified
     by_hash = {t.name.rsplit("-", 1)[-1]: t.name for t in db.tasks}
     memory = ms.database.MemoryDatabase()
@@ -1318,4 +1333,4 @@ def apply_verified(fused_mod, db_dir: Path, spec):
         applied += 1
     with spec.tvm(), memory:
         out = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
-    return out, applied
+    return (build.prepack_weights(out, spec) if prepack else out), applied

@@ -475,13 +475,17 @@ def test_a_database_for_another_model_is_refused(tmp_path):
 
 def test_a_database_timed_warm_is_not_continued_cold(tmp_path):
     """Records timed with weights in cache and flushed are not comparable: a database made before
-    cold timing existed (no such setting recorded) resumes only with --warm-weights."""
+    cold timing existed (no such setting recorded) resumes only with --warm-weights (and, made before
+    weights were pre-packed, --no-prepack)."""
     old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
     tuning.TuneDB(tmp_path).open_session(old)
     cold = {**old, "settings": tuning.TuneSettings(trials=8).to_json()}
     with pytest.raises(tuning.TuningError, match="different settings"):
         tuning.TuneDB(tmp_path).open_session(cold)
-    tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False).to_json()})
+    with pytest.raises(tuning.TuningError, match="different settings"):
+        tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False).to_json()})
+    tuning.TuneDB(tmp_path).open_session(
+        {**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False, prepack=False).to_json()})
 
 
 @pytest.mark.slow
