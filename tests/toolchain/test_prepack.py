@@ -1,0 +1,106 @@
+"""Weights pre-packed: a kernel's constant weights are layout-free, a schedule may rewrite their layout,
+and the rewrite is done once at build time, not on every call."""
+
+import numpy as np
+import pytest
+
+import models
+from toolchain import build, onnx_import, tuning
+from toolchain.reference import run_onnxruntime
+from toolchain.targets import resolve_target
+
+SPEC = resolve_target("host")
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = models.build("tiny-cnn")
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    return model, build.fuse_stock(mod, SPEC)
+
+
+def _calls(mod) -> list[tuple[str, list]]:
+    """(kernel name, arguments) of every call_tir in ``main``."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    out = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+            args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
+            out.append((expr.args[0].name_hint, list(args)))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return out
+
+
+def _param_shapes(mod) -> set[tuple[int, ...]]:
+    """Shapes of every parameter of the kernels ``main`` calls."""
+    return {tuple(int(d) for d in p.ty.shape) for name, _ in _calls(mod) for p in mod[name].params}
+
+
+def test_the_constant_arguments_of_every_kernel_are_marked_layout_free(cnn):
+    import tvm
+
+    _, fused = cnn
+    marked = build.mark_weights(fused)
+    assert {gv.name_hint for gv in marked.functions} == {gv.name_hint for gv in fused.functions}  # none renamed
+    calls = _calls(fused)
+    assert any(isinstance(a, tvm.ir.Constant) for _, args in calls for a in args)
+    for name, args in calls:
+        constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)]
+        attr = marked[name].attrs.get("layout_free_buffers") if marked[name].attrs else None
+        assert ([int(i) for i in attr] if attr is not None else []) == constant, name
+        assert 0 not in constant  # the activation a kernel reads is never layout-free
+        assert not fused[name].attrs or "layout_free_buffers" not in fused[name].attrs  # the input stays as it was
+
+
+def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_onnxruntime(cnn, tmp_path):
+    """A database tuned with prepack holds a schedule whose weight layout is rewritten inside the
+    kernel; compiling with it stores the weight rewritten (a new constant) and leaves no rewrite
+    block in any kernel — and the model computes what onnxruntime does."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.s_tir import meta_schedule as ms
+
+    model, fused = cnn
+    marked = build.mark_weights(fused)
+    name, func = next((n, f) for n, f in tuning.group_kernels(marked) if "conv2d" in n)
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
+    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
+    assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
+
+    db = tuning.TuneDB(tmp_path)
+    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target,
+                     "settings": tuning.TuneSettings().to_json()})
+    task = tuning.task_name(name, func)
+    db.save_tasks([tuning.Task(task, "kernel", (), None, 1.0, 16)])
+    db.save_verified({task: {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}})
+    out, applied = tuning.apply_verified(fused, tmp_path, SPEC)
+    assert applied == 1
+    assert "layout_rewrite_preproc" not in out.script()
+    assert _param_shapes(out) - _param_shapes(fused)  # the weight, stored in the schedule's order
+
+    (info,) = onnx_import.resolve_inputs(model, {})
+    x = np.random.default_rng(0).standard_normal(info.shape).astype("float32")
+    expected = next(iter(run_onnxruntime(model, {info.name: x}).values()))
+    vm = relax.VirtualMachine(build.lower_and_compile(out, SPEC.tvm(), cpu, ""), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_database_tuned_without_prepack_compiles_with_the_weights_as_they_are(cnn, tmp_path):
+    _, fused = cnn
+    name, func = tuning.group_kernels(fused)[0]
+    db = tuning.TuneDB(tmp_path)
+    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target,
+                     "settings": tuning.TuneSettings(prepack=False).to_json()})
+    db.save_tasks([tuning.Task(tuning.task_name(name, func), "kernel", (), None, 1.0, 16)])
+    out, applied = tuning.apply_verified(fused, tmp_path, SPEC)
+    assert applied == 0 and _param_shapes(out) == _param_shapes(fused)
+    assert not any(f.attrs and "layout_free_buffers" in f.attrs for f in out.functions.values()
+                   if hasattr(f, "attrs") and type(f).__name__ == "PrimFunc")
