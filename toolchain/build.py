@@ -80,6 +80,23 @@ def fuse_stock(mod, spec: TargetSpec):
         raise BuildError(f"fusing the model failed: {error_line(exc)} (rerun with --debug)") from exc
 
 
+def kernel_calls(func) -> list[tuple[str, list]]:
+    """(kernel name, arguments) of every ``call_tir`` of a PrimFunc in the Relax function ``func``, in order."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    out: list[tuple[str, list]] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], relax.GlobalVar):
+            args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
+            out.append((expr.args[0].name_hint, list(args)))
+
+    relax.analysis.post_order_visit(func, visit)
+    return out
+
+
 def mark_weights(mod):
     """Mark every kernel's weight parameters layout-free (``layout_free_buffers``): the parameters
     ``main`` passes a constant at every call. MetaSchedule's ``RewriteLayout`` postprocessor may then
@@ -88,19 +105,12 @@ def mark_weights(mod):
 
     TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
     import tvm
-    from tvm import relax, tirx
+    from tvm import tirx
 
-    call_tir = tvm.ir.Op.get("relax.call_tir")
     constant: dict[str, set[int]] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], relax.GlobalVar):
-            args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
-            here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
-            name = expr.args[0].name_hint
-            constant[name] = constant[name] & here if name in constant else here
-
-    relax.analysis.post_order_visit(mod["main"], visit)
+    for name, args in kernel_calls(mod["main"]):
+        here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
+        constant[name] = constant[name] & here if name in constant else here
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc) and constant.get(gv.name_hint):
@@ -126,26 +136,13 @@ def prepack_weights(mod, spec: TargetSpec):
 
 def kernels(mod) -> list[KernelInfo]:
     """The PrimFuncs of a fused module with their call counts from ``main``, in call order."""
-    import tvm
     from tvm import relax, tirx
 
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    counts: collections.Counter[str] = collections.Counter()
-    order: list[str] = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.args[0] if expr.args else None, relax.GlobalVar):
-            if expr.op.same_as(call_tir):
-                name = expr.args[0].name_hint
-                if name not in counts:
-                    order.append(name)
-                counts[name] += 1
-
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
+    counts: collections.Counter[str] = collections.Counter(
+        name for func in mod.functions.values() if isinstance(func, relax.Function) for name, _ in kernel_calls(func)
+    )
     prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    return [KernelInfo(name, counts[name]) for name in order if name in prim_names]
+    return [KernelInfo(name, n) for name, n in counts.items() if name in prim_names]
 
 
 def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path:

@@ -19,26 +19,9 @@ def cnn():
     return model, build.fuse_stock(mod, SPEC)
 
 
-def _calls(mod) -> list[tuple[str, list]]:
-    """(kernel name, arguments) of every call_tir in ``main``."""
-    import tvm
-    from tvm import relax
-
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    out = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
-            args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
-            out.append((expr.args[0].name_hint, list(args)))
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return out
-
-
 def _param_shapes(mod) -> set[tuple[int, ...]]:
     """Shapes of every parameter of the kernels ``main`` calls."""
-    return {tuple(int(d) for d in p.ty.shape) for name, _ in _calls(mod) for p in mod[name].params}
+    return {tuple(int(d) for d in p.ty.shape) for name, _ in build.kernel_calls(mod["main"]) for p in mod[name].params}
 
 
 def test_the_constant_arguments_of_every_kernel_are_marked_layout_free(cnn):
@@ -47,7 +30,7 @@ def test_the_constant_arguments_of_every_kernel_are_marked_layout_free(cnn):
     _, fused = cnn
     marked = build.mark_weights(fused)
     assert {gv.name_hint for gv in marked.functions} == {gv.name_hint for gv in fused.functions}  # none renamed
-    calls = _calls(fused)
+    calls = build.kernel_calls(fused["main"])
     assert any(isinstance(a, tvm.ir.Constant) for _, args in calls for a in args)
     for name, args in calls:
         constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)]
