@@ -87,6 +87,7 @@ class Settings:
     proxy: str | None = None  # phone-cache proxy geometry (host/proxy.py) simulated for every TVM variant
     scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tuning.SCHEDULERS)
     prepack: bool = True  # every tuned variant may rewrite its weights' layout (toolchain.tuning.TuneSettings)
+    transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
@@ -287,7 +288,7 @@ def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: i
         trials=settings.trials if trials is None else trials, partition=variant.partition,
         threshold=_threshold(suite),
         intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
-        scheduler=settings.scheduler, prepack=settings.prepack,
+        scheduler=settings.scheduler, prepack=settings.prepack, transfer=settings.transfer,
     )
 
 

@@ -465,6 +465,9 @@ def tune(
     warm_weights: bool = typer.Option(
         False, "--warm-weights", help="Time candidates with their weights in cache (repeated calls, as a "
         "micro-benchmark does) instead of flushed (as the model runs them: the default)."),
+    transfer: int = typer.Option(
+        2, "--transfer", help="Start each kernel's search from the verified schedules of up to this many "
+        "kernels with the same blocks, re-fitted to its loops (0: from scratch)."),
     seed: int = typer.Option(0, help="Search seed."),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
@@ -503,10 +506,13 @@ def tune(
                                     + " or ".join(f"{k} ({v})" for k, v in tuning.SCHEDULERS.items()))
     if min(per_iter, warmup, trials) < 1:
         raise UnsupportedModelError("--trials, --per-iter and --warmup must be at least 1")
+    if transfer < 0:
+        raise UnsupportedModelError("--transfer must be 0 (off) or more")
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
         cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
+        transfer=transfer,
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -522,7 +528,8 @@ def tune(
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
         f"split {split_fraction:g}, {per_iter}/batch, scheduler {scheduler}"
         f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}"
-        f"{', not prepacked' if no_prepack else ', prepacked'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"{', not prepacked' if no_prepack else ', prepacked'}"
+        f"{f', seeds from up to {transfer} similar kernels' if transfer else ', every search from scratch'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -576,8 +583,12 @@ def tune(
                 f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch{minis} ({info['reason']}): "
                 f"its {info['left']} remaining trials go to its minis[/dim]", soft_wrap=True)
         elif kind == "seeded":
-            progress.console.print(f"[dim]{escape(info['task'])}: "
-                                   f"{'composed again from its minis' if info.get('again') else 'starts from the composed mini schedules'}[/dim]")
+            if info.get("siblings"):
+                how = (f"starts from the schedules of {len(info['siblings'])} kernel(s) like it "
+                       f"(best {info['best_ms']:.4f} ms)")
+            else:
+                how = "composed again from its minis" if info.get("again") else "starts from the composed mini schedules"
+            progress.console.print(f"[dim]{escape(info['task'])}: {how}[/dim]")
         elif kind == "pairing":
             progress.update(state["bar"], description=f"timing {info['task'][:40]} next to its {info['minis']} minis")
         elif kind == "paired":
@@ -697,6 +708,8 @@ def bench_suite(
                                   "(see agoc tune --help)."),
     no_prepack: bool = typer.Option(False, "--no-prepack", help="Tune every variant with weights in the model's "
                                     "layout (see agoc tune --help)."),
+    transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "
+                                 "variant (see agoc tune --help; 0: from scratch)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -724,11 +737,13 @@ def bench_suite(
 
     if scheduler not in SCHEDULERS:
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
+    if transfer < 0:
+        raise UnsupportedModelError("--transfer must be 0 (off) or more")
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
-                       prepack=not no_prepack)
+                       prepack=not no_prepack, transfer=transfer)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from toolchain import build, fusion, partition, reform
+from toolchain import build, fusion, partition, reform, transfer
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, time_join
@@ -97,6 +97,8 @@ class TuneSettings:
     # mini and one for its join) before the rest goes round by round where it saves the most model time
     prepack: bool = True  # weights layout-free: a schedule may store each weight in the order it reads
     # it (MetaSchedule's RewriteLayout; folded at build time, build.prepack_weights)
+    transfer: int = 2  # a kernel's search starts from the verified schedules of up to this many kernels
+    # with the same blocks, re-fitted to its loops (toolchain/transfer.py; each one a trial of its budget)
 
     @property
     def unit(self) -> int:
@@ -446,10 +448,14 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
 BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False}
+#: settings a database may be resumed with at another value: the budget, and how many sibling seeds a
+#: task not yet started gets (a seed is measured like any candidate; the records stay comparable)
+RESUMABLE_SETTINGS = ("trials", "transfer")
 
 
 def _settings_but_trials(settings: dict) -> dict:
-    return {k: v for k, v in {**TuneSettings().to_json(), **BEFORE_SETTING, **settings}.items() if k != "trials"}
+    return {k: v for k, v in {**TuneSettings().to_json(), **BEFORE_SETTING, **settings}.items()
+            if k not in RESUMABLE_SETTINGS}
 
 
 class TuneDB:
@@ -929,13 +935,6 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
     static checks and builds, measure it and commit it as the joined kernel's first record: the
     search then starts from it. Its latency is measured like any candidate's, never estimated."""
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.builder import BuilderInput
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
-
-    from toolchain.race_check import parallel_races
-    from toolchain.schedule_check import dropped_blocks
-
     parts = [
         (verified[name]["trace"], mapping)
         for name, mapping in plan.compositions.get(task.name, [])
@@ -947,7 +946,21 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
         sch = postprocess(sch, spec)
     if sch is not None:
         restore_unroll(sch, parts)
-    if sch is None or dropped_blocks(sch.mod) or parallel_races(sch.mod):
+    return sch is not None and commit_seed(sch, func, database, spec, settings, measure)
+
+
+def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Measure | None" = None) -> bool:
+    """A postprocessed schedule of ``func`` that passes the static checks and builds, measured like any
+    candidate and committed as one of ``func``'s records (a search then starts from it). False when
+    it fails a check, the build or the run."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from toolchain.race_check import parallel_races
+    from toolchain.schedule_check import dropped_blocks
+
+    if dropped_blocks(sch.mod) or parallel_races(sch.mod):
         return False
     built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
     if built.error_msg:
@@ -960,6 +973,32 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     workload = database.commit_workload(workload_module(func))
     database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, spec.tvm(), args))
     return True
+
+
+def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                       measure: "Measure | None" = None) -> list[str]:
+    """Start ``task`` from the verified schedules of up to ``settings.transfer`` kernels with the same
+    blocks (toolchain/transfer.py), each re-fitted to its loops, measured and committed as a record;
+    the names of the kernels whose schedules were committed."""
+    import tvm_ffi
+
+    func = plan.funcs[task.name]
+    done = {name: plan.funcs[name] for name, v in verified.items()
+            if v.get("status") == "verified" and v.get("trace") and name in plan.funcs and name != task.name}
+    seeded, seen = [], set()
+    for name in transfer.siblings(func, done, settings.transfer):
+        sch = transfer.transfer_schedule(plan.funcs[name], verified[name]["trace"], func, workload_module,
+                                         lambda trace: _rename_blocks(trace, {}))
+        sch = postprocess(sch, spec) if sch is not None else None
+        if sch is None:
+            continue
+        key = tvm_ffi.structural_hash(sch.mod)
+        if key in seen:  # two siblings' schedules may land on the same one here
+            continue
+        seen.add(key)
+        if commit_seed(sch, func, database, spec, settings, measure):
+            seeded.append(name)
+    return seeded
 
 
 # ----------------------------------------------------------------------------- the session
@@ -1162,6 +1201,15 @@ def tune_model(
                 db.save_progress(progress)
             else:  # nothing to start from: one batch of its own at least
                 budget = max(budget, settings.unit)
+        elif done == 0 and settings.transfer:  # a kernel or mini: from the schedules of kernels like it
+            seeded = seed_from_siblings(task, plan, database, spec, verified, settings, measure)
+            if seeded:
+                lat = trial_latencies(db.ms_dir, func)
+                done, best = len(lat), min(lat)
+                progress[task.name] = {"trials": done, "siblings": seeded,
+                                       "best_ms": best * 1e3 if best < math.inf else None}
+                db.save_progress(progress)
+                on_event("seeded", task=task.name, siblings=seeded, best_ms=best * 1e3)
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing

@@ -245,6 +245,7 @@ def fake_search(monkeypatch):
     monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
     monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
+    monkeypatch.setattr(tuning, "seed_from_siblings", lambda *a, **k: [])  # (tests/toolchain/test_transfer.py)
     monkeypatch.setattr(tuning, "session_cost_model", lambda *a, **k: None)  # (no records to learn from)
     # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
     monkeypatch.setattr(tuning, "pair_joins", lambda *a, **k: 0)
@@ -418,6 +419,39 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
     assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
 
 
+def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """Every kernel but the first is offered the verified kernels before it (two seeds each, here);
+    the seeds are records of its own, so the search adds only what is left of its budget, and a
+    resumed session does not seed again."""
+    mod, graph, *_ = dwsep_split
+    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False, transfer=2)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    offered = []
+
+    def seed(task, plan_, database, spec, verified, settings, measure=None):
+        ready = [n for n, v in verified.items() if v.get("status") == "verified"]
+        offered.append((task.name, ready))
+        if not ready:
+            return []
+        fake_search.setdefault(plan_.funcs[task.name].script(), []).extend([0.5e-3] * settings.transfer)
+        return ready[: settings.transfer]
+
+    monkeypatch.setattr(tuning, "seed_from_siblings", seed)
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    assert [name for name, _ in offered] == [t.name for t in plan.tasks]
+    assert offered[0][1] == [] and offered[1][1] == [plan.tasks[0].name]  # what is verified by then
+    for t in plan.tasks:  # seeds included, every kernel ends at its budget
+        assert len(fake_search[plan.funcs[t.name].script()]) == t.budget
+    seeded = [info for kind, info in events if kind == "seeded"]
+    assert [info["task"] for info in seeded] == [t.name for t in plan.tasks[1:]]
+    assert all(info["siblings"] and info["best_ms"] == 0.5 for info in seeded)
+    offered.clear()
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: None)
+    assert offered == []  # resumed: every kernel has its records
+
+
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     """A tuning database whose verified latencies are given (no trials run)."""
     _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
@@ -486,6 +520,10 @@ def test_a_database_timed_warm_is_not_continued_cold(tmp_path):
         tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False).to_json()})
     tuning.TuneDB(tmp_path).open_session(
         {**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False, prepack=False).to_json()})
+    for transfer in (0, 3):  # sibling seeds only start tasks not yet started: any number resumes
+        tuning.TuneDB(tmp_path).open_session(
+            {**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False, prepack=False,
+                                                    transfer=transfer).to_json()})
 
 
 @pytest.mark.slow

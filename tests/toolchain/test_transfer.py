@@ -1,0 +1,131 @@
+"""Sibling seeds (toolchain/transfer.py): a kernel's search starts from the verified schedule of a
+kernel with the same blocks at other loop extents, re-fitted, measured and checked like any candidate."""
+
+import math
+
+import pytest
+
+import models
+from toolchain import build, onnx_import, transfer, tuning
+from toolchain.targets import resolve_target
+
+SPEC = resolve_target("host")
+
+
+@pytest.mark.parametrize(
+    "factors, extent, max_inner, expected",
+    [
+        ([2, 4, 8], 64, 0, [2, 4, 8]),  # same extent: the same split
+        ([2, 4, 8], 128, 0, [4, 4, 8]),  # larger: the outermost takes what is new
+        ([4, 4, 8], 32, 0, [1, 4, 8]),  # smaller
+        ([2, 4, 8], 48, 0, [2, 3, 8]),  # 48 = 16 x 3: the largest divisor not above each factor
+        ([1, 1, 16], 7, 0, [1, 1, 7]),  # a prime extent
+        ([1, 2, 32], 96, 16, [3, 2, 16]),  # the innermost kept under the space's cap
+    ],
+)
+def test_a_tile_split_is_refitted_to_the_new_extent(factors, extent, max_inner, expected):
+    got = transfer.refit_tile(factors, extent, max_inner)
+    assert got == expected
+    assert math.prod(got) == extent
+
+
+@pytest.mark.parametrize("extent", [1, 7, 12, 56, 96, 384, 960, 1280])
+def test_a_refitted_split_always_multiplies_out_to_the_extent(extent):
+    for factors in ([1, 1, 1, 1], [4, 2, 7, 8], [16, 1, 1, 64], [1, 24, 2, 4]):
+        got = transfer.refit_tile(factors, extent, 64)
+        assert math.prod(got) == extent and got[-1] <= 64
+
+
+def _conv_kernels(shape):
+    model = models.build("tiny-dwsep", shape)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    return dict(tuning.group_kernels(build.fuse_stock(mod, SPEC)))
+
+
+@pytest.fixture(scope="module")
+def two_sizes():
+    """tiny-dwsep's kernels at two sizes: the same blocks, other loop extents."""
+    return _conv_kernels((1, 8, 8, 8)), _conv_kernels((1, 16, 12, 12))
+
+
+PW1 = "fused_conv2d_add_maximum_minimum"  # tiny-dwsep's expanding pointwise conv (+ bias, ReLU6)
+
+
+def test_siblings_are_kernels_with_the_same_blocks_nearest_in_extents_first(two_sizes):
+    small, large = two_sizes
+    near = _conv_kernels((1, 8, 10, 10))
+    assert transfer.signature(small[PW1]) == transfer.signature(large[PW1]) == transfer.signature(near[PW1])
+    assert transfer.extents(small[PW1]) != transfer.extents(large[PW1])
+    candidates = {f"large {n}": f for n, f in large.items()}
+    candidates.update({f"near {n}": f for n, f in near.items()})
+    candidates.update({f"small {n}": f for n, f in small.items() if n != PW1})  # its dw and project convs
+    assert transfer.siblings(small[PW1], candidates, 5) == [f"near {PW1}", f"large {PW1}"]
+    assert transfer.siblings(small[PW1], candidates, 1) == [f"near {PW1}"]
+    assert transfer.siblings(small[PW1], candidates, 0) == []
+
+
+def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_same(two_sizes):
+    """A sampled schedule of the small kernel, replayed on the large one with re-fitted splits, builds
+    and passes the numeric check against the unscheduled kernel (what verify_task runs)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    small, large = two_sizes
+    name = PW1
+    ctx = ms.TuneContext(mod=tuning.workload_module(small[name]), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(small[name], SPEC, False).generator, num_threads=1)
+    sch = ctx.generate_design_space()[0]
+    trace = tuning.plain(sch.trace.as_json())
+    assert any(inst[0] == "SamplePerfectTile" for inst in trace[0])
+    moved = transfer.transfer_schedule(small[name], trace, large[name], tuning.workload_module,
+                                       lambda t: tuning._rename_blocks(t, {}))
+    assert moved is not None
+    tiles = [inst for inst in moved.trace.insts if inst.kind.name == "SamplePerfectTile"]
+    assert tiles
+    for inst in tiles:  # every split fits the large kernel's loops
+        factors = [int(x) for x in moved.trace.decisions[inst]]
+        assert math.prod(factors) > 0
+    moved = tuning.postprocess(moved, SPEC)
+    assert moved is not None
+
+    class Record:  # what check_candidate reads of a tuning record
+        trace = moved.trace
+
+    assert tuning.check_candidate(large[name], Record(), SPEC)["ok"]
+
+
+def test_a_schedule_that_does_not_replay_is_no_seed(two_sizes):
+    small, large = two_sizes
+    conv = next(n for n in sorted(small) if "conv2d" in n)
+    other = next(n for n in sorted(large) if transfer.signature(large[n]) != transfer.signature(small[conv]))
+    bogus = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
+    assert transfer.transfer_schedule(small[conv], bogus, large[other], tuning.workload_module,
+                                      lambda t: tuning._rename_blocks(t, {})) is None
+
+
+def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tmp_path):
+    """seed_from_siblings commits the re-fitted schedule of a verified sibling as the kernel's first
+    record, measured (a real latency), and names the sibling it came from."""
+    from tvm.s_tir import meta_schedule as ms
+
+    small, large = two_sizes
+    name = PW1
+    ctx = ms.TuneContext(mod=tuning.workload_module(small[name]), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(small[name], SPEC, False).generator, num_threads=1)
+    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
+    plan = tuning.TaskPlan(
+        tasks=(tuning.Task("small", "kernel", (), None, 1.0, 16), tuning.Task("large", "kernel", (), None, 1.0, 16)),
+        funcs={"small": small[name], "large": large[name]}, compositions={})
+    verified = {"small": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
+    db = tuning.TuneDB(tmp_path)
+    database = db.ms_database()
+    settings = tuning.TuneSettings(transfer=2)
+    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["small"]
+    (lat,) = tuning.trial_latencies(db.ms_dir, large[name])
+    assert 0 < lat < math.inf
+    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace_transfer(settings, 0)) == []
+
+
+def replace_transfer(settings, n):
+    from dataclasses import replace
+
+    return replace(settings, transfer=n)
