@@ -2,6 +2,7 @@
 kernel with the same blocks at other loop extents, re-fitted, measured and checked like any candidate."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -122,10 +123,12 @@ def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tm
     assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["small"]
     (lat,) = tuning.trial_latencies(db.ms_dir, large[name])
     assert 0 < lat < math.inf
-    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace_transfer(settings, 0)) == []
+    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace(settings, transfer=0)) == []
 
 
-def replace_transfer(settings, n):
-    from dataclasses import replace
-
-    return replace(settings, transfer=n)
+def test_a_negative_transfer_is_refused_before_anything_runs(cli, tmp_path):
+    result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--transfer", "-1")
+    assert result.exit_code == 1 and "--transfer must be 0 (off) or more" in result.stderr
+    assert not (tmp_path / "db").exists()
+    result = cli("bench-suite", "tiny", "--transfer", "-1", "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "--transfer must be 0 (off) or more" in result.stderr
