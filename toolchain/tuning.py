@@ -1298,6 +1298,7 @@ def status(db_dir: Path) -> dict:
                 "rejected": len(v.get("rejected", [])),
                 "search_error": v.get("search_error"),
                 "handed_back": p.get("handed_trials", 0),  # trials a join left to its minis
+                "seeded_from": len(p.get("siblings", [])),  # kernels whose schedules it started from
                 "exhausted": bool(p.get("exhausted")),  # its search space ran out before its budget
             }
         )

@@ -447,6 +447,8 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
     seeded = [info for kind, info in events if kind == "seeded"]
     assert [info["task"] for info in seeded] == [t.name for t in plan.tasks[1:]]
     assert all(info["siblings"] and info["best_ms"] == 0.5 for info in seeded)
+    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    assert rows[plan.tasks[0].name]["seeded_from"] == 0 and rows[plan.tasks[1].name]["seeded_from"] == 1
     offered.clear()
     tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: None)
     assert offered == []  # resumed: every kernel has its records
