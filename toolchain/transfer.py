@@ -75,17 +75,17 @@ def refit_tile(factors: list[int], extent: int, max_innermost: int = 0) -> list[
     return out
 
 
-def transfer_schedule(src_func, trace_json, dst_func, workload_module, search_part):
-    """``trace_json`` (a verified schedule of ``src_func``) replayed on ``dst_func`` with every tile split
-    re-fitted to ``dst_func``'s loops; the schedule before postprocessing, or None when it does not
-    replay (a kernel of one signature may still differ in what a step needs, e.g. a stride).
-    ``search_part``: the trace JSON without its postprocessing steps."""
+def transfer_schedule(src_mod, search_trace, dst_mod):
+    """``search_trace`` (the search part of a verified schedule's trace JSON, postprocessing left out)
+    of the kernel module ``src_mod`` replayed on ``dst_mod`` with every tile split re-fitted to its
+    loops; the schedule before postprocessing, or None when it does not replay (a kernel of one
+    signature may still differ in what a step needs, e.g. a stride)."""
     from tvm import s_tir
 
     try:
-        src = s_tir.Schedule(workload_module(src_func))
-        s_tir.Trace.apply_json_to_schedule(search_part(trace_json), src)
-        dst = s_tir.Schedule(workload_module(dst_func))
+        src = s_tir.Schedule(src_mod)
+        s_tir.Trace.apply_json_to_schedule(search_trace, src)
+        dst = s_tir.Schedule(dst_mod)
 
         def refit(inst, inputs, attrs, decision):
             if inst.kind.name == "SamplePerfectTile" and decision is not None:

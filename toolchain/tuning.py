@@ -987,8 +987,8 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
             if v.get("status") == "verified" and v.get("trace") and name in plan.funcs and name != task.name}
     seeded, seen = [], set()
     for name in transfer.siblings(func, done, settings.transfer):
-        sch = transfer.transfer_schedule(plan.funcs[name], verified[name]["trace"], func, workload_module,
-                                         lambda trace: _rename_blocks(trace, {}))
+        sch = transfer.transfer_schedule(workload_module(plan.funcs[name]), _rename_blocks(verified[name]["trace"], {}),
+                                         workload_module(func))
         sch = postprocess(sch, spec) if sch is not None else None
         if sch is None:
             continue

@@ -77,14 +77,18 @@ def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_s
     sch = ctx.generate_design_space()[0]
     trace = tuning.plain(sch.trace.as_json())
     assert any(inst[0] == "SamplePerfectTile" for inst in trace[0])
-    moved = transfer.transfer_schedule(small[name], trace, large[name], tuning.workload_module,
-                                       lambda t: tuning._rename_blocks(t, {}))
+    moved = transfer.transfer_schedule(tuning.workload_module(small[name]), tuning._rename_blocks(trace, {}),
+                                       tuning.workload_module(large[name]))
     assert moved is not None
-    tiles = [inst for inst in moved.trace.insts if inst.kind.name == "SamplePerfectTile"]
-    assert tiles
-    for inst in tiles:  # every split fits the large kernel's loops
-        factors = [int(x) for x in moved.trace.decisions[inst]]
-        assert math.prod(factors) > 0
+
+    def splits(sch):
+        return [math.prod(int(x) for x in sch.trace.decisions[inst])
+                for inst in sch.trace.insts if inst.kind.name == "SamplePerfectTile"]
+
+    # every split multiplies out to one of the large kernel's loop extents, not the small one's
+    assert len(splits(moved)) == len(splits(sch))
+    assert set(splits(moved)) <= set(transfer.extents(large[name]))
+    assert splits(moved) != splits(sch)
     moved = tuning.postprocess(moved, SPEC)
     assert moved is not None
 
@@ -96,11 +100,9 @@ def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_s
 
 def test_a_schedule_that_does_not_replay_is_no_seed(two_sizes):
     small, large = two_sizes
-    conv = next(n for n in sorted(small) if "conv2d" in n)
-    other = next(n for n in sorted(large) if transfer.signature(large[n]) != transfer.signature(small[conv]))
     bogus = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
-    assert transfer.transfer_schedule(small[conv], bogus, large[other], tuning.workload_module,
-                                      lambda t: tuning._rename_blocks(t, {})) is None
+    assert transfer.transfer_schedule(tuning.workload_module(small[PW1]), bogus,
+                                      tuning.workload_module(large[PW1])) is None
 
 
 def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tmp_path):
