@@ -583,11 +583,13 @@ def tune(
                 f"[dim]{escape(info['task'])}: {info['best_ms']:.4f} ms after a batch{minis} ({info['reason']}): "
                 f"its {info['left']} remaining trials go to its minis[/dim]", soft_wrap=True)
         elif kind == "seeded":
+            parts = []
+            if info.get("composed") or (info.get("again") is None and not info.get("siblings")):
+                parts.append("the composed mini schedules")
             if info.get("siblings"):
-                how = (f"starts from the schedules of {len(info['siblings'])} kernel(s) like it "
-                       f"(best {info['best_ms']:.4f} ms)")
-            else:
-                how = "composed again from its minis" if info.get("again") else "starts from the composed mini schedules"
+                parts.append(f"the schedules of {len(info['siblings'])} kernel(s) like it")
+            best = f" (best {info['best_ms']:.4f} ms)" if info.get("best_ms") is not None else ""
+            how = "composed again from its minis" if info.get("again") else f"starts from {' and '.join(parts)}{best}"
             progress.console.print(f"[dim]{escape(info['task'])}: {how}[/dim]")
         elif kind == "pairing":
             progress.update(state["bar"], description=f"timing {info['task'][:40]} next to its {info['minis']} minis")

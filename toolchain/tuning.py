@@ -1193,13 +1193,20 @@ def tune_model(
             handed = {name: n for name, n in handed.items() if name in current}
         on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
         if task.phase == "joined" and done == 0:
-            if seed_joined(task, plan, database, spec, verified, settings, measure):
-                on_event("seeded", task=task.name)
-                (seed,) = trial_latencies(db.ms_dir, func)  # its first and only record
+            # from its minis' schedules composed (AGO §V) and from joins like it tuned before (siblings)
+            composed = seed_joined(task, plan, database, spec, verified, settings, measure)
+            seeded = seed_from_siblings(task, plan, database, spec, verified, settings, measure) \
+                if settings.transfer else []
+            lat = trial_latencies(db.ms_dir, func)  # its seeds, its only records so far
+            if lat:
+                done, seed = len(lat), min(lat)
                 seed_ms = seed * 1e3 if seed < math.inf else None
-                progress[task.name] = {"trials": 1, "seed_ms": seed_ms, "best_ms": seed_ms}
+                progress[task.name] = {"trials": done, "seed_ms": seed_ms, "best_ms": seed_ms,
+                                       **({"siblings": seeded} if seeded else {})}
                 db.save_progress(progress)
-            else:  # nothing to start from: one batch of its own at least
+                on_event("seeded", task=task.name, composed=composed, siblings=seeded,
+                         **({"best_ms": seed_ms} if seed_ms is not None else {}))
+            if not composed:  # nothing composed to start from: one batch of its own at least
                 budget = max(budget, settings.unit)
         elif done == 0 and settings.transfer:  # a kernel or mini: from the schedules of kernels like it
             seeded = seed_from_siblings(task, plan, database, spec, verified, settings, measure)

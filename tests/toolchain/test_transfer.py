@@ -65,6 +65,25 @@ def test_siblings_are_kernels_with_the_same_blocks_nearest_in_extents_first(two_
     assert transfer.siblings(small[PW1], candidates, 0) == []
 
 
+def _conv(cin, cout, size, k):
+    from tvm import te, topi
+
+    data = te.placeholder((1, cin, size, size), name="data")
+    weight = te.placeholder((cout, cin, k, k), name="weight")
+    out = topi.nn.conv2d_nchw(data, weight, 1, k // 2, 1)
+    return te.create_prim_func([data, weight, out])
+
+
+def test_a_1x1_conv_is_no_sibling_of_a_kxk_conv_of_the_same_blocks():
+    """Same block names and iterator kinds, but a 3×3 window against a 1×1 one: a pointwise schedule
+    is no start for a 3×3 conv (seen: MobileNet-V2's stem seeded from pointwise convs, 5× slower)."""
+    pw, pw2, stem = _conv(16, 32, 14, 1), _conv(32, 64, 7, 1), _conv(3, 32, 56, 3)
+    assert [b.block for b in transfer.block_nests(pw)] == [b.block for b in transfer.block_nests(stem)]
+    assert transfer.signature(pw) == transfer.signature(pw2) != transfer.signature(stem)
+    assert transfer.siblings(stem, {"pw": pw, "pw2": pw2}, 2) == []
+    assert transfer.siblings(pw2, {"pw": pw, "stem": stem}, 2) == ["pw"]
+
+
 def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_same(two_sizes):
     """A sampled schedule of the small kernel, replayed on the large one with re-fitted splits, builds
     and passes the numeric check against the unscheduled kernel (what verify_task runs)."""
@@ -96,6 +115,47 @@ def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_s
         trace = moved.trace
 
     assert tuning.check_candidate(large[name], Record(), SPEC)["ok"]
+
+
+def _joined_kernel(shape):
+    """tiny-dwsep's AGO subgraph (pointwise → depthwise → pointwise, one kernel) at ``shape``."""
+    from toolchain import partition
+    from toolchain.fusion import fuse_groups
+    from toolchain.opgraph import op_graph
+
+    model = models.build("tiny-dwsep", shape)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=op_graph(mod))
+    ((_, func),) = tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC))
+    return func
+
+
+def test_an_intensive_join_schedule_carries_over_to_a_join_of_other_extents(two_sizes):
+    """A join's schedule from the intensive-fusion space (the upstream conv computed inside the
+    downstream tile) replays on the same join at other extents, and the result computes the same."""
+    from tvm.s_tir import meta_schedule as ms
+
+    small, large = _joined_kernel((1, 8, 8, 8)), _joined_kernel((1, 16, 12, 12))
+    assert transfer.signature(small) == transfer.signature(large)
+    ctx = ms.TuneContext(mod=tuning.workload_module(small), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(small, SPEC, True).generator, num_threads=1)
+    spaces = ctx.generate_design_space()
+    assert spaces
+    carried = 0
+    for sch in spaces:
+        moved = transfer.transfer_schedule(tuning.workload_module(small),
+                                           tuning._rename_blocks(tuning.plain(sch.trace.as_json()), {}),
+                                           tuning.workload_module(large))
+        moved = tuning.postprocess(moved, SPEC) if moved is not None else None
+        if moved is None:
+            continue
+
+        class Record:  # what check_candidate reads of a tuning record
+            trace = moved.trace
+
+        assert tuning.check_candidate(large, Record(), SPEC)["ok"]
+        carried += 1
+    assert carried  # (the intensive space's schedule and the fallback ones alike)
 
 
 def test_a_schedule_that_does_not_replay_is_no_seed(two_sizes):

@@ -348,6 +348,47 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
     assert seeds == [joined.name, joined.name] and len(trials[script]) == 1 + settings.per_iter + 1
 
 
+def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A join's first records are its composed seed and its siblings' seeds (joins of the same blocks
+    tuned before it); they count against its budget, and the best of them is the seed its first
+    batch must beat."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=2)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    script = plan.funcs[joined.name].script()
+
+    def composed(task, *args, **kwargs):
+        trials.setdefault(script, []).append(1e-3)
+        return True
+
+    def siblings(task, *args, **kwargs):
+        if task.phase != "joined":
+            return []
+        trials.setdefault(script, []).extend([0.5e-3, 2e-3])  # one sibling's seed faster than the composed one
+        return ["another join", "a third join"]
+
+    monkeypatch.setattr(tuning, "seed_joined", composed)
+    monkeypatch.setattr(tuning, "seed_from_siblings", siblings)
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    ((_, seeded),) = [(k, i) for k, i in events if k == "seeded" and i["task"] == joined.name and not i.get("again")]
+    assert seeded["composed"] and seeded["siblings"] == ["another join", "a third join"] and seeded["best_ms"] == 0.5
+    ((_, info),) = [e for e in events if e[0] == "join_yields"]
+    assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 0.5  # the search's 1 ms does not beat it
+    assert trials[script][:3] == [1e-3, 0.5e-3, 2e-3]
+    assert len(trials[script]) == 3 + settings.unit + 1  # three seeds, a batch, the composition again
+    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    assert rows[joined.name]["seeded_from"] == 2
+    none = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=0)
+    calls = []
+    monkeypatch.setattr(tuning, "seed_from_siblings", lambda *a, **k: calls.append(a[0].name) or [])
+    tuning.tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda kind, **info: None)
+    assert joined.name not in calls  # --transfer 0: the composed seed only
+
+
 def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path, fake_search, monkeypatch):
     """A TVM space that raises on a kernel's structure (seen: the stock space on SqueezeNet's fire
     module, two convs into one concat) is recorded; the session goes on; compile --db builds the
