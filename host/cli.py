@@ -584,7 +584,7 @@ def tune(
                 f"its {info['left']} remaining trials go to its minis[/dim]", soft_wrap=True)
         elif kind == "seeded":
             parts = []
-            if info.get("composed") or (info.get("again") is None and not info.get("siblings")):
+            if info.get("composed"):
                 parts.append("the composed mini schedules")
             if info.get("siblings"):
                 parts.append(f"the schedules of {len(info['siblings'])} kernel(s) like it")

@@ -1192,12 +1192,12 @@ def tune_model(
             current = {name for name, _ in plan.compositions.get(task.name, [])}
             handed = {name: n for name, n in handed.items() if name in current}
         on_event("task", task=task.name, phase=task.phase, done=done, budget=budget)
-        if task.phase == "joined" and done == 0:
-            # from its minis' schedules composed (AGO §V) and from joins like it tuned before (siblings)
-            composed = seed_joined(task, plan, database, spec, verified, settings, measure)
+        if done == 0:  # a join from its minis' schedules composed (AGO §V); any task, with --transfer,
+            # from the schedules of kernels like it tuned before (siblings); the seeds are its first records
+            composed = task.phase == "joined" and seed_joined(task, plan, database, spec, verified, settings, measure)
             seeded = seed_from_siblings(task, plan, database, spec, verified, settings, measure) \
                 if settings.transfer else []
-            lat = trial_latencies(db.ms_dir, func)  # its seeds, its only records so far
+            lat = trial_latencies(db.ms_dir, func) if composed or seeded else lat
             if lat:
                 done, seed = len(lat), min(lat)
                 seed_ms = seed * 1e3 if seed < math.inf else None
@@ -1206,17 +1206,8 @@ def tune_model(
                 db.save_progress(progress)
                 on_event("seeded", task=task.name, composed=composed, siblings=seeded,
                          **({"best_ms": seed_ms} if seed_ms is not None else {}))
-            if not composed:  # nothing composed to start from: one batch of its own at least
+            if task.phase == "joined" and not composed:  # nothing composed: one batch of its own at least
                 budget = max(budget, settings.unit)
-        elif done == 0 and settings.transfer:  # a kernel or mini: from the schedules of kernels like it
-            seeded = seed_from_siblings(task, plan, database, spec, verified, settings, measure)
-            if seeded:
-                lat = trial_latencies(db.ms_dir, func)
-                done, best = len(lat), min(lat)
-                progress[task.name] = {"trials": done, "siblings": seeded,
-                                       "best_ms": best * 1e3 if best < math.inf else None}
-                db.save_progress(progress)
-                on_event("seeded", task=task.name, siblings=seeded, best_ms=best * 1e3)
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
