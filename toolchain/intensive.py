@@ -60,6 +60,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -336,16 +337,27 @@ def _inline(sch, pair: IntensivePair) -> None:
             _try(sch.compute_inline, rv)
 
 
-def _split(sch, loop, n_max: int):
-    factors = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=n_max)
+#: ``decide(role, block, iter, extent, cap)``: the inner factor a split should take instead of a
+#: random sample ("tile": D's tiled dims; "register": a register tile inside the tile), or the
+#: auto-unroll depth ("unroll"); None leaves it to sampling. The sampled instruction records the
+#: choice as its decision, so the search mutates it like any other (toolchain/intensive_seed.py).
+Decide = Callable[[str, str, int, int, int], "int | None"]
+
+
+def _split(sch, loop, n_max: int, inner: int | None = None):
+    extent = _int(sch.get(loop).extent)
+    decision = [extent // inner, inner] if inner and extent % inner == 0 and inner <= n_max else None
+    factors = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=n_max, decision=decision)
     return sch.split(loop, factors=factors)
 
 
-def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spatial: int) -> None:
+def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spatial: int,
+                   decide: Decide | None = None, first_iter: int = 0) -> None:
     """Inside the tile, MultiLevelTiling's "SRS": every spatial loop split (outer, inner) with a
     sampled inner factor, order [outer spatials, reductions, inner spatials]. The inner tile is the
     register tile: the last spatial dim (W / columns) is the vector, ``reg_iter`` (channels / rows)
-    and the other dims (H) give accumulator reuse; a factor of 1 turns a dim's blocking off."""
+    and the other dims (H) give accumulator reuse; a factor of 1 turns a dim's blocking off.
+    ``first_iter``: the block's iterator the first loop inside the tile runs over."""
     block = sch.get_sblock(block_name)
     loops = list(sch.get_loops(block))
     pos = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(outer_loop)))
@@ -357,7 +369,8 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
             outers.append(lp)  # unit loops, and a depthwise conv's channels (and batch)
             continue
         cap = VECTOR_FACTOR_MAX if k == n_spatial - 1 else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
-        o, i = _split(sch, lp, cap)
+        chosen = decide("register", block_name, first_iter + k, _int(sch.get(lp).extent), cap) if decide else None
+        o, i = _split(sch, lp, cap, chosen)
         outers.append(o)
         inners.append(i)
         if k == n_spatial - 1:
@@ -377,11 +390,17 @@ def _reg_iter(kind: str, n_spatial: int) -> int | None:
     return 1
 
 
-def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None) -> None:
+def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None) -> None:
     """Apply the Fig. 7 intensive-fusion structure of ``pair`` to ``sch`` (in place).
 
-    All tile sizes and the unroll depth are sampling decisions of ``sch``.
+    All tile sizes and the unroll depth are sampling decisions of ``sch``; ``decide`` may choose them
+    (:data:`Decide`), otherwise they are sampled.
     """
+    def tile_split(loop, it: int):
+        extent = _int(sch.get(loop).extent)
+        chosen = decide("tile", pair.downstream, it, extent, TILE_FACTOR_MAX) if decide else None
+        return _split(sch, loop, TILE_FACTOR_MAX, chosen)
+
     _inline(sch, pair)
     d_rv = sch.get_sblock(pair.downstream)
     n_sp = sum(1 for iv in sch.get(d_rv).iter_vars if int(iv.iter_type) != 2)
@@ -389,20 +408,20 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None) -
     kind = pair.downstream_kind
     if kind == "dw":  # (n, f, y, x): tile f; inside the tile (f_i, y, x)
         n, f, y, x = spatial
-        f_o, f_i = _split(sch, f, TILE_FACTOR_MAX)
+        f_o, f_i = tile_split(f, 1)
         sch.reorder(n, f_o, f_i)
         tile = sch.fuse(n, f_o)
         d_inner, d_reg = 3, None
     elif kind == "pw":  # (n, f, y, x): tile y, x; inside the tile (f, y_i, x_i)
         n, f, y, x = spatial
-        y_o, y_i = _split(sch, y, TILE_FACTOR_MAX)
-        x_o, x_i = _split(sch, x, TILE_FACTOR_MAX)
+        y_o, y_i = tile_split(y, 2)
+        x_o, x_i = tile_split(x, 3)
         sch.reorder(n, y_o, x_o, f, y_i, x_i)
         tile = sch.fuse(n, y_o, x_o)
         d_inner, d_reg = 3, 0
     else:  # matmul (batch..., i, j): tile batch dims and i; inside the tile (i_i, j)
         *batch, i, j = spatial
-        i_o, i_i = _split(sch, i, TILE_FACTOR_MAX)
+        i_o, i_i = tile_split(i, n_sp - 2)
         sch.reorder(*batch, i_o, i_i, j)
         tile = sch.fuse(*batch, i_o) if batch else i_o
         d_inner, d_reg = 2, 0
@@ -417,9 +436,9 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None) -
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
-    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp), u_sp)
-    _register_tile(sch, pair.downstream, tile, d_reg, d_inner)
-    _annotate_root(sch, num_cores)
+    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp), u_sp, decide)
+    _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner)
+    _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs
@@ -440,12 +459,13 @@ def _input_joins_tile(pair: IntensivePair) -> bool:
     return (pair.upstream_kind, pair.downstream_kind) in INPUT_IN_TILE
 
 
-def _annotate_root(sch, num_cores: int | None) -> None:
+def _annotate_root(sch, num_cores: int | None, unroll: int | None = None) -> None:
     root = sch.get_sblock("root")
     cores = num_cores or os.cpu_count() or 1
     sch.annotate(root, "meta_schedule.parallel", MAX_JOBS_PER_CORE * cores)
     sch.annotate(root, "meta_schedule.vectorize", MAX_VECTORIZE_EXTENT)
-    step = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS))
+    decision = UNROLL_STEPS.index(unroll) if unroll in UNROLL_STEPS else None
+    step = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS), decision=decision)
     sch.annotate(root, "meta_schedule.unroll_explicit", step)
 
 
@@ -473,13 +493,13 @@ def _rest_rules(target, mod):
     return rules
 
 
-def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None):
+def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decide: Decide | None = None):
     """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
-    (initialised for ``target``, a ``tvm.target.Target``)."""
+    (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`."""
     state: dict = {}
 
     def apply(sch):
-        intensive_schedule(sch, pair, num_cores)
+        intensive_schedule(sch, pair, num_cores, decide)
         rest = _rest_complex(sch, pair)
         if not rest:
             return [sch]

@@ -946,7 +946,30 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
         sch = postprocess(sch, spec)
     if sch is not None:
         restore_unroll(sch, parts)
-    return sch is not None and commit_seed(sch, func, database, spec, settings, measure)
+    committed = sch is not None and commit_seed(sch, func, database, spec, settings, measure)
+    if settings.intensive and settings.partition == "ago" and parts:  # and in the join's own space
+        for fused in intensive_composed(func, parts, spec):
+            committed = commit_seed(fused, func, database, spec, settings, measure) or committed
+    return committed
+
+
+def intensive_composed(func, parts: list[tuple[object, dict]], spec) -> list:
+    """The minis' schedules composed into the intensive-fusion structure of the joined kernel
+    (toolchain/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
+    unroll depths; none where the join's space is not the intensive one or nothing composes."""
+    from toolchain import intensive, intensive_seed
+
+    pair = intensive.find_pair(func)
+    if pair is None or intensive.dry_run(func, pair, num_cores=spec.num_cores) is not None:
+        return []
+    inside = set(pair.blocks)
+    out = []
+    for sch in intensive_seed.intensive_seeds(func, pair, parts, spec.tvm(), spec.num_cores):
+        sch = postprocess(sch, spec)
+        if sch is not None:
+            restore_unroll(sch, [(t, m) for t, m in parts if not inside & set(m.values())])
+            out.append(sch)
+    return out
 
 
 def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Measure | None" = None) -> bool:

@@ -1,0 +1,124 @@
+"""The intensive join's composed seed: a point of the Fig. 7 space whose choices come from the minis
+(toolchain/intensive_seed.py), exact, and committed beside the side-by-side composition."""
+
+import numpy as np
+import pytest
+
+import models
+from toolchain import build, intensive, intensive_seed, onnx_import, partition, reform, tuning
+from toolchain.fusion import fuse_groups
+from toolchain.opgraph import op_graph
+from toolchain.schedule_check import execution_counts, format_counts
+from toolchain.targets import resolve_target
+
+SPEC = resolve_target("host", num_cores=2)
+
+
+def test_the_tile_fits_its_budget_keeps_a_tile_per_core_and_prefers_whole_register_tiles():
+    # MobileNet-V2 block 3 at 56×56, dw downstream: 144 padded 58×58 planes of 13.5 KB
+    assert intensive_seed.tile_factors("dw", (1, 144, 58, 58), 2, 128 * 1024) == {1: 8}  # 9 fit; 8 aligns
+    assert intensive_seed.tile_factors("dw", (1, 144, 58, 58), 2, 512 * 1024) == {1: 24}
+    # pw downstream: whole rows of 144 channels × 56 (32 KB each), as many as fit
+    assert intensive_seed.tile_factors("pw", (1, 144, 56, 56), 2, 128 * 1024) == {2: 4, 3: 56}
+    assert intensive_seed.tile_factors("pw", (1, 144, 56, 56), 2, 512 * 1024) == {2: 8, 3: 56}
+    # a row too wide for the budget: part of one row per tile
+    assert intensive_seed.tile_factors("pw", (1, 960, 8, 128), 2, 128 * 1024) == {2: 1, 3: 32}
+    # matmul rows, at most TILE_FACTOR_MAX, and at least a tile per core
+    assert intensive_seed.tile_factors("matmul", (1, 128, 256), 2) == {1: 64}
+    assert intensive_seed.tile_factors("dw", (1, 8, 4, 4), 4) == {1: 2}
+
+
+def test_a_register_factor_divides_its_loop_within_the_cap_and_the_minis_choice():
+    assert intensive_seed.register_factor(56, 16, 16) == 14
+    assert intensive_seed.register_factor(9, 8, 8) == 3
+    assert intensive_seed.register_factor(24, 8, 6) == 6
+    assert intensive_seed.register_factor(7, 4, 1) == 1
+
+
+@pytest.fixture(scope="module")
+def dwsep():
+    """tiny-dwsep (pw → dw → pw) as one joined kernel, and its three minis with sampled schedules."""
+    from tvm.s_tir import meta_schedule as ms
+
+    model = models.build("tiny-dwsep")
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    graph = op_graph(mod)
+    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph)
+    split = reform.split_plan(graph, plan)
+    (_, joined), = tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC))
+    parts = []
+    for (_, func), group in zip(tuning.group_kernels(fuse_groups(mod, split.plan.groups, SPEC)), split.plan.groups):
+        ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
+                             num_threads=1, rand_state=7)
+        (design, *_) = ctx.space_generator.generate_design_space(ctx.mod)
+        parts.append((tuning.plain(design.trace.as_json()), tuning._map_blocks(graph, group, plan.groups[0], func, joined)))
+    return mod, graph, plan, joined, parts
+
+
+def test_a_traces_tile_decisions_are_read_per_loop_of_a_block(dwsep):
+    from tvm import s_tir
+
+    *_, joined, _ = dwsep
+    sch = s_tir.Schedule(tuning.workload_module(joined))
+    loops = sch.get_loops(sch.get_sblock("conv2d_nchw1"))
+    sch.sample_perfect_tile(loops[1], n=4, max_innermost_factor=64, decision=[1, 2, 2, 2])
+    sch.sample_perfect_tile(loops[3], n=2, max_innermost_factor=64, decision=[2, 8])
+    trace = tuning.plain(sch.trace.as_json())
+    assert intensive_seed.tile_decisions(trace, "conv2d_nchw1") == {1: [1, 2, 2, 2], 3: [2, 8]}
+    assert intensive_seed.tile_decisions(trace, "conv2d_nchw") == {}
+
+
+def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable(dwsep):
+    *_, joined, parts = dwsep
+    pair = intensive.find_pair(joined)
+    assert pair.kind == "dw->pw"  # the third conv (the first pw) is tiled as in its mini
+    sch = intensive_seed.intensive_seed(joined, pair, parts, SPEC.tvm(), 2)
+    assert sch is not None
+    counts = {c.name: c for c in execution_counts(sch.mod)}
+    table = format_counts(counts.values())
+    assert not any(c.dropped for c in counts.values()), table
+    for name in (pair.upstream, pair.downstream):
+        assert counts[name].executed == counts[name].needed == counts[name].domain, table  # nothing recomputed
+    u_loops, d_loops = (sch.get_loops(sch.get_sblock(b)) for b in (pair.upstream, pair.downstream))
+    assert sch.get(u_loops[0]).same_as(sch.get(d_loops[0]))  # U inside D's tile
+    trace = tuning.plain(sch.trace.as_json())
+    # D's tile: what tile_factors says for its 32-channel 16×16 intermediate (rows of 16, 2 tiles for 2 cores)
+    tile = intensive_seed.tile_factors("pw", intensive_seed._data_shape(joined, pair), 2)
+    assert tile == {2: 8, 3: 16}
+    first = intensive_seed.tile_decisions(trace, pair.downstream)
+    assert first[2] == [2, 8] and first[3] == [1, 16]
+    # the block outside the pair: MultiLevelTiling with exactly its mini's decisions
+    (rest,) = intensive._rest_complex(sch, pair)
+    mini_trace, block_map = next((t, m) for t, m in parts if rest in m.values())
+    mini_block = next(k for k, v in block_map.items() if v == rest)
+    assert intensive_seed.tile_decisions(trace, rest) == intensive_seed.tile_decisions(mini_trace, mini_block)
+    # the auto-unroll depth: D's mini's
+    d_trace = next(t for t, m in parts if pair.downstream in m.values())
+    assert tuning._unroll_of(trace) == tuning._unroll_of(d_trace)
+    # every choice is a sampling decision: the search can mutate the seed
+    kinds = [inst[0] for inst in trace[0]]
+    assert kinds.count("SamplePerfectTile") >= 6 and len(trace[1]) == kinds.count("SamplePerfectTile") + 1
+    # and it computes what the unscheduled kernel computes, postprocessed as a candidate would be
+    done = tuning.postprocess(sch, SPEC)
+    args = intensive.random_args(joined, 0)
+    want = intensive.run(joined, args, SPEC.tvm())
+    got = intensive.run(done.mod, args, SPEC.tvm())
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5
+
+
+def test_a_join_is_seeded_in_its_own_space_too_but_not_under_ago_ni(dwsep, tmp_path):
+    """seed_joined commits the side-by-side composition and the intensive seeds (measured like any
+    candidate); AGO-NI searches the stock space, so it gets the side-by-side one only."""
+    mod, graph, _, joined, parts = dwsep
+    for intensive_on, want in ((True, 1 + len(intensive_seed.TILE_BYTES)), (False, 1)):
+        settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, intensive=intensive_on)
+        _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+        (task,) = [t for t in plan.tasks if t.phase == "joined"]
+        by_block = {frozenset(m.values()): t for t, m in parts}
+        verified = {name: {"status": "verified", "trace": by_block[frozenset(m.values())]}
+                    for name, m in plan.compositions[task.name]}
+        db = tuning.TuneDB(tmp_path / str(intensive_on))
+        assert tuning.seed_joined(task, plan, db.ms_database(), SPEC, verified, settings)
+        latencies = tuning.trial_latencies(db.ms_dir, plan.funcs[task.name])
+        assert len(latencies) <= want and len(latencies) >= (2 if intensive_on else 1)
+        assert all(0 < x < float("inf") for x in latencies)

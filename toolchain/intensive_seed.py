@@ -1,0 +1,211 @@
+"""The composed seed of an intensive join: AGO §V's "schedules of the minis composed as the
+initial schedule of the joined subgraph", in the intensive-fusion space.
+
+:func:`toolchain.tuning.compose_joined` replays each mini's schedule on the joined kernel: the
+minis' loop nests side by side, every intermediate written out in full. For a join that intensive
+fusion applies to (:func:`toolchain.intensive.find_pair`), that seed lies outside the Fig. 7 space
+the join is searched in, and a first batch of 16 samples of that space, drawn at random, rarely
+beats a seed made of tuned minis (the minis' register tiles are what make a conv fast). This seed
+*is* a point of the Fig. 7 space, its choices taken from the minis:
+
+* the register tile of U and of D (inside D's tile): each loop's inner factor is the innermost
+  factor the loop's own mini chose for it (MultiLevelTiling's innermost "S" level), the nearest
+  divisor not above it that the loop's extent and the space's cap allow (:func:`register_factor`);
+* D's tile (what stays in cache): the largest tile whose slice of the intermediate fits
+  :data:`TILE_BYTES`, with at least one tile per core (:func:`tile_factors`);
+* the auto-unroll depth: D's mini's;
+* complex blocks outside the pair (a third conv of the join): MultiLevelTiling, as in the space,
+  with the decisions their own minis took.
+
+Every choice is a decision of a sampling instruction of the space's own schedule function, so
+the search mutates the seed like any candidate it drew. The seed is measured, checked and
+committed like the side-by-side one (``tuning.seed_joined``); neither is kept unless verified.
+"""
+
+from __future__ import annotations
+
+from toolchain.intensive import TILE_FACTOR_MAX, VECTOR_FACTOR_MAX, IntensivePair, _int, _rest_complex, schedule_fn
+
+#: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
+#: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
+#: stay in it beside the weights and D's output tile (128 KiB), or may take most of the larger one
+#: (512 KiB: fewer, larger tiles reuse U's weights more). The search moves the tile from there.
+TILE_BYTES = (128 * 1024, 512 * 1024)
+#: Tiles of a multiple of this many channels / rows are preferred where one fits: the register tile
+#: inside (<= REGISTER_FACTOR_MAX) then divides them.
+TILE_ALIGN = 8
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def register_factor(extent: int, cap: int, wanted: int) -> int:
+    """The inner factor of a register-tile split: the largest divisor of ``extent`` that is at most
+    both ``cap`` and ``wanted`` (1 at least)."""
+    return max(d for d in _divisors(extent) if d <= max(1, min(cap, wanted)))
+
+
+def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int = TILE_BYTES[0]) -> dict[int, int]:
+    """D's tile: iterator of D → inner factor, for D of ``kind`` ("dw" | "pw" | "matmul") whose data
+    input (the intermediate) has ``data_shape`` (NCHW, or (..., rows, K)); float32.
+
+    dw (channel tiles, H and W whole): the most channels whose planes fit ``budget``; pw (H × W tiles,
+    channels whole): whole rows if one fits, then the most rows that fit; matmul: the most rows that
+    fit. Each keeps at least ``cores`` tiles where the extent allows, at most
+    :data:`~toolchain.intensive.TILE_FACTOR_MAX` per tiled dim, and a multiple of :data:`TILE_ALIGN`
+    where one fits."""
+
+    def most(extent: int, unit_bytes: int) -> int:
+        fits = [d for d in _divisors(extent) if d <= TILE_FACTOR_MAX and d * unit_bytes <= budget]
+        spread = [d for d in fits if extent // d >= cores] or fits
+        aligned = [d for d in spread if d % TILE_ALIGN == 0]
+        return max(aligned or spread or [1])
+
+    if kind == "dw":
+        _, channels, h, w = data_shape
+        return {1: most(channels, h * w * 4)}
+    if kind == "pw":
+        _, channels, h, w = data_shape
+        row = channels * w * 4
+        if w <= TILE_FACTOR_MAX and row <= budget:
+            return {2: most(h, row), 3: w}
+        return {2: 1, 3: most(w, channels * 4)}
+    *_, rows, k = data_shape
+    return {len(data_shape) - 2: most(rows, k * 4)}
+
+
+def _data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
+    """Shape of D's data input (the intermediate its tile reads) in ``func``."""
+    from toolchain.intensive import block_infos
+
+    for info in block_infos(func):
+        if info.name == pair.downstream and info.data_buf is not None:
+            for region in info.block.reads:
+                if region.source.__chandle__() == info.data_buf:
+                    return tuple(_int(x) for x in region.source.shape)
+    return None
+
+
+# ----------------------------------------------------------------------------- reading mini traces
+
+
+def tile_decisions(trace_json, block: str) -> dict[int, list[int]]:
+    """Loop index → the factors MetaSchedule's ``SamplePerfectTile`` chose for it, for the loops of
+    ``block`` as the trace first looked them up (its iterators, in order, for a root-level block)."""
+    insts, decisions = trace_json
+    chosen = {int(d[0]): d[1] for d in decisions}
+    block_rv, loop_index, out = None, {}, {}
+    for index, (kind, inputs, attrs, outputs) in enumerate(insts):
+        if kind in ("GetSBlock", "GetBlock") and attrs and attrs[0] == block:
+            block_rv = outputs[0]
+        elif kind == "GetLoops" and block_rv is not None and inputs == [block_rv] and not loop_index:
+            loop_index = {rv: i for i, rv in enumerate(outputs)}
+        elif kind == "SamplePerfectTile" and inputs and inputs[0] in loop_index and index in chosen:
+            out.setdefault(loop_index[inputs[0]], [int(x) for x in chosen[index]])
+    return out
+
+
+class MiniChoices:
+    """The ``decide`` callback (:data:`toolchain.intensive.Decide`) that takes the seed's choices from
+    the minis. ``parts``: (mini trace JSON, {mini block: joined block}) per mini."""
+
+    def __init__(self, pair: IntensivePair, parts: list[tuple[object, dict]], tiles: dict[int, int]):
+        from toolchain.tuning import _unroll_of
+
+        self.pair, self.tiles = pair, tiles
+        self.factors: dict[str, dict[int, list[int]]] = {}  # joined block → its mini's loop factors
+        self.unroll: int | None = None
+        for trace_json, block_map in parts:
+            for mini_block, joined_block in block_map.items():
+                if joined_block in (pair.upstream, pair.downstream):
+                    self.factors[joined_block] = tile_decisions(trace_json, mini_block)
+                    if joined_block == pair.downstream:
+                        self.unroll = _unroll_of(trace_json)
+
+    def __call__(self, role: str, block: str, it: int, extent: int, cap: int) -> int | None:
+        if role == "unroll":
+            return self.unroll
+        if role == "tile":
+            return self.tiles.get(it)
+        if cap == VECTOR_FACTOR_MAX:  # the vector (W / columns): as wide as the space allows
+            return register_factor(extent, cap, cap)
+        factors = self.factors.get(block, {}).get(it)
+        if not factors:
+            return None
+        # MultiLevelTiling's two innermost spatial levels (S2, S3 of "SSRSRS") are its register tile
+        return register_factor(extent, cap, factors[-1] * (factors[-2] if len(factors) > 2 else 1))
+
+
+# ----------------------------------------------------------------------------- the seed
+
+
+def _rest_with_mini_decisions(trace_json, rest: list[str], parts: list[tuple[object, dict]]):
+    """``trace_json`` with the ``SamplePerfectTile`` decisions of the complex blocks in ``rest`` (tiled
+    by MultiLevelTiling, as in their minis) set to what their minis chose; how many were set."""
+    insts, decisions = trace_json
+    decided = {int(d[0]): d for d in decisions}
+    changed = 0
+    for joined_block in rest:
+        mini = next(((t, m) for t, m in parts for mb, jb in m.items() if jb == joined_block), None)
+        if mini is None:
+            continue
+        mini_block = next(mb for mb, jb in mini[1].items() if jb == joined_block)
+        wanted = tile_decisions(mini[0], mini_block)
+        block_rv, loop_index = None, {}
+        for index, (kind, inputs, attrs, outputs) in enumerate(insts):
+            if kind in ("GetSBlock", "GetBlock") and attrs and attrs[0] == joined_block:
+                block_rv = outputs[0]
+            elif kind == "GetLoops" and block_rv is not None and inputs == [block_rv] and not loop_index:
+                loop_index = {rv: i for i, rv in enumerate(outputs)}
+            elif kind == "SamplePerfectTile" and inputs and inputs[0] in loop_index and index in decided:
+                factors = wanted.get(loop_index[inputs[0]])
+                if factors and len(factors) == len(decided[index][1]):
+                    decided[index] = [index, factors]
+                    changed += 1
+    return [insts, [decided[k] for k in sorted(decided)]], changed
+
+
+def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int) -> list:
+    """The joined kernel scheduled in the intensive-fusion space with the minis' choices (module doc),
+    one schedule per distinct tile of :data:`TILE_BYTES`, before postprocessing."""
+    shape = _data_shape(joined_func, pair)
+    if shape is None or not parts:
+        return []
+    tiles = []
+    for budget in TILE_BYTES:
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget)
+        if tile not in tiles:
+            tiles.append(tile)
+    seeds = [intensive_seed(joined_func, pair, parts, target, num_cores, tile) for tile in tiles]
+    return [s for s in seeds if s is not None]
+
+
+def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int,
+                   tile: dict[int, int] | None = None):
+    """The joined kernel scheduled in the intensive-fusion space with the minis' choices and D's
+    ``tile`` (default: :func:`tile_factors` at the first :data:`TILE_BYTES`), before postprocessing;
+    None when the minis give nothing to take or it does not apply."""
+    from tvm import s_tir
+
+    from toolchain.tuning import _replay_tolerant, plain, workload_module
+
+    shape = _data_shape(joined_func, pair)
+    if shape is None or not parts:
+        return None
+    choices = MiniChoices(pair, parts, tile or tile_factors(pair.downstream_kind, shape, num_cores))
+    if not choices.factors:
+        return None
+    mod = workload_module(joined_func)
+    try:
+        designs = schedule_fn(pair, target, num_cores, choices)(s_tir.Schedule(mod))
+    except Exception:  # noqa: BLE001 - the structure does not apply at these choices
+        return None
+    sch = designs[0]
+    rest = _rest_complex(sch, pair)
+    if not rest:
+        return sch
+    trace_json, _ = _rest_with_mini_decisions(plain(sch.trace.as_json()), rest, parts)
+    replayed, _, dropped = _replay_tolerant(s_tir.Schedule(mod), trace_json, max_dropped=0)
+    return sch if dropped else replayed
+
