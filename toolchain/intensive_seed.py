@@ -93,16 +93,25 @@ def _data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
 def tile_decisions(trace_json, block: str) -> dict[int, list[int]]:
     """Loop index → the factors MetaSchedule's ``SamplePerfectTile`` chose for it, for the loops of
     ``block`` as the trace first looked them up (its iterators, in order, for a root-level block)."""
-    insts, decisions = trace_json
-    chosen = {int(d[0]): d[1] for d in decisions}
+    chosen = {int(d[0]): d[1] for d in trace_json[1]}
+    out: dict[int, list[int]] = {}
+    for index, loop in _tile_samples(trace_json, block).items():
+        if index in chosen:
+            out.setdefault(loop, [int(x) for x in chosen[index]])
+    return out
+
+
+def _tile_samples(trace_json, block: str) -> dict[int, int]:
+    """Instruction index of each ``SamplePerfectTile`` on a loop of ``block`` → that loop's index
+    (in the block's first ``GetLoops``)."""
     block_rv, loop_index, out = None, {}, {}
-    for index, (kind, inputs, attrs, outputs) in enumerate(insts):
+    for index, (kind, inputs, attrs, outputs) in enumerate(trace_json[0]):
         if kind in ("GetSBlock", "GetBlock") and attrs and attrs[0] == block:
             block_rv = outputs[0]
         elif kind == "GetLoops" and block_rv is not None and inputs == [block_rv] and not loop_index:
             loop_index = {rv: i for i, rv in enumerate(outputs)}
-        elif kind == "SamplePerfectTile" and inputs and inputs[0] in loop_index and index in chosen:
-            out.setdefault(loop_index[inputs[0]], [int(x) for x in chosen[index]])
+        elif kind == "SamplePerfectTile" and inputs and inputs[0] in loop_index:
+            out[index] = loop_index[inputs[0]]
     return out
 
 
@@ -152,17 +161,11 @@ def _rest_with_mini_decisions(trace_json, rest: list[str], parts: list[tuple[obj
             continue
         mini_block = next(mb for mb, jb in mini[1].items() if jb == joined_block)
         wanted = tile_decisions(mini[0], mini_block)
-        block_rv, loop_index = None, {}
-        for index, (kind, inputs, attrs, outputs) in enumerate(insts):
-            if kind in ("GetSBlock", "GetBlock") and attrs and attrs[0] == joined_block:
-                block_rv = outputs[0]
-            elif kind == "GetLoops" and block_rv is not None and inputs == [block_rv] and not loop_index:
-                loop_index = {rv: i for i, rv in enumerate(outputs)}
-            elif kind == "SamplePerfectTile" and inputs and inputs[0] in loop_index and index in decided:
-                factors = wanted.get(loop_index[inputs[0]])
-                if factors and len(factors) == len(decided[index][1]):
-                    decided[index] = [index, factors]
-                    changed += 1
+        for index, loop in _tile_samples(trace_json, joined_block).items():
+            factors = wanted.get(loop)
+            if index in decided and factors and len(factors) == len(decided[index][1]):
+                decided[index] = [index, factors]
+                changed += 1
     return [insts, [decided[k] for k in sorted(decided)]], changed
 
 
