@@ -8,11 +8,12 @@ the join is searched in, and a first batch of 16 samples of that space, drawn at
 beats a seed made of tuned minis (the minis' register tiles are what make a conv fast). This seed
 *is* a point of the Fig. 7 space, its choices taken from the minis:
 
-* the register tile of U and of D (inside D's tile): each loop's inner factor is the innermost
-  factor the loop's own mini chose for it (MultiLevelTiling's innermost "S" level), the nearest
+* the register tile of U and of D (inside D's tile): each loop's inner factor is the register tile
+  the loop's own mini chose for it (MultiLevelTiling's two innermost "S" levels), the nearest
   divisor not above it that the loop's extent and the space's cap allow (:func:`register_factor`);
-* D's tile (what stays in cache): the largest tile whose slice of the intermediate fits
-  :data:`TILE_BYTES`, with at least one tile per core (:func:`tile_factors`);
+  the vector (W / columns) as wide as the space allows;
+* D's tile (what stays in cache): the largest tile whose slice of the intermediate fits each of
+  :data:`TILE_BYTES` (a seed each), with at least one tile per core (:func:`tile_factors`);
 * the auto-unroll depth: D's mini's;
 * complex blocks outside the pair (a third conv of the join): MultiLevelTiling, as in the space,
   with the decisions their own minis took.
@@ -122,7 +123,7 @@ class MiniChoices:
     def __init__(self, pair: IntensivePair, parts: list[tuple[object, dict]], tiles: dict[int, int]):
         from toolchain.tuning import _unroll_of
 
-        self.pair, self.tiles = pair, tiles
+        self.tiles = tiles
         self.factors: dict[str, dict[int, list[int]]] = {}  # joined block → its mini's loop factors
         self.unroll: int | None = None
         for trace_json, block_map in parts:
@@ -151,22 +152,17 @@ class MiniChoices:
 
 def _rest_with_mini_decisions(trace_json, rest: list[str], parts: list[tuple[object, dict]]):
     """``trace_json`` with the ``SamplePerfectTile`` decisions of the complex blocks in ``rest`` (tiled
-    by MultiLevelTiling, as in their minis) set to what their minis chose; how many were set."""
+    by MultiLevelTiling, as in their minis) set to what their minis chose."""
     insts, decisions = trace_json
     decided = {int(d[0]): d for d in decisions}
-    changed = 0
     for joined_block in rest:
-        mini = next(((t, m) for t, m in parts for mb, jb in m.items() if jb == joined_block), None)
-        if mini is None:
-            continue
-        mini_block = next(mb for mb, jb in mini[1].items() if jb == joined_block)
-        wanted = tile_decisions(mini[0], mini_block)
+        mini = next(((t, mb) for t, m in parts for mb, jb in m.items() if jb == joined_block), None)
+        wanted = tile_decisions(*mini) if mini else {}
         for index, loop in _tile_samples(trace_json, joined_block).items():
             factors = wanted.get(loop)
             if index in decided and factors and len(factors) == len(decided[index][1]):
                 decided[index] = [index, factors]
-                changed += 1
-    return [insts, [decided[k] for k in sorted(decided)]], changed
+    return [insts, [decided[k] for k in sorted(decided)]]
 
 
 def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int) -> list:
@@ -193,10 +189,12 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
 
     from toolchain.tuning import _replay_tolerant, plain, workload_module
 
-    shape = _data_shape(joined_func, pair)
-    if shape is None or not parts:
-        return None
-    choices = MiniChoices(pair, parts, tile or tile_factors(pair.downstream_kind, shape, num_cores))
+    if tile is None:
+        shape = _data_shape(joined_func, pair)
+        if shape is None:
+            return None
+        tile = tile_factors(pair.downstream_kind, shape, num_cores)
+    choices = MiniChoices(pair, parts, tile)
     if not choices.factors:
         return None
     mod = workload_module(joined_func)
@@ -208,7 +206,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     rest = _rest_complex(sch, pair)
     if not rest:
         return sch
-    trace_json, _ = _rest_with_mini_decisions(plain(sch.trace.as_json()), rest, parts)
+    trace_json = _rest_with_mini_decisions(plain(sch.trace.as_json()), rest, parts)
     replayed, _, dropped = _replay_tolerant(s_tir.Schedule(mod), trace_json, max_dropped=0)
     return sch if dropped else replayed
 

@@ -4,10 +4,7 @@
 import numpy as np
 import pytest
 
-import models
-from toolchain import build, intensive, intensive_seed, onnx_import, partition, reform, tuning
-from toolchain.fusion import fuse_groups
-from toolchain.opgraph import op_graph
+from toolchain import intensive, intensive_seed, tuning
 from toolchain.schedule_check import execution_counts, format_counts
 from toolchain.targets import resolve_target
 
@@ -36,18 +33,13 @@ def test_a_register_factor_divides_its_loop_within_the_cap_and_the_minis_choice(
 
 
 @pytest.fixture(scope="module")
-def dwsep():
+def dwsep(dwsep_split):
     """tiny-dwsep (pw → dw → pw) as one joined kernel, and its three minis with sampled schedules."""
     from tvm.s_tir import meta_schedule as ms
 
-    model = models.build("tiny-dwsep")
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    graph = op_graph(mod)
-    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph)
-    split = reform.split_plan(graph, plan)
-    (_, joined), = tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC))
+    mod, graph, plan, split, (_, joined), minis = dwsep_split
     parts = []
-    for (_, func), group in zip(tuning.group_kernels(fuse_groups(mod, split.plan.groups, SPEC)), split.plan.groups):
+    for (_, func), group in zip(minis, split.plan.groups):
         ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
                              num_threads=1, rand_state=7)
         (design, *_) = ctx.space_generator.generate_design_space(ctx.mod)

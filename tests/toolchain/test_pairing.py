@@ -3,7 +3,7 @@
 import pytest
 
 from toolchain import pairing, tuning
-from tests.toolchain.test_tuning import SPEC, _fake_db, dwsep_split  # noqa: F401 - the fixture
+from tests.toolchain.test_tuning import SPEC, _fake_db
 
 
 def _verified(joined_ms, minis_ms):
@@ -46,7 +46,7 @@ def test_a_current_pairing_overrules_the_recorded_latencies_and_a_stale_one_does
     assert pairing.choose("J", minis, verified).build == "joined"
 
 
-def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):  # noqa: F811
+def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
     settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
     db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
@@ -64,7 +64,7 @@ def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):  # 
     assert row["build"] == "joined" and row["paired"]["ratio"] == 1.2
 
 
-def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_split, tmp_path):  # noqa: F811
+def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_split, tmp_path):
     """Real builds and a real runner: the join and its minis (unscheduled traces) in turn, per round."""
     from tvm import s_tir
 
@@ -93,7 +93,7 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     assert pairing.current_pairing(joined, minis, broken) is None
 
 
-def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):  # noqa: F811
+def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):
     """The hand-back check after a join's first batch: its best record so far and its minis' kept
     schedules, timed in turn; nothing to time while a mini has no verified schedule."""
     from tvm import s_tir

@@ -10,8 +10,7 @@ import re
 import pytest
 
 import models
-from toolchain import build, onnx_import, partition, reform, tuning
-from toolchain.fusion import fuse_groups
+from toolchain import build, onnx_import, partition, tuning
 from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
 
@@ -49,18 +48,6 @@ def test_rename_blocks_rewrites_block_lookups_and_drops_postprocessing():
     renamed = tuning._rename_blocks(trace, {"conv2d_nchw": "conv2d_nchw_1"})
     assert renamed[0][0][2] == ["conv2d_nchw_1", "main"] and renamed[0][1] == trace[0][1]
     assert len(renamed[0]) == 2 and renamed[1] == [[1, [4, 8]]]  # postproc steps depend on the whole func
-
-
-@pytest.fixture(scope="module")
-def dwsep_split():
-    model = models.build("tiny-dwsep")
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    graph = op_graph(mod)
-    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph)
-    split = reform.split_plan(graph, plan)
-    (joined,) = tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC))
-    minis = tuning.group_kernels(fuse_groups(mod, split.plan.groups, SPEC))
-    return mod, graph, plan, split, joined, minis
 
 
 def test_block_map_sends_each_mini_block_to_the_same_op_block_in_the_joined_kernel(dwsep_split):
