@@ -38,9 +38,12 @@ tile loop, vectorised innermost loops and auto-unroll. Every tile size and
 the unroll depth is a sampling decision, so ``MutateTileSize`` /
 ``MutateUnroll`` / ``MutateParallel`` explore them.
 
-Complex blocks outside the pair (a third conv in the group) get the stock
-``MultiLevelTiling`` rule, applied inside the same schedule function so
-that the trace stays one replayable trace.
+Blocks outside the pair get what the stock space gives them, applied inside
+the same schedule function so that the trace stays one replayable trace:
+elementwise blocks the stock ``AutoInline`` rule, except into the pair (a third
+conv's bias + relu6 becomes one block the conv's tiling fuses, not three full
+passes over its output), then
+complex blocks (a third conv in the group) the stock ``MultiLevelTiling``.
 
 **The space** (:func:`make_space_generator`): when :func:`find_pair` finds a
 pair and a dry run of the schedule is exact (no dropped iterations, U
@@ -482,11 +485,12 @@ def postprocs(check: bool = True) -> list:
     return list(Postproc.create("llvm")) + ([RejectDroppedIterations()] if check else [])
 
 
-def _rest_rules(target, mod):
-    """The stock MultiLevelTiling rule, initialised for ``target`` (for complex blocks outside the pair)."""
+def _rest_rules(target, mod, kind: str = "MultiLevelTiling"):
+    """The stock rule ``kind`` (MultiLevelTiling for complex blocks outside the pair, AutoInline for
+    simple ones), initialised for ``target``."""
     from tvm.s_tir import meta_schedule as ms
 
-    rules = [r for r in ms.schedule_rule.ScheduleRule.create("llvm") if type(r).__name__ == "MultiLevelTiling"]
+    rules = [r for r in ms.schedule_rule.ScheduleRule.create("llvm") if type(r).__name__ == kind]
     ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply")
     for r in rules:
         r._initialize_with_tune_context(ctx)
@@ -500,6 +504,18 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
 
     def apply(sch):
         intensive_schedule(sch, pair, num_cores, decide)
+        outside = _rest_simple(sch, pair)
+        if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
+            if "inline" not in state:
+                state["inline"] = _rest_rules(target, sch.mod, "AutoInline")
+            mine = set(pair.blocks)
+            for name in outside:
+                # not into a block of the pair: moved into D's tile, it would leave the third conv's
+                # write fusion reaching into the tile (MultiLevelTiling then drops iterations)
+                if _exists(sch, name) and not any(
+                        sch.get(c).name_hint in mine for c in sch.get_consumers(sch.get_sblock(name))):
+                    for rule in state["inline"]:
+                        (sch,) = rule.apply(sch, sch.get_sblock(name))
         rest = _rest_complex(sch, pair)
         if not rest:
             return [sch]
@@ -515,6 +531,15 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
         return schs
 
     return apply
+
+
+def _rest_simple(sch, pair: IntensivePair) -> list[str]:
+    """Root-level elementwise / padding blocks not in the pair, consumers first: what the stock space's
+    AutoInline would inline before tiling (a third conv's epilogue, written out in full otherwise)."""
+    mine = set(pair.blocks)
+    names = [sch.get(rv).name_hint for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    return [n for n in names[::-1] if n not in mine
+            and not any(int(iv.iter_type) == 2 for iv in sch.get(sch.get_sblock(n)).iter_vars)]
 
 
 def _rest_complex(sch, pair: IntensivePair) -> list[str]:

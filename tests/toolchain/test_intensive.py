@@ -248,6 +248,23 @@ def test_the_tuners_space_tiles_the_complex_ops_outside_the_pair():
     assert len(loops) > 7  # MultiLevelTiling's SSRSRS nest, not the naive n, c, h, w, rc, ry, rx
 
 
+def test_a_third_convs_epilogue_is_inlined_as_the_stock_space_does():
+    """pw → dw → pw: the first pw's bias + relu6 (three elementwise blocks) become one block that its
+    tiling can fuse, as AutoInline does in the stock space — not three full passes over the expanded
+    tensor (they were until 2026-11-23: the e2e run showed those joins losing to their minis) —
+    and nothing is inlined into the pair (that made MultiLevelTiling drop iterations)."""
+    from toolchain.intensive import schedule_fn
+
+    func = zoo("class:pointwise_conv", 3, 11)
+    pair = find_pair(func)
+    outside = [b.name for b in block_infos(func) if b.kind == "simple" and b.name not in pair.blocks]
+    assert len(outside) >= 3  # the first pw's input copy, bias add, max, min
+    for sch in schedule_fn(pair, SPEC.tvm(), SPEC.num_cores)(schedule(func, 3)):
+        names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+        assert len(set(outside) & names) == 1  # one epilogue block left, the one feeding the pair
+        assert not any(c.dropped for c in execution_counts(sch.mod)), format_counts(execution_counts(sch.mod))
+
+
 @pytest.mark.slow
 def test_other_complex_ops_get_multilevel_tiling(tmp_path):
     """pw → dw → pw: the (dw, pw) pair is fused; the first pw gets the stock MultiLevelTiling branches."""
