@@ -325,10 +325,12 @@ def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmu
                          "install valgrind (`make setup`) and rebuild it: `make runner TARGET=host`")
     samples = len(runs[geo.l2][1].get("samples_ms", [])) or calls
 
-    kernels = []
+    kernels, not_found = [], []
     for k in artifact.manifest.kernels:
         name = k["name"]
         by_ll = {c: p.inclusive.get(KERNEL_PREFIX + name, {}) for c, p in profiles.items()}
+        if not by_ll[geo.l2]:  # never called, or the manifest names it otherwise than the library
+            not_found.append(name)
         kernels.append({"name": name, **_figures(by_ll, geo, samples)})
     model = _figures({c: p.totals for c, p in profiles.items()}, geo, samples)
     weights = weight_bytes(artifact.model_path)
@@ -349,6 +351,7 @@ def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmu
         "command": commands[geo.l2],
         "model_figures": model,
         "kernels": kernels,
+        "kernels_not_found": not_found,  # listed with zero figures
         "outputs": runs[geo.l2][1].get("outputs", []),
         "events": {c.label: profiles[c].totals for c in sizes},
         "seconds": round(time.perf_counter() - started, 2),

@@ -146,6 +146,7 @@ def compile_model(
         on_stage("applying tuned schedules")
         mod, applied = tuning.apply_verified(mod, request.db, request.target)
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
+        kernels = build.kernels(mod)  # as built: a kernel whose weights were pre-packed is renamed …_prepacked
         _dump(request.dump_dir, "04_scheduled.py", mod)
 
     with staged_directory(out_dir) as staging:

@@ -149,6 +149,7 @@ def test_two_runs_give_identical_counts(pair_artifacts):
     assert figures["weight_bytes"] > 0  # the pair's weights fit the shared cache: no floor to take off
     assert figures["dram_beyond_weights"] == figures["dram_bytes"]
     (kernel,) = first["kernels"]  # the one fused kernel carries (almost) all of the model's work
+    assert first["kernels_not_found"] == []
     assert 0.95 * figures["instructions"] < kernel["instructions"] <= figures["instructions"]
 
 

@@ -40,6 +40,26 @@ def test_the_constant_arguments_of_every_kernel_are_marked_layout_free(cnn):
         assert not fused[name].attrs or "layout_free_buffers" not in fused[name].attrs  # the input stays as it was
 
 
+def _prepacked_db(fused, db_dir):
+    """A database tuned with prepack whose one verified schedule (a conv kernel's first design)
+    rewrites its weight's layout."""
+    from tvm.s_tir import meta_schedule as ms
+
+    marked = build.mark_weights(fused)
+    name, func = next((n, f) for n, f in tuning.group_kernels(marked) if "conv2d" in n)
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
+    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
+    assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
+    db = tuning.TuneDB(db_dir)
+    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target,
+                     "settings": tuning.TuneSettings().to_json()})
+    task = tuning.task_name(name, func)
+    db.save_tasks([tuning.Task(task, "kernel", (), None, 1.0, 16)])
+    db.save_verified({task: {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}})
+    return name
+
+
 def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_onnxruntime(cnn, tmp_path):
     """A database tuned with prepack holds a schedule whose weight layout is rewritten inside the
     kernel; compiling with it stores the weight rewritten (a new constant) and leaves no rewrite
@@ -47,22 +67,9 @@ def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
-    from tvm.s_tir import meta_schedule as ms
 
     model, fused = cnn
-    marked = build.mark_weights(fused)
-    name, func = next((n, f) for n, f in tuning.group_kernels(marked) if "conv2d" in n)
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
-    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
-    assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
-
-    db = tuning.TuneDB(tmp_path)
-    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target,
-                     "settings": tuning.TuneSettings().to_json()})
-    task = tuning.task_name(name, func)
-    db.save_tasks([tuning.Task(task, "kernel", (), None, 1.0, 16)])
-    db.save_verified({task: {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}})
+    _prepacked_db(fused, tmp_path)
     out, applied = tuning.apply_verified(fused, tmp_path, SPEC)
     assert applied == 1
     assert "layout_rewrite_preproc" not in out.script()
@@ -87,3 +94,24 @@ def test_a_database_tuned_without_prepack_compiles_with_the_weights_as_they_are(
     assert applied == 0 and _param_shapes(out) == _param_shapes(fused)
     assert not any(f.attrs and "layout_free_buffers" in f.attrs for f in out.functions.values()
                    if hasattr(f, "attrs") and type(f).__name__ == "PrimFunc")
+
+
+def test_an_artifact_lists_its_kernels_by_the_names_they_are_built_under(cnn, tmp_path):
+    """A pre-packed kernel is renamed ``…_prepacked`` when its rewrite is split out: the manifest names
+    the kernels the library holds (the proxy finds a kernel's cost by its symbol; with the pre-rewrite
+    names every kernel read 0)."""
+    import subprocess
+
+    from toolchain.artifact import LIBRARY
+    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.targets import find_compiler
+
+    model, fused = cnn
+    name = _prepacked_db(fused, tmp_path / "db")
+    request = CompileRequest(model, "tiny-cnn", SPEC, partition="stock", db=tmp_path / "db")
+    artifact = compile_model(request, find_compiler(SPEC), tmp_path / "out")
+    names = [k["name"] for k in artifact.manifest.kernels]
+    assert f"{name}_prepacked" in names and name not in names
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(artifact.root / LIBRARY)],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert all(f"__tvm_ffi_{n}" in symbols for n in names), (names, [s for s in symbols if "fused" in s])
