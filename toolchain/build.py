@@ -145,6 +145,15 @@ def kernels(mod) -> list[KernelInfo]:
     return [KernelInfo(name, n) for name, n in counts.items() if name in prim_names]
 
 
+def built_kernels(mod, spec: TargetSpec) -> list[KernelInfo]:
+    """The kernels the built library calls: :func:`kernels` after the lowering's own
+    ``RewriteDataflowReshape``, which turns a kernel that only reshapes into a view (no call)."""
+    from tvm import relax
+
+    with spec.tvm():
+        return kernels(relax.transform.RewriteDataflowReshape()(mod))
+
+
 def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path:
     """Lower the fused module to a Relax VM executable and link it into ``path`` (a .so)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu

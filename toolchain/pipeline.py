@@ -138,7 +138,7 @@ def compile_model(
     else:
         mod = fusion.fuse_groups(mod, plan.groups, request.target)
     _dump(request.dump_dir, "03_fused.py", mod)
-    kernels = build.kernels(mod)
+    kernels = build.built_kernels(mod, request.target)
     tuning_record = None
     if request.db is not None:
         from toolchain import tuning
@@ -146,7 +146,7 @@ def compile_model(
         on_stage("applying tuned schedules")
         mod, applied = tuning.apply_verified(mod, request.db, request.target)
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
-        kernels = build.kernels(mod)  # as built: a kernel whose weights were pre-packed is renamed …_prepacked
+        kernels = build.built_kernels(mod, request.target)  # a kernel whose weights were pre-packed is renamed …_prepacked
         _dump(request.dump_dir, "04_scheduled.py", mod)
 
     with staged_directory(out_dir) as staging:
