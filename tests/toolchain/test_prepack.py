@@ -100,7 +100,7 @@ def test_an_artifact_lists_its_kernels_by_the_names_they_are_built_under(cnn, tm
     """A pre-packed kernel is renamed ``…_prepacked`` when its rewrite is split out: the manifest names
     the kernels the library holds (the proxy finds a kernel's cost by its symbol; with the pre-rewrite
     names every kernel read 0), and only kernels it calls (a reshape the lowering turns into a view is
-not one: the proxy would report it not found)."""
+    not one: the proxy would report it not found)."""
     import subprocess
 
     from toolchain.artifact import LIBRARY
