@@ -356,6 +356,13 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             final[name] = replace(task, weight=model.c * term + model.b)
     minis_of: dict[str, list] = {}
     split_of: dict[int, list] = {}
+    charged: set = set(by_hash)  # structural hashes of the kernels, then of the minis already counted
+
+    def new_minis(minis: list) -> list:
+        """The minis of a join not tuned as a kernel or as an earlier join's mini (joins in order)."""
+        fresh = [h for h in dict.fromkeys(kernel_hash(func) for (_, func), _ in minis) if h not in charged]
+        charged.update(fresh)
+        return fresh
     if settings.partition == "ago" and settings.reformer:
         split = reform.split_plan(graph, plan, threshold)
         mini_kernels = group_kernels(mark(fusion.fuse_groups(mod, split.plan.groups, spec)))
@@ -364,10 +371,11 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             if len(minis) >= 2:  # one reducing op: tuned directly
                 minis_of.setdefault(parent, minis)
                 split_of[parent_index] = [g for _, g in minis]
-    # a subgraph the reformer splits gets at least a batch per mini (the stock partition gives each of
-    # those ops a kernel and a batch of its own: equal footing at equal budget) and one for its join:
-    # the composed seed alone never reaches the intensive-fusion structure
-    floors = [len(minis_of[n]) + 1 if n in minis_of else 1 for n in final]
+    # a subgraph the reformer splits gets at least a batch per mini it brings (the stock partition gives
+    # each of those ops a kernel and a batch of its own: equal footing at equal budget) and one for its
+    # join: the composed seed alone never reaches the intensive-fusion structure. A mini identical to a
+    # kernel or to an earlier join's mini is tuned once, there: it is not charged again.
+    floors = [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
     # "latency": the plan is the first batches only; the rest of the budget goes round by round
     first_pass = settings.trials if settings.scheduler != "latency" else 0
     budgets = _budgets([t.weight for t in final.values()], first_pass, settings.unit, floors)

@@ -199,6 +199,36 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
+def _twin_blocks():
+    """Two identical depthwise → pointwise blocks in a row (legalized module, op graph)."""
+    from models.builder import GraphBuilder
+
+    b = GraphBuilder("twin-blocks")
+    x = b.input("x", (1, 16, 16, 16))
+    for i in range(2):
+        x = b.conv(b.conv(x, 16, 16, 3, groups=16, name=f"dw{i}", act="relu"), 16, 16, 1, name=f"pw{i}", act="relu")
+    model = b.finish(x, (1, 16, 16, 16))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    return mod, op_graph(mod)
+
+
+@pytest.mark.parametrize("threshold, groups", [(1e9, 1), (30.0, 2)])
+def test_a_mini_tuned_elsewhere_is_not_charged_to_the_join_again(threshold, groups):
+    """A split subgraph's floor is a batch per mini it brings and one for its join. Its minis that are
+    tuned once elsewhere (an identical mini of the same join or of an earlier one, or a kernel) cost
+    nothing here: charged again, they took batches from the kernels (MobileNet-V2 at 960 trials: every
+    kernel one batch while late joins got three)."""
+    mod, graph = _twin_blocks()
+    tight = tuning.TuneSettings(trials=8, per_iter=8, threshold=threshold)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
+    assert len(plan.groups) == groups
+    # one subgraph dw pw dw pw (two distinct minis); or dw pw dw + the kernel pw (one mini of its own)
+    assert sorted(t.phase for t in plan.tasks) == sorted(["mini", "mini", "joined"] if groups == 1
+                                                         else ["mini", "kernel", "joined"])
+    assert [t.budget for t in plan.tasks] == [8, 8, 8]  # a batch each: 24 trials, not 40
+    assert tuning.planned_trials(mod, SPEC, tight) == 24
+
+
 def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
     """MnasNet repeats blocks: one op group is a kernel of its own in one place and a mini of a split
     subgraph in another (one task). A join is composed from its minis' verified schedules, so that
