@@ -352,28 +352,30 @@ def partition_figures(case: Case, suite: Suite, settings: Settings) -> dict:
 #: With the latency scheduler, the equal budget is at least this many times the largest first pass
 #: (a first batch per task) of the tuned variants: half of AGO's budget or more goes where it pays.
 LATENCY_HEADROOM = 2
+#: With the weight plan, the equal budget is at least this many times the largest plan's floors (a batch
+#: per task, a split subgraph one per mini it brings and one for its join): a quarter of it or more is
+#: spread by weight. At exactly the floors every AGO task gets one batch (MobileNet-V2 @112: 45 tasks,
+#: 720 trials), and one batch of MetaSchedule is a draw (bench/RESULTS.md, fifteenth session).
+WEIGHT_HEADROOM = 4 / 3
 
 
 def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Settings) -> int:
     """The case's trial budget, the same for every tuned variant: the suite's, raised (in whole search
-    batches) until no variant's plan needs more, since every kernel gets at least one batch and the
-    stock partition of a large model has more kernels than the suite's budget has batches. With the
-    latency scheduler: at least :data:`LATENCY_HEADROOM` × the largest first pass."""
+    batches) to :data:`WEIGHT_HEADROOM` × the largest plan's floors, since every task gets at least one
+    batch and the stock partition of a large model has more kernels than the suite's budget has batches.
+    With the latency scheduler: at least :data:`LATENCY_HEADROOM` × the largest first pass."""
     from toolchain import tuning
 
     model, spec = _case_model(case, settings)
     mod = _legalized(model, spec)
     batch = tuning.TuneSettings().per_iter
-    budget = settings.trials
-    if settings.scheduler == "latency":
-        need = max(tuning.first_pass_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
-        return max(budget, -(-LATENCY_HEADROOM * need // batch) * batch)
-    for _ in range(4):  # the plans are in whole batches: this settles in one or two steps
-        need = max(tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, budget)) for v in tuned)
-        if need < budget + batch:  # within a batch: the plans agree
-            break
-        budget = -(-need // batch) * batch
-    return budget
+    if settings.scheduler == "latency":  # the first pass: a first batch per task
+        headroom, floors = LATENCY_HEADROOM, [tuning.first_pass_trials(mod, spec, _tune_settings(v, suite, settings))
+                                              for v in tuned]
+    else:  # a weight plan for no trials at all is its floors
+        headroom, floors = WEIGHT_HEADROOM, [tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, 0))
+                                             for v in tuned]
+    return max(settings.trials, -(-round(headroom * max(floors)) // batch) * batch)
 
 
 def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
