@@ -687,6 +687,8 @@ def write_results(document: dict, out_dir: Path) -> tuple[Path, Path]:
 
 def summary_rows(document: dict) -> list[dict]:
     """One flat row per (case, variant) for tables."""
+    from host import proxy
+
     rows = []
     for entry in document["results"]:
         for name, res in entry["variants"].items():
@@ -709,6 +711,8 @@ def summary_rows(document: dict) -> list[dict]:
                     "dram_vs": {b: r["dram_bytes"] for b, r in res.get("proxy_vs", {}).items()},
                     "dram_beyond_weights_vs": {b: r.get("dram_beyond_weights", {})
                                                for b, r in res.get("proxy_vs", {}).items()},
+                    "dram_floor_vs": {b: proxy.floor_ratio(entry["variants"][b]["proxy"]["model_figures"])
+                                      for b in res.get("proxy_vs", {})},
                 }
             )
     return rows

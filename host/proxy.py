@@ -374,4 +374,13 @@ def ratios(result: dict, baseline: dict) -> dict:
         # the traffic fusion can remove: DRAM bytes above the weights floor (older results lack it)
         "dram_beyond_weights": {k: div(v, b.get("dram_beyond_weights", {}).get(k))
                                 for k, v in a.get("dram_beyond_weights", {}).items()},
+        "dram_floor": floor_ratio(b),
     }
+
+
+def floor_ratio(baseline_figures: dict) -> dict:
+    """The least ``dram_bytes`` ratio any schedule of the model could reach against this baseline: the
+    weights floor alone (the same for every variant: same weights) ÷ the baseline's DRAM bytes, per
+    shared-cache size ({} for results from before the floor was recorded)."""
+    beyond = baseline_figures.get("dram_beyond_weights", {})
+    return {k: (v - beyond[k]) / v if v else None for k, v in baseline_figures["dram_bytes"].items() if k in beyond}

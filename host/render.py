@@ -206,6 +206,7 @@ def proxy_bench_table(document: dict) -> Table:
     for base in bases:
         table.add_column(f"DRAM ÷ {base} ({' / '.join(sizes)})", justify="right")
         table.add_column(f"beyond weights ÷ {base}", justify="right")
+        table.add_column(f"least possible ÷ {base}", justify="right")  # the weights alone
 
     def ratio_cell(ratio: dict | None) -> str:
         return "" if not ratio else " / ".join(
@@ -216,13 +217,14 @@ def proxy_bench_table(document: dict) -> Table:
             continue
         if r["proxy_status"] != "ok":
             table.add_row(r["case"], r["variant"], f"[red]{r['proxy_status']}[/red]",
-                          *([""] * (2 + len(sizes) + 2 * len(bases))))
+                          *([""] * (2 + len(sizes) + 3 * len(bases))))
             continue
         f = r["proxy"]
         cells = [_mega(f["instructions"]), _kilo(f["d1_misses"]), _kilo(f["l2_misses"]),
                  *(_mega(f["dram_bytes"].get(s)) for s in sizes)]
         for base in bases:
-            cells += [ratio_cell(r["dram_vs"].get(base)), ratio_cell(r.get("dram_beyond_weights_vs", {}).get(base))]
+            cells += [ratio_cell(r["dram_vs"].get(base)), ratio_cell(r.get("dram_beyond_weights_vs", {}).get(base)),
+                      ratio_cell(r.get("dram_floor_vs", {}).get(base))]
         table.add_row(r["case"], r["variant"], *cells)
     return table
 

@@ -110,6 +110,24 @@ def test_weights_set_the_floor_of_dram_traffic_where_they_overflow_the_cache(tmp
     assert proxy.weights_floor(expected, a76) == {"2MiB": 0, "4MiB": 0}
 
 
+def test_ratios_report_the_least_dram_ratio_the_weights_allow():
+    def figures(dram: dict, floor: dict) -> dict:
+        return {"model_figures": {"instructions": 10, "d1_misses": 4, "l2_misses": 2, "dram_bytes": dram,
+                                  "weight_bytes": 3 * proxy.MIB,
+                                  "dram_beyond_weights": {k: v - floor[k] for k, v in dram.items()}}}
+
+    floor = {"2MiB": 3 * proxy.MIB, "4MiB": 0}
+    stock = figures({"2MiB": 5 * proxy.MIB, "4MiB": 2 * proxy.MIB}, floor)
+    fused = figures({"2MiB": 4 * proxy.MIB, "4MiB": 1 * proxy.MIB}, floor)
+    ratio = proxy.ratios(fused, stock)
+    assert ratio["dram_bytes"] == {"2MiB": 0.8, "4MiB": 0.5}
+    assert ratio["dram_beyond_weights"] == {"2MiB": 0.5, "4MiB": 0.5}
+    # no schedule goes below the 3 MiB of weights streamed through a 2 MiB cache: 3/5 of stock's traffic
+    assert ratio["dram_floor"] == {"2MiB": 0.6, "4MiB": 0.0}
+    older = {"model_figures": {k: v for k, v in stock["model_figures"].items() if k != "dram_beyond_weights"}}
+    assert proxy.ratios(fused, older)["dram_floor"] == {}  # results from before the floor was recorded
+
+
 def test_cli_rejects_an_unknown_geometry(cli, tmp_path):
     result = cli("bench", tmp_path, "--proxy", "a99")
     assert result.exit_code == 1 and "unknown cache geometry 'a99'" in result.output
