@@ -378,7 +378,9 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     floors = [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
     # "latency": the plan is the first batches only; the rest of the budget goes round by round
     first_pass = settings.trials if settings.scheduler != "latency" else 0
-    budgets = _budgets([t.weight for t in final.values()], first_pass, settings.unit, floors)
+    # a kernel's share of the model's time is its weight (one call) times its calls (as Ansor's task
+    # scheduler weighs a task by how often the model runs it)
+    budgets = _budgets([t.weight * t.calls for t in final.values()], first_pass, settings.unit, floors)
     final = {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 
     tasks: list[Task] = []

@@ -212,6 +212,23 @@ def _twin_blocks():
     return mod, op_graph(mod)
 
 
+def test_a_kernel_the_model_calls_three_times_gets_three_times_the_trials():
+    """Budgets follow each kernel's share of the model's time: its weight (one call) times its calls.
+    By weight alone, a kernel run three times got as many trials as one run once."""
+    from models.builder import GraphBuilder
+
+    b = GraphBuilder("thrice")
+    x = b.input("x", (1, 16, 16, 16))
+    for i in range(3):
+        x = b.conv(x, 16, 16, 1, name=f"pw{i}", act="relu")
+    x = b.conv(x, 16, 16, 1, name="last")  # no activation: a kernel of its own, called once
+    model = b.finish(x, (1, 16, 16, 16))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    settings = tuning.TuneSettings(trials=64, per_iter=16, partition="stock")
+    _, plan = tuning.plan_tasks(mod, op_graph(mod), SPEC, settings)
+    assert sorted((t.calls, t.budget) for t in plan.tasks) == [(1, 16), (3, 48)]
+
+
 @pytest.mark.parametrize("threshold, groups", [(1e9, 1), (30.0, 2)])
 def test_a_mini_tuned_elsewhere_is_not_charged_to_the_join_again(threshold, groups):
     """A split subgraph's floor is a batch per mini it brings and one for its join. Its minis that are
