@@ -199,6 +199,12 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
+def _legalized(model):
+    """An ONNX model as the tuner sees it: (legalized module, op graph)."""
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    return mod, op_graph(mod)
+
+
 def _twin_blocks():
     """Two identical depthwise → pointwise blocks in a row (legalized module, op graph)."""
     from models.builder import GraphBuilder
@@ -207,9 +213,7 @@ def _twin_blocks():
     x = b.input("x", (1, 16, 16, 16))
     for i in range(2):
         x = b.conv(b.conv(x, 16, 16, 3, groups=16, name=f"dw{i}", act="relu"), 16, 16, 1, name=f"pw{i}", act="relu")
-    model = b.finish(x, (1, 16, 16, 16))
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    return mod, op_graph(mod)
+    return _legalized(b.finish(x, (1, 16, 16, 16)))
 
 
 def test_a_kernel_the_model_calls_three_times_gets_three_times_the_trials():
@@ -222,10 +226,9 @@ def test_a_kernel_the_model_calls_three_times_gets_three_times_the_trials():
     for i in range(3):
         x = b.conv(x, 16, 16, 1, name=f"pw{i}", act="relu")
     x = b.conv(x, 16, 16, 1, name="last")  # no activation: a kernel of its own, called once
-    model = b.finish(x, (1, 16, 16, 16))
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    mod, graph = _legalized(b.finish(x, (1, 16, 16, 16)))
     settings = tuning.TuneSettings(trials=64, per_iter=16, partition="stock")
-    _, plan = tuning.plan_tasks(mod, op_graph(mod), SPEC, settings)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
     assert sorted((t.calls, t.budget) for t in plan.tasks) == [(1, 16), (3, 48)]
 
 
@@ -250,9 +253,8 @@ def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
     """MnasNet repeats blocks: one op group is a kernel of its own in one place and a mini of a split
     subgraph in another (one task). A join is composed from its minis' verified schedules, so that
     kernel must be tuned before the joins (it was not: a join started with one conv unscheduled)."""
-    model = models.build("mnasnet", (1, 3, 56, 56))
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    _, plan = tuning.plan_tasks(mod, op_graph(mod), SPEC, tuning.TuneSettings(trials=256))
+    mod, graph = _legalized(models.build("mnasnet", (1, 3, 56, 56)))
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=256))
     phase = {t.name: t.phase for t in plan.tasks}
     shared = {n for parts in plan.compositions.values() for n, _ in parts if phase[n] == "kernel"}
     assert shared  # the case exists
