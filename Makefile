@@ -22,7 +22,7 @@ THREADS ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
 
-.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-cuda bench-rpc clean
+.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -38,6 +38,7 @@ help:
 	@echo "make bench-rpc    tuning throughput measured through the RPC path vs the local runner (DEVICE=local)"
 	@echo "make bench-cuda   CUDA path: fused (APOLLO/FusionStitching) vs stock TVM training steps; kernel counts, GPU times when a GPU exists"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
+	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
 	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
@@ -119,6 +120,11 @@ bench-locality: setup
 	$(MAKE) --no-print-directory runner TARGET=host
 	$(AGOC) bench-suite pairs $(LOCALITY_ARGS)
 	$(AGOC) bench-suite e2e --models "$(or $(MODELS),$(LOCALITY_MODELS))" --shapes 112 $(LOCALITY_ARGS)
+
+# the activation layout: the same conv kernels of one model tuned in NCHW and NHWC (host/bench_layout.py)
+bench-layout: setup
+	$(VENV)/bin/python -m host.bench_layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
+		--trials $(or $(TRIALS),48) $(if $(THREADS),--threads $(THREADS))
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)

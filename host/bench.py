@@ -88,6 +88,7 @@ class Settings:
     scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tuning.SCHEDULERS)
     prepack: bool = True  # every tuned variant may rewrite its weights' layout (toolchain.tuning.TuneSettings)
     transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
+    layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
@@ -315,7 +316,7 @@ def _case_model(case: Case, settings: Settings):
     import models as zoo
     from toolchain.targets import resolve_target
 
-    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads)
+    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout)
 
 
 def _legalized(model, spec):
@@ -451,7 +452,7 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
         geo = proxy.geometry(settings.proxy)
         artifact = load_artifact(artifact_dir)
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
-            spec = resolve_target("host-avx2", num_cores=settings.threads)
+            spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout)
             threshold = _threshold(suite)
             db = work_dir / case.label / f"{variant.name}.db" if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,

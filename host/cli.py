@@ -164,6 +164,8 @@ def compile(
     ),
     mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
     num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
+    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
+                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
     partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
@@ -189,15 +191,16 @@ def compile(
         if session is None:
             raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
         partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
+        layout = session.get("layout", "NCHW")  # a database made before layouts were a setting: NCHW
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores)
+    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
     shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in onnx_import.resolve_inputs(proto, overrides))
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
-        f"with {escape(compiler.version)}, partition={partition}"
+        f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}[/dim]",
         soft_wrap=True,
     )
@@ -469,6 +472,8 @@ def tune(
         2, "--transfer", help="Start each kernel's search from the verified schedules of up to this many "
         "kernels with the same blocks, re-fitted to its loops (0: from scratch)."),
     seed: int = typer.Option(0, help="Search seed."),
+    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
+                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
     from toolchain import tuning
@@ -519,7 +524,7 @@ def tune(
     cores = None
     if devices and devices[0].kind != "local":
         cores = devices[0].describe().get("cores")
-    spec = resolve_target(target, num_cores=cores)
+    spec = resolve_target(target, num_cores=cores, layout=layout)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     where = "this machine" if local_only else (
         f"tracker {tracker} key {key}" if farm else ", ".join(d.name for d in devices) + " over RPC")
@@ -640,6 +645,8 @@ def partition_cmd(
     dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
     png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {model, ago: {...}, stock: {...}}."),
+    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
+                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
 ):
     """Partition MODEL with AGO and with stock TVM; print subgraphs and AGO's statistics side by side."""
     from host import graphviz
@@ -651,7 +658,7 @@ def partition_cmd(
     trivial_cut = partition.TRIVIAL_CUT if trivial_cut is None else trivial_cut
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
-    spec = resolve_target("host")
+    spec = resolve_target("host", layout=layout)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     graph = op_graph(mod)
     plans = {
@@ -712,6 +719,8 @@ def bench_suite(
                                     "layout (see agoc tune --help)."),
     transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "
                                  "variant (see agoc tune --help; 0: from scratch)."),
+    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
+                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -741,11 +750,15 @@ def bench_suite(
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
+    from toolchain.targets import LAYOUTS
+
+    if layout.upper() not in LAYOUTS:
+        raise UnsupportedModelError(f"unknown layout '{layout}'; choose one of: {', '.join(LAYOUTS)}")
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
-                       prepack=not no_prepack, transfer=transfer)
+                       prepack=not no_prepack, transfer=transfer, layout=layout.upper())
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -179,7 +179,7 @@ _LEGALIZED: dict = {}
 
 
 def _legalized(model: str, shape: tuple[int, ...], spec):
-    key = (model, shape, json.dumps(spec.tvm_target, sort_keys=True))
+    key = (model, shape, json.dumps(spec.to_json(), sort_keys=True))
     if key not in _LEGALIZED:
         import models
         from toolchain import build, onnx_import

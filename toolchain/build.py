@@ -48,12 +48,26 @@ def lower_and_compile(mod, target, backend, what: str):
         raise BuildError(f"TVM code generation failed{what}: {error_line(exc)}") from exc
 
 
+#: ``relax.transform.ConvertLayout``'s table for ``spec.layout == "NHWC"``: the ops that carry a
+#: layout and the layout each computes in. The ops between them follow their input's layout
+#: (elementwise, pools, reductions, concatenate, split); one that cannot (ShuffleNet's
+#: channel-shuffle reshape) gets transposes. (Naming ``relax.nn.max_pool2d`` here fails TVM 0.27's
+#: ``NoDesiredLayout`` check; it follows its input anyway.)
+NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
 def legalize(mod, spec: TargetSpec):
-    """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded."""
+    """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded; in ``spec.layout``."""
     import tvm
     from tvm import relax
 
+    layout = [
+        relax.transform.ConvertLayout(NHWC_LAYOUTS),
+        relax.transform.Normalize(),
+        relax.transform.EliminateCommonSubexpr(),  # an input read twice is transposed once
+    ] if spec.layout == "NHWC" else []
     passes = [
+        *layout,
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),
@@ -63,9 +77,39 @@ def legalize(mod, spec: TargetSpec):
     ]
     try:
         with spec.tvm():
-            return tvm.transform.Sequential(passes)(mod)
+            out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
+    return unique_binding_names(out) if layout else out
+
+
+def unique_binding_names(mod):
+    """``mod`` with every binding of ``main`` named uniquely (``ConvertLayout`` re-uses names; the op
+    graph and the partition name ops by their bindings). A repeated name gets the first free ``_N``."""
+    from tvm import relax
+
+    used: set[str] = {p.name for p in mod["main"].params}
+
+    def fresh(name: str) -> str:
+        out, n = name, 1
+        while out in used:
+            out, n = f"{name}_{n}", n + 1
+        used.add(out)
+        return out
+
+    @relax.expr_functor.mutator
+    class Rename(relax.PyExprMutator):
+        def visit_var_binding_(self, binding):
+            value = self.visit_expr(binding.value)
+            kind = relax.DataflowVar if isinstance(binding.var, relax.DataflowVar) else relax.Var
+            var = kind(fresh(binding.var.name), binding.var.ty)
+            self.builder_.emit_normalized(relax.VarBinding(var, value))
+            self.set_var_remap(binding.var, var)
+
+    out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    gv = mod.get_global_var("main")
+    out[gv] = Rename().visit_expr(mod["main"])
+    return out
 
 
 def fuse_stock(mod, spec: TargetSpec):

@@ -90,6 +90,7 @@ class IntensivePair:
     epilogue: tuple[str, ...]  # simple blocks after D that depend only on D (program order)
     upstream_input: str | None  # U's data-input producer (a padding / copy block), if in the function
     tiled: str  # what D's tile loop runs over, in words
+    layout: str = "NCHW"  # the convs' activation layout (CONV_AXES); a matmul pair: NCHW
 
     @property
     def kind(self) -> str:
@@ -123,6 +124,7 @@ class _Info:
     writes: list
     kind: str = "simple"  # simple | reduce | pw | dw | conv | matmul
     data_buf: int | None = None  # the operand D's tiled dims index (conv input / matmul A)
+    layout: str = "NCHW"  # a conv's activation layout (CONV_AXES)
     consumers: list = field(default_factory=list)
     producers: list = field(default_factory=list)
 
@@ -137,6 +139,23 @@ def _region_vars(region) -> list[set[int]]:
     return [_vars_in(r.min) | _vars_in(r.extent) for r in region.region]
 
 
+#: A conv block's spatial iterators by layout: (position of the output channels, position of W).
+#: NCHW: (n, f, y, x), reduce (rc, ry, rx), weight OIHW; NHWC: (n, y, x, f), reduce (ry, rx, rc),
+#: weight OHWI. Either way the weight's first dim is indexed by f and the data input by x.
+CONV_AXES = {"NCHW": (1, 3), "NHWC": (3, 2)}
+
+
+def _conv_layout(operands, sp) -> tuple[str, object] | None:
+    """(layout, data operand) of a conv block whose reads are ``operands`` and spatial vars ``sp``."""
+    for layout, (c, x) in CONV_AXES.items():
+        four = [r for r in operands if len(r.region) == 4]
+        data = [r for r in four if sp[x] in set().union(*_region_vars(r))]
+        weight = [r for r in four if not any(r.same_as(d) for d in data[:1])]
+        if data and weight and sp[c] in _region_vars(weight[0])[0]:
+            return layout, data[0]
+    return None
+
+
 def _classify(info: _Info) -> None:
     block = info.block
     if not info.reduce:
@@ -146,17 +165,19 @@ def _classify(info: _Info) -> None:
     operands = [r for r in block.reads if _h(r.source) not in own]
     sp = [_h(v) for v, _ in info.spatial]
     if "conv" in name and len(info.spatial) == 4 and len(info.reduce) == 3 and len(operands) >= 2:
-        # NCHW conv2d: spatial (n, f, y, x), reduce (rc, ry, rx); the data operand is indexed by x
-        data = next((r for r in operands if len(r.region) == 4 and sp[3] in set().union(*_region_vars(r))), None)
-        if data is None:
+        found = _conv_layout(operands, sp)
+        if found is None:
             info.kind = "reduce"
             return
+        info.layout, data = found
         info.data_buf = _h(data.source)
-        rc, ry, rx = (e for _, e in info.reduce)
-        channel_vars = _region_vars(data)[1]
-        if rc == 1 and info.spatial[1][1] > 1 and sp[1] in channel_vars:
+        c = CONV_AXES[info.layout][0]
+        extents = [e for _, e in info.reduce]
+        rc, ry, rx = extents if info.layout == "NCHW" else (extents[2], extents[0], extents[1])
+        channel_vars = _region_vars(data)[c]
+        if rc == 1 and info.spatial[c][1] > 1 and sp[c] in channel_vars:
             info.kind = "dw"
-        elif ry == 1 and rx == 1 and sp[1] not in channel_vars:
+        elif ry == 1 and rx == 1 and sp[c] not in channel_vars:
             info.kind = "pw"
         else:
             info.kind = "conv"
@@ -295,6 +316,7 @@ def _pair_for(infos: list[_Info], d_idx: int) -> IntensivePair | None:
         epilogue=tuple(infos[i].name for i in epilogue),
         upstream_input=u_input,
         tiled=TILED[d.kind],
+        layout=d.layout if d.kind != "matmul" else u.layout,
     )
 
 
@@ -383,14 +405,16 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
         sch.vectorize(vector)
 
 
-def _reg_iter(kind: str, n_spatial: int) -> int | None:
-    """The register-blocked dim of U / D: NCHW output channels, or matmul rows. None for a depthwise
-    conv, whose channels share nothing (blocking them reuses no operand): only H and W are blocked."""
+def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:
+    """The register-blocked dim of U / D besides the vector (the last dim): NCHW output channels
+    (the vector is W), NHWC W (the vector is the output channels), or matmul rows. None for a
+    depthwise conv, whose channels share nothing (blocking them reuses no operand): only its last two
+    dims are blocked (NCHW H and W; NHWC W and the channels)."""
     if kind == "matmul":
         return n_spatial - 2
     if kind == "dw":
         return None
-    return 1
+    return CONV_AXES[layout][0] if layout == "NCHW" else CONV_AXES[layout][1]
 
 
 def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None) -> None:
@@ -409,19 +433,20 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     n_sp = sum(1 for iv in sch.get(d_rv).iter_vars if int(iv.iter_type) != 2)
     spatial = list(sch.get_loops(d_rv))[:n_sp]
     kind = pair.downstream_kind
-    if kind == "dw":  # (n, f, y, x): tile f; inside the tile (f_i, y, x)
-        n, f, y, x = spatial
-        f_o, f_i = tile_split(f, 1)
-        sch.reorder(n, f_o, f_i)
+    nhwc = pair.layout == "NHWC"
+    if kind == "dw":  # tile f; inside the tile NCHW (f_i, y, x), NHWC (y, x, f_i)
+        n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
+        f_o, f_i = tile_split(f, 3 if nhwc else 1)
+        sch.reorder(n, f_o, y, x, f_i) if nhwc else sch.reorder(n, f_o, f_i)
         tile = sch.fuse(n, f_o)
         d_inner, d_reg = 3, None
-    elif kind == "pw":  # (n, f, y, x): tile y, x; inside the tile (f, y_i, x_i)
-        n, f, y, x = spatial
-        y_o, y_i = tile_split(y, 2)
-        x_o, x_i = tile_split(x, 3)
-        sch.reorder(n, y_o, x_o, f, y_i, x_i)
+    elif kind == "pw":  # tile y, x; inside the tile NCHW (f, y_i, x_i), NHWC (y_i, x_i, f)
+        n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
+        y_o, y_i = tile_split(y, 1 if nhwc else 2)
+        x_o, x_i = tile_split(x, 2 if nhwc else 3)
+        sch.reorder(n, y_o, x_o, y_i, x_i, f) if nhwc else sch.reorder(n, y_o, x_o, f, y_i, x_i)
         tile = sch.fuse(n, y_o, x_o)
-        d_inner, d_reg = 3, 0
+        d_inner, d_reg = 3, 1 if nhwc else 0
     else:  # matmul (batch..., i, j): tile batch dims and i; inside the tile (i_i, j)
         *batch, i, j = spatial
         i_o, i_i = tile_split(i, n_sp - 2)
@@ -439,7 +464,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
-    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp), u_sp, decide)
+    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide)
     _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner)
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 

@@ -47,9 +47,10 @@ def register_factor(extent: int, cap: int, wanted: int) -> int:
     return max(d for d in _divisors(extent) if d <= max(1, min(cap, wanted)))
 
 
-def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int = TILE_BYTES[0]) -> dict[int, int]:
+def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int = TILE_BYTES[0],
+                 layout: str = "NCHW") -> dict[int, int]:
     """D's tile: iterator of D → inner factor, for D of ``kind`` ("dw" | "pw" | "matmul") whose data
-    input (the intermediate) has ``data_shape`` (NCHW, or (..., rows, K)); float32.
+    input (the intermediate) has ``data_shape`` (``layout``: NCHW or NHWC, or (..., rows, K)); float32.
 
     dw (channel tiles, H and W whole): the most channels whose planes fit ``budget``; pw (H × W tiles,
     channels whole): whole rows if one fits, then the most rows that fit; matmul: the most rows that
@@ -63,15 +64,17 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
         aligned = [d for d in spread if d % TILE_ALIGN == 0]
         return max(aligned or spread or [1])
 
+    nhwc = layout == "NHWC"
+    if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
+        (_, h, w, channels), (f_it, y_it, x_it) = (data_shape, (3, 1, 2)) if nhwc else (
+            (data_shape[0], data_shape[2], data_shape[3], data_shape[1]), (1, 2, 3))
     if kind == "dw":
-        _, channels, h, w = data_shape
-        return {1: most(channels, h * w * 4)}
+        return {f_it: most(channels, h * w * 4)}
     if kind == "pw":
-        _, channels, h, w = data_shape
         row = channels * w * 4
         if w <= TILE_FACTOR_MAX and row <= budget:
-            return {2: most(h, row), 3: w}
-        return {2: 1, 3: most(w, channels * 4)}
+            return {y_it: most(h, row), x_it: w}
+        return {y_it: 1, x_it: most(w, channels * 4)}
     *_, rows, k = data_shape
     return {len(data_shape) - 2: most(rows, k * 4)}
 
@@ -173,7 +176,7 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
         return []
     tiles = []
     for budget in TILE_BYTES:
-        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget)
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout)
         if tile not in tiles:
             tiles.append(tile)
     seeds = [intensive_seed(joined_func, pair, parts, target, num_cores, tile) for tile in tiles]
@@ -193,7 +196,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
         shape = _data_shape(joined_func, pair)
         if shape is None:
             return None
-        tile = tile_factors(pair.downstream_kind, shape, num_cores)
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, layout=pair.layout)
     choices = MiniChoices(pair, parts, tile)
     if not choices.factors:
         return None

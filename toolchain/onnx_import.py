@@ -8,8 +8,10 @@ dimension that needs ``--input-shape``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,17 +188,60 @@ def resolve_inputs(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]
     return resolved
 
 
+def _constant_bound(expr) -> float | None:
+    """A Clip bound that is a scalar constant (not NaN), as a float; else None."""
+    import tvm
+
+    if expr is None or not isinstance(expr, tvm.ir.Constant):
+        return None
+    value = np.asarray(expr.value.numpy() if hasattr(expr.value, "numpy") else expr.value)
+    if value.size != 1 or not np.issubdtype(value.dtype, np.floating) or np.isnan(value).any():
+        return None
+    return float(value.reshape(()))
+
+
+@contextlib.contextmanager
+def _clip_as_relax_ops():
+    """While importing: a Clip with constant bounds (ReLU6) becomes ``relax.op.maximum`` / ``minimum``.
+
+    TVM's converter emits it as opaque ``call_tir`` PrimFuncs (``emit_te``), which ``ConvertLayout``
+    cannot see through: in NHWC every ReLU6 would sit between two transposes back to NCHW. The Relax
+    ops compute the same (they legalize to the same ``topi.maximum`` / ``minimum``)."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.Clip.__dict__["_impl_v13"]
+
+    def impl(cls, bb, inputs, attr, params):
+        bounds = inputs[1:3] if len(inputs) >= 3 else []
+        if len(bounds) == 2 and all(b is not None and _constant_bound(b) is not None for b in bounds):
+            low = bb.emit(relax.op.maximum(inputs[0], bounds[0]))
+            return bb.emit(relax.op.minimum(low, bounds[1]))
+        return original.__func__(cls, bb, inputs, attr, params)
+
+    with _IMPORT_LOCK:
+        onnx_frontend.Clip._impl_v13 = classmethod(impl)
+        try:
+            yield
+        finally:
+            onnx_frontend.Clip._impl_v13 = original
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
 def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo]):
     """Import into a Relax IRModule with weights as constants (no params in the inputs)."""
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        return from_onnx(
-            model,
-            shape_dict={i.name: list(i.shape) for i in inputs},
-            dtype_dict={i.name: i.dtype for i in inputs},
-            keep_params_in_input=False,
-        )
+        with _clip_as_relax_ops():
+            return from_onnx(
+                model,
+                shape_dict={i.name: list(i.shape) for i in inputs},
+                dtype_dict={i.name: i.dtype for i in inputs},
+                keep_params_in_input=False,
+            )
     except Exception as exc:
         raise UnsupportedModelError(
             f"TVM's ONNX importer rejected the model: {first_line(exc)} (rerun with --debug for details)"

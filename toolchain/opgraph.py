@@ -155,10 +155,16 @@ def classify(func_name: str, blocks: tuple[BlockNest, ...], shape: tuple[int, ..
     if not reducing:
         return op_class
     main = max(reducing, key=lambda b: len(b.iters))
-    red = main.reduce_extents  # (rc, ry, rx) for conv2d NCHW
-    if len(red) >= 3 and red[0] == 1 and len(shape) >= 2 and shape[1] > 1:
+    red = main.reduce_extents  # (rc, ry, rx) for conv2d NCHW; (ry, rx, rc) for NHWC
+    if len(red) < 3 or len(shape) != 4:
+        return op_class
+    if main.block.lower().endswith("nhwc"):
+        (ry, rx, rc), channels = red[-3:], shape[3]
+    else:
+        (rc, ry, rx), channels = red[:3], shape[1]
+    if rc == 1 and channels > 1:
         return "depthwise_conv"
-    if len(red) >= 3 and all(e == 1 for e in red[1:]) and red[0] > 1:
+    if ry == 1 and rx == 1 and rc > 1:
         return "pointwise_conv"
     return op_class
 

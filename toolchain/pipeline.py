@@ -98,6 +98,13 @@ def compile_model(
     _prepare_out_dir(out_dir)
     model = request.model
 
+    if request.db is not None:
+        from toolchain import tuning
+
+        made = (tuning.TuneDB(request.db).session or {}).get("layout", "NCHW")
+        if made != request.target.layout:
+            raise UnsupportedModelError(
+                f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
     on_stage("checking model")
     onnx_import.check_supported(model)
     overrides = dict(request.input_shapes)

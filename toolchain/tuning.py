@@ -497,7 +497,9 @@ class TuneDB:
         self.root.mkdir(parents=True, exist_ok=True)
         existing = self.session
         if existing is not None:
-            for key in ("model_sha256", "target", "settings"):
+            existing.setdefault("layout", "NCHW")  # made before the layout was a setting: ONNX's own
+            session = {**session, "layout": session.get("layout", "NCHW")}
+            for key in ("model_sha256", "target", "layout", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((_settings_but_trials(existing[key]), _settings_but_trials(session[key]))
@@ -1132,7 +1134,8 @@ def tune_model(
     graph = op_graph(mod)
     db = TuneDB(db_dir)
     db.open_session(
-        {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "settings": settings.to_json()}
+        {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
+         "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)

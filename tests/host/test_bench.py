@@ -35,7 +35,9 @@ def test_results_document_schema(document):
     tvm, ort = entry["variants"]["tvm-stock"], entry["variants"]["onnxruntime"]
     assert tvm["status"] == ort["status"] == "ok"
     assert tvm["verify"]["passed"] and tvm["verify"]["max_abs"] < 1e-3
-    assert tvm["kernels"] == 2  # conv + bias + relu + add, matmul + add: the flatten between them is a view
+    # NHWC: the input's transpose, conv + bias + relu + add, the transpose back before the flatten (a view
+    # after it), matmul + add
+    assert tvm["kernels"] == 4
     for res in (tvm, ort):
         lat = res["latency_ms"]
         assert len(lat["samples"]) == 6 and lat["n"] == 6  # rounds × calls
@@ -51,11 +53,11 @@ def test_results_document_schema(document):
 def test_the_suite_records_both_partitions_and_the_partitioning_time(document):
     (entry,) = document["results"]
     fig = entry["partition"]
-    assert fig["ops"] == 7  # tiny-cnn legalized: conv, add, relu, add, reshape, matmul, add
+    assert fig["ops"] == 9  # tiny-cnn legalized: transpose, conv, add, relu, add, transpose, reshape, matmul, add
     for method in ("ago", "stock"):
         assert fig[method]["acyclic"] and 0 < fig[method]["seconds"] < 60
         assert {"subgraphs", "trivial", "jain", "chains", "max_complex_ops"} <= set(fig[method])
-    assert fig["ago"]["subgraphs"] <= fig["stock"]["subgraphs"] == 3  # stock: the tvm-stock variant's 3 kernels
+    assert fig["ago"]["subgraphs"] <= fig["stock"]["subgraphs"] == 4  # the tvm-stock variant's groups (NHWC: 2 transposes)
 
 
 def test_write_results_gives_json_and_png_without_overwriting(document, tmp_path):
@@ -170,16 +172,16 @@ def test_bench_suite_cli_rejects_unknown_names(cli):
 
 
 def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_more_than_the_suites():
-    # tiny-cnn's stock partition has 3 kernels: at one batch each a 16-trial suite budget is not enough
+    # tiny-cnn's stock partition has 3 kernels (in NCHW; NHWC adds two transposes): at one batch each a 16-trial suite budget is not enough
     tuned = [bench.VARIANTS_BY_NAME["tvm-stock-tuned"], bench.VARIANTS_BY_NAME["tvm-ago-tuned"]]
-    settings = tiny_settings(trials=16)
+    settings = tiny_settings(trials=16, layout="NCHW")
     budget = bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], settings)
     assert budget == 64  # 3 kernels × one batch of 16, and a quarter more to spread by weight, whole batches
-    roomy = tiny_settings(trials=160)
+    roomy = tiny_settings(trials=160, layout="NCHW")
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], roomy) == 160
     # the latency scheduler: a first batch of 8 per task (AGO: 1 kernel per subgraph; stock: 3 kernels),
     # and at least twice the larger first pass, so that half the budget or more goes round by round
-    latency = replace(tiny_settings(trials=16), scheduler="latency")
+    latency = replace(tiny_settings(trials=16, layout="NCHW"), scheduler="latency")
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], latency) == 48
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"],
                               replace(roomy, scheduler="latency")) == 160

@@ -147,7 +147,8 @@ def test_inspect_an_onnx_file_shows_ops_and_kernels(cli, model_file):
     data = json.loads(result.stdout)
     assert data["op_counts"] == {"Conv": 3, "Clip": 2, "Add": 1}
     assert data["inputs"] == [{"name": "input", "shape": [1, 8, 16, 16], "dtype": "float32"}]
-    assert len(data["kernels"]) == 3  # stock FuseOps: one conv per kernel
+    # stock FuseOps: one conv per kernel, and in NHWC (the default) a transpose of the input and the output
+    assert len(data["kernels"]) == 5 and sum(k["name"].startswith("transpose") for k in data["kernels"]) == 2
     result = cli("inspect", model_file("tiny-dwsep"))
     assert result.exit_code == 0 and "Conv" in result.stdout and "fused kernels" in result.stdout
 

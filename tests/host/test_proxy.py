@@ -152,7 +152,8 @@ def pair_artifacts(tmp_path_factory):
     for partition in ("stock", "ago"):
         request = CompileRequest(models.build(*PAIR), PAIR[0], spec, partition=partition, threshold=1e9)
         built[partition] = compile_model(request, find_compiler(spec), root / partition)
-    assert len(built["stock"].manifest.kernels) == 2 and len(built["ago"].manifest.kernels) == 1
+    convs = {p: [k for k in a.manifest.kernels if "conv2d" in k["name"]] for p, a in built.items()}
+    assert len(convs["stock"]) == 2 and len(convs["ago"]) == 1  # (and in NHWC a transpose at each edge)
     return built
 
 
@@ -166,7 +167,8 @@ def test_two_runs_give_identical_counts(pair_artifacts):
     assert first["calls"] == 1 and first["warmup"] == 2 and first["threads"] == 1
     assert figures["weight_bytes"] > 0  # the pair's weights fit the shared cache: no floor to take off
     assert figures["dram_beyond_weights"] == figures["dram_bytes"]
-    (kernel,) = first["kernels"]  # the one fused kernel carries (almost) all of the model's work
+    # the one fused kernel carries (almost) all of the model's work (NHWC: beside the edge transposes)
+    (kernel,) = [k for k in first["kernels"] if "conv2d" in k["name"]]
     assert first["kernels_not_found"] == []
     assert 0.95 * figures["instructions"] < kernel["instructions"] <= figures["instructions"]
 
@@ -174,7 +176,7 @@ def test_two_runs_give_identical_counts(pair_artifacts):
 def test_fused_pair_moves_fewer_dram_bytes_than_the_unfused_pair(pair_artifacts):
     geo = proxy.geometry("a76")
     fused, unfused = (proxy.measure(pair_artifacts[p], geo) for p in ("ago", "stock"))
-    assert len(unfused["kernels"]) == 2
+    assert len([k for k in unfused["kernels"] if "conv2d" in k["name"]]) == 2
     assert fused["model_figures"]["dram_bytes"]["2MiB"] < 0.5 * unfused["model_figures"]["dram_bytes"]["2MiB"]
     assert fused["model_figures"]["l2_misses"] < unfused["model_figures"]["l2_misses"]
     ratio = proxy.ratios(fused, unfused)

@@ -12,8 +12,9 @@ from toolchain.targets import resolve_target
 @pytest.fixture(scope="module")
 def dwsep_split():
     """tiny-dwsep (pw → dw → pw) as one AGO subgraph: (legalized module, op graph, partition plan,
-    reformer split, the joined kernel, its three minis), kernels as (name, PrimFunc)."""
-    spec = resolve_target("host")
+    reformer split, the joined kernel, its three minis), kernels as (name, PrimFunc). In ONNX's NCHW:
+    in NHWC the input's transpose is a kernel of its own (partition.KEEP_APART), a second subgraph."""
+    spec = resolve_target("host", layout="NCHW")
     model = models.build("tiny-dwsep")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
     graph = op_graph(mod)

@@ -21,15 +21,16 @@ from toolchain.opgraph import op_graph
 from toolchain.schedule_check import execution_counts, format_counts
 from toolchain.targets import resolve_target
 
-SPEC = resolve_target("host")
+SPEC = resolve_target("host")  # NHWC activations (the default)
+NCHW = resolve_target("host", layout="NCHW")
 M56 = (1, 3, 56, 56)  # MobileNet-V2 at 56: the stem leaves 28×28
 
 
-def zoo(anchor, nth, take, model="mobilenet-v2", shape=M56):
-    return extract(Calibration("test", model, shape, anchor, nth, take), SPEC).func
+def zoo(anchor, nth, take, model="mobilenet-v2", shape=M56, spec=SPEC):
+    return extract(Calibration("test", model, shape, anchor, nth, take), spec).func
 
 
-def tiny(kind):
+def tiny(kind, spec=SPEC):
     """A two-conv ONNX graph on a 1×16×14×14 input, fused into one PrimFunc."""
     g = GraphBuilder(f"tiny-{kind}", seed=0)
     x = g.input("input", (1, 16, 14, 14))
@@ -50,8 +51,8 @@ def tiny(kind):
         raise ValueError(kind)
     model = g.finish(y, (1, c, 14, 14))
     inputs = onnx_import.resolve_inputs(model, {})
-    mod = build.legalize(onnx_import.to_relax(model, inputs), SPEC)
-    fused = fuse_groups(mod, [[n.id for n in op_graph(mod).nodes]], SPEC)
+    mod = build.legalize(onnx_import.to_relax(model, inputs), spec)
+    fused = fuse_groups(mod, [[n.id for n in op_graph(mod).nodes]], spec)
     (kernel,) = build.kernels(fused)
     return fused[kernel.name]
 
@@ -65,8 +66,13 @@ CASES = {
     "pw->pw": lambda: tiny("pw->pw"),
     "dw->dw": lambda: tiny("dw->dw"),
     "matmul->matmul": lambda: zoo("class:matmul", 6, 8, "bert-tiny", (1, 128)),  # FFN: matmul+GELU → matmul
+    # the four AGO kinds in ONNX's own layout (--layout NCHW)
+    "pw->dw/nchw": lambda: zoo("class:pointwise_conv", 3, 8, spec=NCHW),
+    "dw->pw/nchw": lambda: zoo("class:depthwise_conv", 2, 6, spec=NCHW),
+    "pw->pw/nchw": lambda: tiny("pw->pw", NCHW),
+    "dw->dw/nchw": lambda: tiny("dw->dw", NCHW),
 }
-EXPECTED_KIND = {"pw->dw/2": "pw->dw"}
+EXPECTED_KIND = {"pw->dw/2": "pw->dw", **{k: k.split("/")[0] for k in CASES if k.endswith("/nchw")}}
 
 _FUNCS: dict = {}
 _REFS: dict = {}
@@ -108,9 +114,11 @@ def test_find_pair_classifies_the_ago_kinds(case):
     assert pair.upstream != pair.downstream and pair.downstream not in pair.chain
 
 
-def test_find_pair_names_the_blocks_of_an_inverted_residual():
-    pair = find_pair(func_of("pw->dw"))
-    assert (pair.upstream, pair.downstream) == ("conv2d_nchw", "group_conv2d_nchw")
+@pytest.mark.parametrize("case, layout", [("pw->dw", "nhwc"), ("pw->dw/nchw", "nchw")])
+def test_find_pair_names_the_blocks_of_an_inverted_residual(case, layout):
+    pair = find_pair(func_of(case))
+    assert pair.layout == layout.upper()
+    assert (pair.upstream, pair.downstream) == (f"conv2d_{layout}", f"group_conv2d_{layout}")
     assert pair.chain == ("T_add", "T_maximum", "T_minimum", "pad_temp1")  # bias, relu6, dw padding
     assert pair.epilogue == ("T_add1", "T_maximum1", "T_minimum1")
     assert pair.upstream_input == "pad_temp"
@@ -176,7 +184,7 @@ def test_tile_sizes_are_sampled_decisions():
         intensive_schedule(sch, find_pair(func), SPEC.num_cores)
         decisions = {str(inst.kind.name): 0 for inst in sch.trace.insts}
         assert "SamplePerfectTile" in decisions and "SampleCategorical" in decisions
-        tile = sch.get_loops(sch.get_sblock("group_conv2d_nchw"))[0]
+        tile = sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0]
         seen.add(int(sch.get(tile).extent))
     assert len(seen) > 1  # different seeds, different channel tiles
 

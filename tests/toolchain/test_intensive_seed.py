@@ -23,6 +23,10 @@ def test_the_tile_fits_its_budget_keeps_a_tile_per_core_and_prefers_whole_regist
     # matmul rows, at most TILE_FACTOR_MAX, and at least a tile per core
     assert intensive_seed.tile_factors("matmul", (1, 128, 256), 2) == {1: 64}
     assert intensive_seed.tile_factors("dw", (1, 8, 4, 4), 4) == {1: 2}
+    # NHWC: the same tiles, on D's NHWC iterators (n, y, x, f)
+    assert intensive_seed.tile_factors("dw", (1, 58, 58, 144), 2, 128 * 1024, "NHWC") == {3: 8}
+    assert intensive_seed.tile_factors("pw", (1, 56, 56, 144), 2, 512 * 1024, "NHWC") == {1: 8, 2: 56}
+    assert intensive_seed.tile_factors("pw", (1, 8, 128, 960), 2, 128 * 1024, "NHWC") == {1: 1, 2: 32}
 
 
 def test_a_register_factor_divides_its_loop_within_the_cap_and_the_minis_choice():
@@ -75,6 +79,7 @@ def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable
     assert sch.get(u_loops[0]).same_as(sch.get(d_loops[0]))  # U inside D's tile
     trace = tuning.plain(sch.trace.as_json())
     # D's tile: what tile_factors says for its 32-channel 16×16 intermediate (rows of 16, 2 tiles for 2 cores)
+    assert pair.layout == "NCHW"
     tile = intensive_seed.tile_factors("pw", intensive_seed._data_shape(joined, pair), 2)
     assert tile == {2: 8, 3: 16}
     first = intensive_seed.tile_decisions(trace, pair.downstream)

@@ -16,13 +16,16 @@ from toolchain.samples import sample_inputs
 from toolchain.targets import find_compiler, resolve_target
 from toolchain.weights import WeightModel, loop_term
 
-SPEC = resolve_target("host")
+#: The partition tests read the op graph of ONNX's own layout (op ids and kernels as in the model);
+#: test_nhwc_* cover the default NHWC layout, whose graph adds the transposes at the model's edges.
+SPEC = resolve_target("host", layout="NCHW")
+NHWC = resolve_target("host")
 
 
-def legalized(name, shape=None):
+def legalized(name, shape=None, spec=SPEC):
     model = models.build(name, shape)
     inputs = onnx_import.resolve_inputs(model, {})
-    return model, inputs, build.legalize(onnx_import.to_relax(model, inputs), SPEC)
+    return model, inputs, build.legalize(onnx_import.to_relax(model, inputs), spec)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +223,8 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     keys = {"subgraphs", "trivial", "mean_weight", "median_weight", "jain", "max_complex_ops", "acyclic", "seconds",
             "chains"}
     assert data["model"] == "tiny-dwsep" and set(data["ago"]) == keys and set(data["stock"]) == keys
-    assert data["stock"]["subgraphs"] == 3 and data["stock"]["chains"] == {}
+    # NHWC (the default): the three conv kernels and the transposes of the model's input and output
+    assert data["stock"]["subgraphs"] == 5 and data["stock"]["chains"] == {}
 
     result = cli("partition", "zoo:tiny-dwsep", "--threshold", "10", "--explain", "--dot", tmp_path / "g.dot")
     assert result.exit_code == 0, result.stderr
@@ -236,3 +240,23 @@ def test_partition_cli_png(cli, tmp_path):
     result = cli("partition", "zoo:tiny-cnn", "--png", tmp_path / "g.png")
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_nhwc_graph_holds_the_same_convs_plus_edge_transposes_and_partitions_acyclically():
+    """The default layout: every conv of MobileNet-V2 keeps its class (depthwise / pointwise read from
+    NHWC loops), the model's input and output get a transpose each, and AGO still joins convs."""
+    import collections
+
+    _, _, nchw = legalized("mobilenet-v2", (1, 3, 56, 56))
+    _, _, nhwc = legalized("mobilenet-v2", (1, 3, 56, 56), NHWC)
+    g_nchw, g_nhwc = op_graph(nchw), op_graph(nhwc)
+
+    def classes(g):
+        return collections.Counter(n.op_class for n in g.nodes if n.op_class != "simple")
+
+    assert classes(g_nhwc) == classes(g_nchw) and classes(g_nhwc)["depthwise_conv"] == 17
+    assert [n.func for n in g_nhwc.nodes][0] == "transpose"  # NCHW input → NHWC
+    assert sum(n.func.startswith("transpose") for n in g_nhwc.nodes) == 2  # and before the classifier
+    plan = partition.plan("ago", nhwc, NHWC, graph=g_nhwc)
+    partition.check(g_nhwc, plan)
+    assert partition.stats(g_nhwc, plan)["max_complex_ops"] >= 2

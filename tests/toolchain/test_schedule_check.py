@@ -18,7 +18,7 @@ from toolchain.schedule_check import (
 )
 from toolchain.targets import resolve_target
 
-SPEC = resolve_target("host")
+SPEC = resolve_target("host", layout="NCHW")  # the hand-made schedules below name NCHW blocks
 ROOT = Path(__file__).resolve().parents[2]
 M56 = (1, 3, 56, 56)  # MobileNet-V2 at 56: the stem leaves 28×28
 

@@ -15,6 +15,7 @@ from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")
+NCHW = resolve_target("host", layout="NCHW")  # plans counted in kernels: no edge transposes
 
 
 def test_budgets_follow_weights_in_whole_batches_and_add_up():
@@ -201,7 +202,7 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
 
 def _legalized(model):
     """An ONNX model as the tuner sees it: (legalized module, op graph)."""
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), NCHW)
     return mod, op_graph(mod)
 
 
@@ -764,3 +765,20 @@ def test_a_database_keeps_its_scheduler_and_a_bad_one_is_refused(tmp_path, cli):
     result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--scheduler", "fastest")
     assert result.exit_code == 1 and "unknown scheduler 'fastest'" in result.stderr
     assert not (tmp_path / "db").exists()
+
+
+def test_a_database_holds_one_activation_layout(tmp_path):
+    """Kernels tuned in one layout are other workloads in the other: a session refuses to mix them; a
+    database made before the layout was recorded holds NCHW kernels."""
+    session = {"schema": tuning.SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
+               "settings": tuning.TuneSettings().to_json()}
+    db = tuning.TuneDB(tmp_path / "db")
+    db.open_session({**session, "layout": "NHWC"})
+    db.open_session({**session, "layout": "NHWC"})  # the same session resumes
+    with pytest.raises(tuning.TuningError, match="layout"):
+        db.open_session({**session, "layout": "NCHW"})
+    old = tuning.TuneDB(tmp_path / "old")
+    old.open_session(session)  # as written before layouts: no key
+    old.open_session({**session, "layout": "NCHW"})
+    with pytest.raises(tuning.TuningError, match="layout"):
+        old.open_session({**session, "layout": "NHWC"})

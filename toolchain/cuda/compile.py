@@ -61,6 +61,7 @@ class _HostSpec:
     """LegalizeOps is target-independent here; a bare llvm context is enough."""
 
     preset = "legalize"
+    layout = "NCHW"  # training graphs are fused as imported
 
     def tvm(self):
         import tvm
