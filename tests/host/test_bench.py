@@ -251,3 +251,18 @@ def test_a_suite_run_records_its_geomean(document):
     summary = document["summary"]["geomean_speedup"]
     ratio = document["results"][0]["variants"]["tvm-stock"]["speedup_vs"]["onnxruntime"]["median"]
     assert summary["tvm-stock"]["onnxruntime"] == pytest.approx(ratio)  # one case: its own speed-up
+
+
+def test_bench_layout_tunes_the_same_kernel_in_both_layouts_and_writes_the_ratio(tmp_path):
+    """`make bench-layout`: one conv kernel of tiny-cnn, 2 trials per layout, timed and compared."""
+    from host import bench_layout
+
+    assert bench_layout.main(["--model", "tiny-cnn", "--size", "16", "--trials", "2", "--kernels", "1",
+                              "--threads", "1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("layout-tiny-cnn-16-*.json")
+    result = json.loads(path.read_text())
+    (row,) = result["kernels"]
+    assert row["kernel"].startswith("fused_conv2d") and row["calls"] == 1
+    assert row["NCHW"] > 0 and row["NHWC"] > 0
+    assert row["nchw_over_nhwc"] == pytest.approx(row["NCHW"] / row["NHWC"])
+    assert result["summed_nchw_over_nhwc"] == pytest.approx(row["nchw_over_nhwc"])
