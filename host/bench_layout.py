@@ -21,13 +21,12 @@ from pathlib import Path
 LAYOUTS = ("NCHW", "NHWC")
 
 
-def conv_kernels(model: str, size: int, layout: str, threads: int) -> tuple[dict, dict]:
-    """(kernel name → PrimFunc, kernel name → calls) of ``model``'s stock kernels holding a conv."""
+def conv_kernels(model: str, size: int, spec) -> tuple[dict, dict]:
+    """(kernel name → PrimFunc, kernel name → calls) of ``model``'s stock kernels holding a conv, in
+    ``spec``'s layout."""
     import models
     from toolchain import build, onnx_import, tuning
-    from toolchain.targets import resolve_target
 
-    spec = resolve_target("host", num_cores=threads, layout=layout)
     proto = models.build(model, (1, 3, size, size))
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
     fused = build.mark_weights(build.fuse_stock(mod, spec))
@@ -36,27 +35,25 @@ def conv_kernels(model: str, size: int, layout: str, threads: int) -> tuple[dict
     return funcs, calls
 
 
-def best_ms(func, layout: str, trials: int, threads: int, work_dir: Path) -> float | None:
-    """Best cold time (ms) of ``trials`` MetaSchedule trials of ``func`` in the stock space."""
+def best_ms(func, spec, trials: int, work_dir: Path) -> float | None:
+    """Best cold time (ms) of ``trials`` MetaSchedule trials of ``func`` in the stock space, searched as
+    the tuner searches a kernel (``tuning.tune_trials``)."""
     from tvm.s_tir import meta_schedule as ms
 
     from toolchain import tuning
-    from toolchain.targets import resolve_target
-    from toolchain.timing import Timing, local_runner
 
-    spec = resolve_target("host", num_cores=threads, layout=layout)
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(str(work_dir / "workloads.json"), str(work_dir / "records.json"), allow_missing=True)
-    ms.tune_tir(tuning.workload_module(func), target=spec.tvm(), work_dir=str(work_dir), max_trials_global=trials,
-                num_trials_per_iter=min(16, trials), builder=tuning._builder(spec, None, threads),
-                runner=local_runner(Timing(cold=True)), database=db, num_tuning_cores=threads, seed=0)
-    times = [tuning.latency(r) for r in tuning.records_of(db, func)]
-    times = [t for t in times if t < tuning.FAILED_SECS]
+    tuning.tune_trials(func, spec, db, trials, tuning.TuneSettings(), intensive=False, work_dir=work_dir)
+    times = [t for t in (tuning.latency(r) for r in tuning.records_of(db, func)) if math.isfinite(t)]
     return min(times) * 1e3 if times else None
 
 
 def run(model: str, size: int, trials: int, kernels: int, threads: int, work_dir: Path) -> dict:
-    per_layout = {layout: conv_kernels(model, size, layout, threads) for layout in LAYOUTS}
+    from toolchain.targets import resolve_target
+
+    specs = {layout: resolve_target("host", num_cores=threads, layout=layout) for layout in LAYOUTS}
+    per_layout = {layout: conv_kernels(model, size, spec) for layout, spec in specs.items()}
     funcs, calls = per_layout["NCHW"]
     common = [n for n in funcs if all(n in per_layout[lay][0] for lay in LAYOUTS)]
     chosen = sorted(common, key=lambda n: (-calls.get(n, 0), common.index(n)))[:kernels]
@@ -64,7 +61,7 @@ def run(model: str, size: int, trials: int, kernels: int, threads: int, work_dir
     for name in chosen:
         row = {"kernel": name, "calls": calls.get(name, 0)}
         for layout in LAYOUTS:
-            row[layout] = best_ms(per_layout[layout][0][name], layout, trials, threads, work_dir / layout / name)
+            row[layout] = best_ms(per_layout[layout][0][name], specs[layout], trials, work_dir / layout / name)
         row["nchw_over_nhwc"] = row["NCHW"] / row["NHWC"] if row["NCHW"] and row["NHWC"] else None
         rows.append(row)
         print(f"{name}: NCHW {row['NCHW']} ms, NHWC {row['NHWC']} ms", flush=True)

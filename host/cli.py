@@ -153,6 +153,11 @@ def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, traini
     )
 
 
+def _layout_option():
+    return typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels innermost "
+                        "and vectorised, the default) or NCHW (ONNX's own).")
+
+
 @app.command()
 @_guard
 def compile(
@@ -164,8 +169,7 @@ def compile(
     ),
     mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
     num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
-    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
-                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
+    layout: str = _layout_option(),
     partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
@@ -191,7 +195,7 @@ def compile(
         if session is None:
             raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
         partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
-        layout = session.get("layout", "NCHW")  # a database made before layouts were a setting: NCHW
+        layout = TuneDB(db).activation_layout
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout)
     compiler = find_compiler(spec)
@@ -472,8 +476,7 @@ def tune(
         2, "--transfer", help="Start each kernel's search from the verified schedules of up to this many "
         "kernels with the same blocks, re-fitted to its loops (0: from scratch)."),
     seed: int = typer.Option(0, help="Search seed."),
-    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
-                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
+    layout: str = _layout_option(),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
     from toolchain import tuning
@@ -645,8 +648,7 @@ def partition_cmd(
     dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
     png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {model, ago: {...}, stock: {...}}."),
-    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
-                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
+    layout: str = _layout_option(),
 ):
     """Partition MODEL with AGO and with stock TVM; print subgraphs and AGO's statistics side by side."""
     from host import graphviz
@@ -719,8 +721,7 @@ def bench_suite(
                                     "layout (see agoc tune --help)."),
     transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "
                                  "variant (see agoc tune --help; 0: from scratch)."),
-    layout: str = typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels "
-                               "innermost and vectorised, the default) or NCHW (ONNX's own)."),
+    layout: str = _layout_option(),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -750,15 +751,14 @@ def bench_suite(
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
-    from toolchain.targets import LAYOUTS
+    from toolchain.targets import check_layout
 
-    if layout.upper() not in LAYOUTS:
-        raise UnsupportedModelError(f"unknown layout '{layout}'; choose one of: {', '.join(LAYOUTS)}")
+    layout = check_layout(layout)
     names = [m.strip() for m in models_.split(",")] if models_ else None
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
-                       prepack=not no_prepack, transfer=transfer, layout=layout.upper())
+                       prepack=not no_prepack, transfer=transfer, layout=layout)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -147,12 +147,12 @@ CONV_AXES = {"NCHW": (1, 3), "NHWC": (3, 2)}
 
 def _conv_layout(operands, sp) -> tuple[str, object] | None:
     """(layout, data operand) of a conv block whose reads are ``operands`` and spatial vars ``sp``."""
+    four = [r for r in operands if len(r.region) == 4]
     for layout, (c, x) in CONV_AXES.items():
-        four = [r for r in operands if len(r.region) == 4]
-        data = [r for r in four if sp[x] in set().union(*_region_vars(r))]
-        weight = [r for r in four if not any(r.same_as(d) for d in data[:1])]
-        if data and weight and sp[c] in _region_vars(weight[0])[0]:
-            return layout, data[0]
+        data = next((r for r in four if sp[x] in set().union(*_region_vars(r))), None)
+        weight = next((r for r in four if r is not data), None)
+        if data is not None and weight is not None and sp[c] in _region_vars(weight)[0]:
+            return layout, data
     return None
 
 
@@ -414,7 +414,8 @@ def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:
         return n_spatial - 2
     if kind == "dw":
         return None
-    return CONV_AXES[layout][0] if layout == "NCHW" else CONV_AXES[layout][1]
+    channels, w = CONV_AXES[layout]
+    return channels if layout == "NCHW" else w
 
 
 def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None) -> None:
@@ -437,14 +438,14 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     if kind == "dw":  # tile f; inside the tile NCHW (f_i, y, x), NHWC (y, x, f_i)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
         f_o, f_i = tile_split(f, 3 if nhwc else 1)
-        sch.reorder(n, f_o, y, x, f_i) if nhwc else sch.reorder(n, f_o, f_i)
+        sch.reorder(*((n, f_o, y, x, f_i) if nhwc else (n, f_o, f_i)))
         tile = sch.fuse(n, f_o)
         d_inner, d_reg = 3, None
     elif kind == "pw":  # tile y, x; inside the tile NCHW (f, y_i, x_i), NHWC (y_i, x_i, f)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
         y_o, y_i = tile_split(y, 1 if nhwc else 2)
         x_o, x_i = tile_split(x, 2 if nhwc else 3)
-        sch.reorder(n, y_o, x_o, y_i, x_i, f) if nhwc else sch.reorder(n, y_o, x_o, f, y_i, x_i)
+        sch.reorder(*((n, y_o, x_o, y_i, x_i, f) if nhwc else (n, y_o, x_o, f, y_i, x_i)))
         tile = sch.fuse(n, y_o, x_o)
         d_inner, d_reg = 3, 1 if nhwc else 0
     else:  # matmul (batch..., i, j): tile batch dims and i; inside the tile (i_i, j)

@@ -214,7 +214,7 @@ def _clip_as_relax_ops():
 
     def impl(cls, bb, inputs, attr, params):
         bounds = inputs[1:3] if len(inputs) >= 3 else []
-        if len(bounds) == 2 and all(b is not None and _constant_bound(b) is not None for b in bounds):
+        if len(bounds) == 2 and all(_constant_bound(b) is not None for b in bounds):
             low = bb.emit(relax.op.maximum(inputs[0], bounds[0]))
             return bb.emit(relax.op.minimum(low, bounds[1]))
         return original.__func__(cls, bb, inputs, attr, params)

@@ -101,7 +101,7 @@ def compile_model(
     if request.db is not None:
         from toolchain import tuning
 
-        made = (tuning.TuneDB(request.db).session or {}).get("layout", "NCHW")
+        made = tuning.TuneDB(request.db).activation_layout
         if made != request.target.layout:
             raise UnsupportedModelError(
                 f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")

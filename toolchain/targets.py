@@ -154,15 +154,20 @@ def _check_cpu(mcpu: str, triple: str) -> None:
         )
 
 
+def check_layout(layout: str) -> str:
+    """``layout`` as a :data:`LAYOUTS` key (any case); raises :class:`TargetError` naming the choices."""
+    if layout.upper() not in LAYOUTS:
+        raise TargetError(f"unknown layout '{layout}'; choose one of: {', '.join(LAYOUTS)}")
+    return layout.upper()
+
+
 def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None,
                    layout: str | None = None) -> TargetSpec:
     """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
     preset = PRESETS_BY_NAME.get(name)
     if preset is None:
         raise TargetError(f"unknown target '{name}'; choose one of: {', '.join(PRESETS_BY_NAME)}")
-    layout = (layout or DEFAULT_LAYOUT).upper()
-    if layout not in LAYOUTS:
-        raise TargetError(f"unknown layout '{layout}'; choose one of: {', '.join(LAYOUTS)}")
+    layout = check_layout(layout or DEFAULT_LAYOUT)
     if num_cores is not None and num_cores < 1:
         raise TargetError(f"--num-cores must be at least 1 (got {num_cores})")
     triple = preset.mtriple or _host_triple()

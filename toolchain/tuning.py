@@ -497,7 +497,7 @@ class TuneDB:
         self.root.mkdir(parents=True, exist_ok=True)
         existing = self.session
         if existing is not None:
-            existing.setdefault("layout", "NCHW")  # made before the layout was a setting: ONNX's own
+            existing["layout"] = self.activation_layout
             session = {**session, "layout": session.get("layout", "NCHW")}
             for key in ("model_sha256", "target", "layout", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
@@ -512,6 +512,12 @@ class TuneDB:
             if existing == session:
                 return
         self._write("session.json", session)
+
+    @property
+    def activation_layout(self) -> str:
+        """The activation layout the session's kernels were tuned in (a database made before the layout
+        was recorded: NCHW, ONNX's own)."""
+        return (self.session or {}).get("layout", "NCHW")
 
     @property
     def tasks(self) -> list[Task]:
