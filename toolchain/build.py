@@ -13,6 +13,7 @@ import collections
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolchain import relayout
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -51,7 +52,8 @@ def lower_and_compile(mod, target, backend, what: str):
 #: ``relax.transform.ConvertLayout``'s table for ``spec.layout == "NHWC"``: the ops that carry a
 #: layout and the layout each computes in. The ops between them follow their input's layout
 #: (elementwise, pools, reductions, concatenate, split); one that cannot (ShuffleNet's
-#: channel-shuffle reshape) gets transposes. (Naming ``relax.nn.max_pool2d`` here fails TVM 0.27's
+#: channel-shuffle reshape) gets transposes, which :func:`toolchain.relayout.sink_transposes` then moves
+#: past it and cancels. (Naming ``relax.nn.max_pool2d`` here fails TVM 0.27's
 #: ``NoDesiredLayout`` check; it follows its input anyway.)
 NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
@@ -61,13 +63,9 @@ def legalize(mod, spec: TargetSpec):
     import tvm
     from tvm import relax
 
-    layout = [
-        relax.transform.ConvertLayout(NHWC_LAYOUTS),
-        relax.transform.Normalize(),
-        relax.transform.EliminateCommonSubexpr(),  # an input read twice is transposed once
-    ] if spec.layout == "NHWC" else []
+    nhwc = spec.layout == "NHWC"
     passes = [
-        *layout,
+        *([relax.transform.EliminateCommonSubexpr()] if nhwc else []),  # an input read twice: one transpose
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),
@@ -77,10 +75,12 @@ def legalize(mod, spec: TargetSpec):
     ]
     try:
         with spec.tvm():
+            if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
+                mod = relayout.sink_transposes(relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)))
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
-    return unique_binding_names(out) if layout else out
+    return unique_binding_names(out) if nhwc else out
 
 
 def unique_binding_names(mod):

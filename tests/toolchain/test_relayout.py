@@ -1,0 +1,81 @@
+"""NHWC layout clean-up: ShuffleNet's split / concat / channel shuffle keep no layout transposes."""
+
+import pytest
+
+from host.devices import LocalDevice
+from models.builder import GraphBuilder
+from models.shufflenet_v2 import _unit
+from toolchain import onnx_import, relayout
+from toolchain.build import NHWC_LAYOUTS
+from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.targets import find_compiler, resolve_target
+from toolchain.verify import verify_artifact
+
+SHAPE = (1, 8, 12, 12)
+
+
+def shuffle_model():
+    """A conv, two ShuffleNet-V2 units (a downsampling one: concat + shuffle; a basic one: split, concat,
+    shuffle) and a conv."""
+    n, c, h, w = SHAPE
+    g = GraphBuilder("shuffle-units", seed=3)
+    x = g.conv(g.input("input", SHAPE), c, 16, 1, name="head", act="relu")
+    x, h, w = _unit(g, x, n, 16, 32, h, w, 2, name="down")
+    x, h, w = _unit(g, x, n, 32, 32, h, w, 1, name="basic")
+    y = g.conv(x, 32, 8, 1, name="tail")
+    return g.finish(g.op("Identity", [y], "out", outputs=["output"]), (n, 8, h, w))
+
+
+def activation_transposes(mod) -> int:
+    """4-D ``permute_dims`` of ``main`` left after constant folding: the layout transposes."""
+    import tvm
+    from tvm import relax
+
+    count = 0
+
+    def visit(expr):
+        nonlocal count
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.permute_dims" \
+                and len(expr.attrs.axes or ()) == 4 and not isinstance(expr.args[0], tvm.ir.expr.GenericConst):
+            count += 1
+
+    relax.analysis.post_order_visit(relax.transform.FoldConstant()(mod)["main"], visit)
+    return count
+
+
+def converted(proto):
+    import tvm
+    from tvm import relax
+
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    with tvm.target.Target({"kind": "llvm"}):
+        return relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod))
+
+
+def test_transposes_around_split_concat_and_shuffle_cancel():
+    mod = converted(shuffle_model())
+    assert activation_transposes(mod) > 2  # what ConvertLayout leaves: transposes around every reshape
+    # the model's input and output keep ONNX's NCHW: one transpose each, nothing in between
+    assert activation_transposes(relayout.sink_transposes(mod)) == 2
+
+
+def test_rules_leave_a_module_without_transposes_alone():
+    import tvm_ffi
+
+    g = GraphBuilder("plain", seed=1)
+    x = g.conv(g.input("input", SHAPE), 8, 8, 1, name="c", act="relu")
+    proto = g.finish(g.op("Identity", [x], "o", outputs=["output"]), SHAPE)
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    assert tvm_ffi.structural_equal(relayout.sink_transposes(mod)["main"], mod["main"])
+
+
+@pytest.mark.parametrize("partition", ["stock", "ago"])
+def test_shuffle_units_in_nhwc_match_onnxruntime(partition, tmp_path):
+    spec = resolve_target("host", layout="NHWC")
+    request = CompileRequest(shuffle_model(), "shuffle-units", spec, partition=partition)
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
+    layout_kernels = [k["name"] for k in artifact.manifest.kernels
+                      if k["name"].replace("fused_", "").rstrip("0123456789_") == "transpose"]
+    assert len(layout_kernels) <= 2, layout_kernels  # the input's and the output's, at most
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
