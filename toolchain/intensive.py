@@ -28,9 +28,10 @@ pw / matmul D, whose neighbouring tiles copy the (kernel − stride)-wide halo
 again: a copy, no arithmetic); where every tile reads all of it (a pw / conv U under dw channel
 tiles) it stays one nest before the tile loop (:data:`INPUT_IN_TILE`). Inside the tile, U and D each get
 MultiLevelTiling's "SRS" register tile: every spatial loop split in two with
-a sampled inner factor (W / columns: the vector, ≤ 16; output channels /
-rows: ≤ 8; H: ≤ 4; a depthwise conv's channels are not blocked, they share
-nothing), order [outer spatials, reductions, inner spatials], innermost
+a sampled inner factor (the vector — NCHW W, NHWC output channels, matmul
+columns — at most four registers of the target: 16 on NEON, 64 on AVX-512,
+:func:`vector_cap`; the other register dim ≤ 8; H: ≤ 4; a depthwise conv's
+channels are not blocked, they share nothing), order [outer spatials, reductions, inner spatials], innermost
 vectorised. AGO leaves this inner tiling free (Fig. 7, red dashes). The root block gets
 ``meta_schedule.parallel`` / ``vectorize`` / ``unroll_explicit`` (sampled)
 annotations, which ``RewriteParallelVectorizeUnroll`` turns into a parallel
@@ -69,10 +70,33 @@ from typing import Callable
 UNROLL_STEPS = (0, 16, 64, 512)
 MAX_JOBS_PER_CORE = 16
 MAX_VECTORIZE_EXTENT = 64
-VECTOR_FACTOR_MAX = 16  # innermost (vectorised) tile factor
+VECTOR_FACTOR_MAX = 16  # innermost (vectorised) tile factor, at most: 4 NEON registers of float32
 REGISTER_FACTOR_MAX = 8  # channel / row register tile factor
 OTHER_FACTOR_MAX = 4  # other spatial dims (H) in the register tile
 TILE_FACTOR_MAX = 64  # D's tiled-dim inner factor (the tile the intensive fusion keeps in cache)
+#: float32 lanes of one vector register by the target's widest vector extension (LLVM CPU features),
+#: first match; NEON (and anything not listed): 4
+VECTOR_LANES = (("avx512f", 16), ("avx2", 8), ("avx", 8))
+
+
+def vector_lanes(target) -> int:
+    """float32 lanes of one vector register of ``target`` (a ``tvm.target.Target``): :data:`VECTOR_LANES`."""
+    from tvm.target import codegen
+
+    if str(target.kind) != "llvm" or "aarch64" in str(target.attrs.get("mtriple", "")):
+        return 4
+    with target:
+        for feature, lanes in VECTOR_LANES:
+            if codegen.llvm_cpu_has_features([feature], target):
+                return lanes
+    return 4
+
+
+def vector_cap(lanes: int) -> int:
+    """The vector's inner factor at most: four registers' worth (:data:`VECTOR_FACTOR_MAX` on NEON; 64 on
+    AVX-512, where 16 would be one register and a channel-vectorised NHWC conv re-reads every input
+    element once per 16 output channels)."""
+    return max(VECTOR_FACTOR_MAX, 4 * lanes)
 
 
 @dataclass(frozen=True)
@@ -363,7 +387,8 @@ def _inline(sch, pair: IntensivePair) -> None:
 
 
 #: ``decide(role, block, iter, extent, cap)``: the inner factor a split should take instead of a
-#: random sample ("tile": D's tiled dims; "register": a register tile inside the tile), or the
+#: random sample ("tile": D's tiled dims; "vector": the innermost, vectorised dim of a register tile inside
+#: the tile; "register": its other dims), or the
 #: auto-unroll depth ("unroll"); None leaves it to sampling. The sampled instruction records the
 #: choice as its decision, so the search mutates it like any other (toolchain/intensive_seed.py).
 Decide = Callable[[str, str, int, int, int], "int | None"]
@@ -377,12 +402,13 @@ def _split(sch, loop, n_max: int, inner: int | None = None):
 
 
 def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spatial: int,
-                   decide: Decide | None = None, first_iter: int = 0) -> None:
+                   decide: Decide | None = None, first_iter: int = 0, vector_max: int = VECTOR_FACTOR_MAX) -> None:
     """Inside the tile, MultiLevelTiling's "SRS": every spatial loop split (outer, inner) with a
     sampled inner factor, order [outer spatials, reductions, inner spatials]. The inner tile is the
     register tile: the last spatial dim (W / columns) is the vector, ``reg_iter`` (channels / rows)
     and the other dims (H) give accumulator reuse; a factor of 1 turns a dim's blocking off.
-    ``first_iter``: the block's iterator the first loop inside the tile runs over."""
+    ``first_iter``: the block's iterator the first loop inside the tile runs over; ``vector_max``: the
+    vector's cap (:func:`vector_cap`)."""
     block = sch.get_sblock(block_name)
     loops = list(sch.get_loops(block))
     pos = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(outer_loop)))
@@ -393,8 +419,10 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
         if _int(sch.get(lp).extent) == 1 or (reg_iter is None and k < n_spatial - 2):
             outers.append(lp)  # unit loops, and a depthwise conv's channels (and batch)
             continue
-        cap = VECTOR_FACTOR_MAX if k == n_spatial - 1 else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
-        chosen = decide("register", block_name, first_iter + k, _int(sch.get(lp).extent), cap) if decide else None
+        last = k == n_spatial - 1
+        cap = vector_max if last else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
+        role = "vector" if last else "register"
+        chosen = decide(role, block_name, first_iter + k, _int(sch.get(lp).extent), cap) if decide else None
         o, i = _split(sch, lp, cap, chosen)
         outers.append(o)
         inners.append(i)
@@ -418,11 +446,13 @@ def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:
     return channels if layout == "NCHW" else w
 
 
-def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None) -> None:
+def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None,
+                       lanes: int = 4) -> None:
     """Apply the Fig. 7 intensive-fusion structure of ``pair`` to ``sch`` (in place).
 
     All tile sizes and the unroll depth are sampling decisions of ``sch``; ``decide`` may choose them
-    (:data:`Decide`), otherwise they are sampled.
+    (:data:`Decide`), otherwise they are sampled. ``lanes``: the target's float32 vector lanes
+    (:func:`vector_lanes`), which set the vector's cap.
     """
     def tile_split(loop, it: int):
         extent = _int(sch.get(loop).extent)
@@ -465,8 +495,11 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
-    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide)
-    _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner)
+    vector_max = vector_cap(lanes)
+    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide,
+                   vector_max=vector_max)
+    _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
+                   vector_max=vector_max)
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 
 
@@ -527,9 +560,10 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
     """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
     (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`."""
     state: dict = {}
+    lanes = vector_lanes(target)
 
     def apply(sch):
-        intensive_schedule(sch, pair, num_cores, decide)
+        intensive_schedule(sch, pair, num_cores, decide, lanes)
         outside = _rest_simple(sch, pair)
         if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
             if "inline" not in state:

@@ -25,7 +25,7 @@ committed like the side-by-side one (``tuning.seed_joined``); neither is kept un
 
 from __future__ import annotations
 
-from toolchain.intensive import TILE_FACTOR_MAX, VECTOR_FACTOR_MAX, IntensivePair, _int, _rest_complex, schedule_fn
+from toolchain.intensive import TILE_FACTOR_MAX, IntensivePair, _int, _rest_complex, schedule_fn, vector_lanes
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
 #: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
@@ -48,7 +48,7 @@ def register_factor(extent: int, cap: int, wanted: int) -> int:
 
 
 def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int = TILE_BYTES[0],
-                 layout: str = "NCHW") -> dict[int, int]:
+                 layout: str = "NCHW", lanes: int = 4) -> dict[int, int]:
     """D's tile: iterator of D → inner factor, for D of ``kind`` ("dw" | "pw" | "matmul") whose data
     input (the intermediate) has ``data_shape`` (``layout``: NCHW or NHWC, or (..., rows, K)); float32.
 
@@ -56,12 +56,19 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
     channels whole): whole rows if one fits, then the most rows that fit; matmul: the most rows that
     fit. Each keeps at least ``cores`` tiles where the extent allows, at most
     :data:`~toolchain.intensive.TILE_FACTOR_MAX` per tiled dim, and a multiple of :data:`TILE_ALIGN`
-    where one fits."""
+    where one fits. An NHWC dw tile's channels are the vector inside it: a multiple of the target's
+    ``lanes`` (and of TILE_ALIGN) where one fits, else the fewest whole vectors even over ``budget``
+    (a tile narrower than a register leaves lanes idle in every instruction; one over budget spills
+    part of the intermediate to the next cache level)."""
 
-    def most(extent: int, unit_bytes: int) -> int:
-        fits = [d for d in _divisors(extent) if d <= TILE_FACTOR_MAX and d * unit_bytes <= budget]
+    def most(extent: int, unit_bytes: int, vector: int = 1) -> int:
+        divisors = [d for d in _divisors(extent) if d <= TILE_FACTOR_MAX]
+        fits = [d for d in divisors if d * unit_bytes <= budget]
         spread = [d for d in fits if extent // d >= cores] or fits
-        aligned = [d for d in spread if d % TILE_ALIGN == 0]
+        aligned = [d for d in spread if d % max(TILE_ALIGN, vector) == 0] or [d for d in spread if d % vector == 0]
+        if not aligned and vector > 1:  # no whole vector fits the budget: the fewest whole vectors
+            whole = [d for d in divisors if d % vector == 0]
+            aligned = [min([d for d in whole if extent // d >= cores] or whole)] if whole else []
         return max(aligned or spread or [1])
 
     nhwc = layout == "NHWC"
@@ -69,7 +76,7 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
         (_, h, w, channels), (f_it, y_it, x_it) = (data_shape, (3, 1, 2)) if nhwc else (
             (data_shape[0], data_shape[2], data_shape[3], data_shape[1]), (1, 2, 3))
     if kind == "dw":
-        return {f_it: most(channels, h * w * 4)}
+        return {f_it: most(channels, h * w * 4, lanes if nhwc else 1)}
     if kind == "pw":
         row = channels * w * 4
         if w <= TILE_FACTOR_MAX and row <= budget:
@@ -141,7 +148,7 @@ class MiniChoices:
             return self.unroll
         if role == "tile":
             return self.tiles.get(it)
-        if cap == VECTOR_FACTOR_MAX:  # the vector (W / columns): as wide as the space allows
+        if role == "vector":  # the vector (NCHW W, NHWC channels, matmul columns): as wide as the space allows
             return register_factor(extent, cap, cap)
         factors = self.factors.get(block, {}).get(it)
         if not factors:
@@ -176,7 +183,7 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
         return []
     tiles = []
     for budget in TILE_BYTES:
-        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout)
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout, vector_lanes(target))
         if tile not in tiles:
             tiles.append(tile)
     seeds = [intensive_seed(joined_func, pair, parts, target, num_cores, tile) for tile in tiles]
@@ -196,7 +203,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
         shape = _data_shape(joined_func, pair)
         if shape is None:
             return None
-        tile = tile_factors(pair.downstream_kind, shape, num_cores, layout=pair.layout)
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, layout=pair.layout, lanes=vector_lanes(target))
     choices = MiniChoices(pair, parts, tile)
     if not choices.factors:
         return None

@@ -311,3 +311,28 @@ def test_tuning_smoke_with_the_intensive_space(tmp_path):
     args, want = reference("pw->dw")
     got = run(sch.mod, args, SPEC.tvm())
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5
+
+
+def test_the_vector_cap_follows_the_targets_registers():
+    from toolchain.intensive import VECTOR_FACTOR_MAX, vector_cap, vector_lanes
+
+    assert vector_lanes(resolve_target("linux-arm64").tvm()) == 4  # NEON: 128 bits
+    assert vector_lanes(resolve_target("host-avx2").tvm()) == 8
+    assert vector_cap(4) == VECTOR_FACTOR_MAX == 16 and vector_cap(8) == 32 and vector_cap(16) == 64
+
+
+@pytest.mark.parametrize("lanes, cap", [(4, 16), (16, 64)])
+def test_the_schedule_offers_the_vector_four_registers(lanes, cap):
+    from tvm import s_tir
+
+    func = tiny("pw->pw")
+    pair = find_pair(func)
+    caps = []
+
+    def decide(role, block, it, extent, offered):
+        if role == "vector":
+            caps.append(offered)
+        return None
+
+    intensive_schedule(s_tir.Schedule(func.with_attr("global_symbol", "main")), pair, SPEC.num_cores, decide, lanes)
+    assert caps == [cap, cap]  # U's and D's vector

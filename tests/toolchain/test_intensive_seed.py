@@ -27,6 +27,10 @@ def test_the_tile_fits_its_budget_keeps_a_tile_per_core_and_prefers_whole_regist
     assert intensive_seed.tile_factors("dw", (1, 58, 58, 144), 2, 128 * 1024, "NHWC") == {3: 8}
     assert intensive_seed.tile_factors("pw", (1, 56, 56, 144), 2, 512 * 1024, "NHWC") == {1: 8, 2: 56}
     assert intensive_seed.tile_factors("pw", (1, 8, 128, 960), 2, 128 * 1024, "NHWC") == {1: 1, 2: 32}
+    # an NHWC dw tile's channels are the vector: whole registers (AVX-512: 16 lanes) even over the budget
+    assert intensive_seed.tile_factors("dw", (1, 58, 58, 144), 2, 128 * 1024, "NHWC", lanes=16) == {3: 16}
+    assert intensive_seed.tile_factors("dw", (1, 114, 114, 32), 2, 128 * 1024, "NHWC") == {3: 4}  # NEON: 1 fits
+    assert intensive_seed.tile_factors("dw", (1, 32, 114, 114), 2, 128 * 1024) == {1: 2}  # NCHW: W is the vector
 
 
 def test_a_register_factor_divides_its_loop_within_the_cap_and_the_minis_choice():
