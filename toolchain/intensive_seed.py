@@ -181,9 +181,9 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
     shape = _data_shape(joined_func, pair)
     if shape is None or not parts:
         return []
-    tiles = []
+    tiles, lanes = [], vector_lanes(target)
     for budget in TILE_BYTES:
-        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout, vector_lanes(target))
+        tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout, lanes)
         if tile not in tiles:
             tiles.append(tile)
     seeds = [intensive_seed(joined_func, pair, parts, target, num_cores, tile) for tile in tiles]

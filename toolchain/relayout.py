@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-#: NCHW → NHWC and back, as ``permute_dims`` axes
-TO_NHWC = (0, 2, 3, 1)
+#: NHWC → NCHW, as ``permute_dims`` axes
 TO_NCHW = (0, 3, 1, 2)
 
 
@@ -74,11 +73,12 @@ def _shuffle_rewrite(root, m: dict):
 
     x, to_nchw, groups, swap = m["x"], m["to_nchw"], m["split_groups"], m["swap"]
     nhwc, grouped, out = _shape(x), _shape(groups), _shape(root)
-    if _axes(to_nchw) != TO_NCHW or _axes(swap) != (0, 2, 1, 3, 4) or not (nhwc and grouped and out):
+    if _axes(to_nchw) != TO_NCHW or _axes(swap) != (0, 2, 1, 3, 4) or None in (nhwc, grouped, out) \
+            or (len(nhwc), len(grouped)) != (4, 5):
         return root
     n, h, w, c = nhwc
     _, g, per, gh, gw = grouped
-    if len(grouped) != 5 or (gh, gw) != (h, w) or g * per != c or out != (n, c, h, w):
+    if (gh, gw) != (h, w) or g * per != c or out != (n, c, h, w):
         return root
     shuffled = relax.op.reshape(
         relax.op.permute_dims(relax.op.reshape(x, (n, h, w, g, per)), [0, 1, 2, 4, 3]), (n, h, w, c))
@@ -101,10 +101,8 @@ def _split_rewrite(root, m: dict):
     if axes is None:
         return root
     attrs = split.attrs
-    sections = attrs.indices_or_sections
-    sections = int(sections) if isinstance(sections, int) or hasattr(sections, "value") else _ints(sections)
-    if isinstance(sections, tuple):
-        sections = list(sections)
+    sections = attrs.indices_or_sections  # a count, or the split points
+    sections = int(sections) if hasattr(sections, "value") or isinstance(sections, int) else list(_ints(sections))
     inner = relax.op.split(m["x"], sections, axis=axes[int(attrs.axis)])
     return relax.op.permute_dims(relax.TupleGetItem(inner, root.index), list(axes))
 
