@@ -11,7 +11,9 @@ beats a seed made of tuned minis (the minis' register tiles are what make a conv
 * the register tile of U and of D (inside D's tile): each loop's inner factor is the register tile
   the loop's own mini chose for it (MultiLevelTiling's two innermost "S" levels), the nearest
   divisor not above it that the loop's extent and the space's cap allow (:func:`register_factor`);
-  the vector (W / columns) as wide as the space allows;
+  the vector (W / columns, NHWC channels): a seed each of :data:`VECTORS` — as wide as the space
+  allows, and as wide as D's / U's own mini made it (the widest can spill registers once the
+  space's cap is several registers: :func:`toolchain.intensive.vector_cap`);
 * D's tile (what stays in cache): the largest tile whose slice of the intermediate fits each of
   :data:`TILE_BYTES` (a seed each), with at least one tile per core (:func:`tile_factors`);
 * the auto-unroll depth: D's mini's;
@@ -35,6 +37,9 @@ TILE_BYTES = (128 * 1024, 512 * 1024)
 #: Tiles of a multiple of this many channels / rows are preferred where one fits: the register tile
 #: inside (<= REGISTER_FACTOR_MAX) then divides them.
 TILE_ALIGN = 8
+#: How the seed's vector is chosen, a seed each (those that come out the same are one seed):
+#: "widest": as wide as the space's cap allows; "mini": the register tile the loop's own mini chose.
+VECTORS = ("widest", "mini")
 
 
 def _divisors(n: int) -> list[int]:
@@ -130,10 +135,13 @@ class MiniChoices:
     """The ``decide`` callback (:data:`toolchain.intensive.Decide`) that takes the seed's choices from
     the minis. ``parts``: (mini trace JSON, {mini block: joined block}) per mini."""
 
-    def __init__(self, pair: IntensivePair, parts: list[tuple[object, dict]], tiles: dict[int, int]):
+    def __init__(self, pair: IntensivePair, parts: list[tuple[object, dict]], tiles: dict[int, int],
+                 vector: str = "widest", lanes: int = 4):
         from toolchain.tuning import _unroll_of
 
-        self.tiles = tiles
+        if vector not in VECTORS:
+            raise ValueError(f"vector: one of {VECTORS}, not {vector!r}")
+        self.tiles, self.vector, self.lanes = tiles, vector, lanes
         self.factors: dict[str, dict[int, list[int]]] = {}  # joined block → its mini's loop factors
         self.unroll: int | None = None
         for trace_json, block_map in parts:
@@ -148,13 +156,14 @@ class MiniChoices:
             return self.unroll
         if role == "tile":
             return self.tiles.get(it)
-        if role == "vector":  # the vector (NCHW W, NHWC channels, matmul columns): as wide as the space allows
-            return register_factor(extent, cap, cap)
         factors = self.factors.get(block, {}).get(it)
+        if role == "vector" and (self.vector == "widest" or not factors):
+            return register_factor(extent, cap, cap)  # the vector (NCHW W, NHWC channels, matmul columns)
         if not factors:
             return None
         # MultiLevelTiling's two innermost spatial levels (S2, S3 of "SSRSRS") are its register tile
-        return register_factor(extent, cap, factors[-1] * (factors[-2] if len(factors) > 2 else 1))
+        wanted = factors[-1] * (factors[-2] if len(factors) > 2 else 1)
+        return register_factor(extent, cap, max(wanted, self.lanes) if role == "vector" else wanted)
 
 
 # ----------------------------------------------------------------------------- the seed
@@ -177,7 +186,10 @@ def _rest_with_mini_decisions(trace_json, rest: list[str], parts: list[tuple[obj
 
 def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int) -> list:
     """The joined kernel scheduled in the intensive-fusion space with the minis' choices (module doc),
-    one schedule per distinct tile of :data:`TILE_BYTES`, before postprocessing."""
+    one schedule per distinct tile of :data:`TILE_BYTES` and vector of :data:`VECTORS` (the same
+    schedule reached twice is one seed), before postprocessing."""
+    import tvm_ffi
+
     shape = _data_shape(joined_func, pair)
     if shape is None or not parts:
         return []
@@ -186,14 +198,22 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
         tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout, lanes)
         if tile not in tiles:
             tiles.append(tile)
-    seeds = [intensive_seed(joined_func, pair, parts, target, num_cores, tile) for tile in tiles]
-    return [s for s in seeds if s is not None]
+    seeds, seen = [], set()
+    for tile in tiles:
+        for vector in VECTORS:
+            sch = intensive_seed(joined_func, pair, parts, target, num_cores, tile, vector)
+            key = sch is not None and tvm_ffi.structural_hash(sch.mod)
+            if sch is not None and key not in seen:
+                seen.add(key)
+                seeds.append(sch)
+    return seeds
 
 
 def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int,
-                   tile: dict[int, int] | None = None):
+                   tile: dict[int, int] | None = None, vector: str = "widest"):
     """The joined kernel scheduled in the intensive-fusion space with the minis' choices and D's
-    ``tile`` (default: :func:`tile_factors` at the first :data:`TILE_BYTES`), before postprocessing;
+    ``tile`` (default: :func:`tile_factors` at the first :data:`TILE_BYTES`) and ``vector`` (one of
+    :data:`VECTORS`), before postprocessing;
     None when the minis give nothing to take or it does not apply."""
     from tvm import s_tir
 
@@ -204,7 +224,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
         if shape is None:
             return None
         tile = tile_factors(pair.downstream_kind, shape, num_cores, layout=pair.layout, lanes=vector_lanes(target))
-    choices = MiniChoices(pair, parts, tile)
+    choices = MiniChoices(pair, parts, tile, vector, vector_lanes(target))
     if not choices.factors:
         return None
     mod = workload_module(joined_func)

@@ -55,6 +55,26 @@ def dwsep(dwsep_split):
     return mod, graph, plan, joined, parts
 
 
+def test_the_seeds_vector_is_the_widest_the_space_allows_or_the_minis_own_register_tile(dwsep):
+    *_, joined, parts = dwsep
+    pair = intensive.find_pair(joined)
+    d_factors = intensive_seed.MiniChoices(pair, parts, {}).factors[pair.downstream]
+    it, factors = max(d_factors.items())  # D's last spatial loop: its mini's register tile there
+    register = factors[-1] * factors[-2]
+    widest = intensive_seed.MiniChoices(pair, parts, {}, "widest", lanes=4)
+    own = intensive_seed.MiniChoices(pair, parts, {}, "mini", lanes=4)
+    assert widest("vector", pair.downstream, it, 64, 64) == 64
+    assert own("vector", pair.downstream, it, 64, 64) == intensive_seed.register_factor(64, 64, max(register, 4))
+    assert own("vector", pair.downstream, it, 64, 2) <= 2  # never over the space's cap
+    assert own("vector", "no-such-block", it, 64, 16) == 16  # no mini choice to take: the widest
+    # the other register dims are the mini's, whichever the vector
+    assert own("register", pair.downstream, it, 64, 64) == widest("register", pair.downstream, it, 64, 64)
+    with pytest.raises(ValueError):
+        intensive_seed.MiniChoices(pair, parts, {}, "narrowest")
+    seeds = intensive_seed.intensive_seeds(joined, pair, parts, SPEC.tvm(), 2)
+    assert 1 <= len(seeds) <= len(intensive_seed.TILE_BYTES) * len(intensive_seed.VECTORS)
+
+
 def test_a_traces_tile_decisions_are_read_per_loop_of_a_block(dwsep):
     from tvm import s_tir
 
@@ -111,7 +131,7 @@ def test_a_join_is_seeded_in_its_own_space_too_but_not_under_ago_ni(dwsep, tmp_p
     """seed_joined commits the side-by-side composition and the intensive seeds (measured like any
     candidate); AGO-NI searches the stock space, so it gets the side-by-side one only."""
     mod, graph, _, joined, parts = dwsep
-    for intensive_on, want in ((True, 1 + len(intensive_seed.TILE_BYTES)), (False, 1)):
+    for intensive_on, want in ((True, 1 + len(intensive_seed.TILE_BYTES) * len(intensive_seed.VECTORS)), (False, 1)):
         settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, intensive=intensive_on)
         _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
         (task,) = [t for t in plan.tasks if t.phase == "joined"]
