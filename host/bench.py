@@ -611,7 +611,9 @@ def run_suite(
             "versions": package_versions(),
             "settings": asdict(settings),
             "variants": [asdict(v) for v in chosen],
-            "trial_budgets": {v.name: (settings.trials if v.tuned else 0) for v in chosen},
+            # the suite's floor: each case's tuned variants get its equal budget, at least this (equal_budget);
+            # what a case's variant was given and spent: results[].variants[name].tuning.budget / .trials
+            "min_trial_budgets": {v.name: (settings.trials if v.tuned else 0) for v in chosen},
             "threshold": suite.threshold,
             "baselines": list(suite.baselines),
             "proxy": None if not settings.proxy else {

@@ -771,7 +771,7 @@ def bench_suite(
         f"[dim]suite {suite}: {len(cases)} cases × {', '.join(chosen or bench.SUITES[suite].variants)}; "
         f"{settings.threads} threads, {settings.rounds} rounds × {settings.calls_per_round} calls, "
         f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}"
-        f"{f', {settings.trials} tuning trials per tuned variant' if settings.trials else ''}"
+        f"{f', at least {settings.trials} tuning trials per tuned variant (each model: an equal budget for its partitions)' if settings.trials else ''}"
         f"{f', phone-cache proxy {proxy}' if proxy else ''}[/dim]",
         soft_wrap=True,
     )

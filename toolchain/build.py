@@ -165,14 +165,16 @@ def mark_weights(mod):
 def prepack_weights(mod, spec: TargetSpec):
     """After scheduling: a kernel whose schedule rewrote a weight's layout (see :func:`mark_weights`)
     carries the rewrite as a first block; split it into a kernel of its own and fold it on the
-    constant weight now, so the model stores the weight rewritten and the kernel reads it directly."""
+    constant weight now, so the model stores the weight rewritten and the kernel reads it directly.
+    The rewrite kernels, called only by the folded calls, are dropped (not built into the library)."""
     import tvm
     from tvm import relax
 
     try:
         with spec.tvm():
             return tvm.transform.Sequential(
-                [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
+                [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
+                 relax.transform.DeadCodeElimination()]
             )(mod)
     except Exception as exc:
         raise BuildError(f"pre-packing the weights failed: {error_line(exc)} (rerun with --debug)") from exc

@@ -29,7 +29,7 @@ def test_results_document_schema(document):
     assert ctx["threads"] == 1 and ctx["versions"]["apache-tvm"] == "0.27.0.post1"
     assert ctx["settings"]["rounds"] == 3 and ctx["settings"]["calls_per_round"] == 2
     assert [v["name"] for v in ctx["variants"]] == ["tvm-stock", "onnxruntime"]
-    assert ctx["trial_budgets"] == {"tvm-stock": 0, "onnxruntime": 0}
+    assert ctx["min_trial_budgets"] == {"tvm-stock": 0, "onnxruntime": 0}
     (entry,) = document["results"]
     assert entry["model"] == "tiny-cnn" and entry["shape"] == [1, 3, 16, 16]
     tvm, ort = entry["variants"]["tvm-stock"], entry["variants"]["onnxruntime"]

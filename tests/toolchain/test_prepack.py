@@ -74,6 +74,8 @@ def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_
     assert applied == 1
     assert "layout_rewrite_preproc" not in out.script()
     assert _param_shapes(out) - _param_shapes(fused)  # the weight, stored in the schedule's order
+    prim = {gv.name_hint for gv, f in out.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert prim == {k.name for k in build.kernels(out)}  # the folded rewrite kernels are not built
 
     (info,) = onnx_import.resolve_inputs(model, {})
     x = np.random.default_rng(0).standard_normal(info.shape).astype("float32")
