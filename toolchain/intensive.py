@@ -544,12 +544,14 @@ def postprocs(check: bool = True) -> list:
     return list(Postproc.create("llvm")) + ([RejectDroppedIterations()] if check else [])
 
 
-def _rest_rules(target, mod, kind: str = "MultiLevelTiling"):
+def _rest_rules(target, mod, kind: str = "MultiLevelTiling", write_fusion: bool = True):
     """The stock rule ``kind`` (MultiLevelTiling for complex blocks outside the pair, AutoInline for
-    simple ones), initialised for ``target``."""
+    simple ones), initialised for ``target``; ``write_fusion=False``: MultiLevelTiling without its
+    consumer fusion (see :func:`shared_consumer`)."""
     from tvm.s_tir import meta_schedule as ms
 
-    rules = [r for r in ms.schedule_rule.ScheduleRule.create("llvm") if type(r).__name__ == kind]
+    stock = ms.schedule_rule.ScheduleRule.create("llvm") if write_fusion else _rules_without_write_fusion()
+    rules = [r for r in stock if type(r).__name__ == kind]
     ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply")
     for r in rules:
         r._initialize_with_tune_context(ctx)
@@ -558,11 +560,16 @@ def _rest_rules(target, mod, kind: str = "MultiLevelTiling"):
 
 def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decide: Decide | None = None):
     """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
-    (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`."""
+    (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`.
+
+    MultiLevelTiling's consumer fusion can fail on every sample where a block's consumer has other
+    producers outside its tile (ShuffleNet's downsampling unit: the pair and a third conv into one
+    concat, :func:`shared_consumer`); when the first schedule of such a kernel fails with it, the
+    blocks outside the pair are tiled without it from then on (as the stock space does)."""
     state: dict = {}
     lanes = vector_lanes(target)
 
-    def apply(sch):
+    def schedule(sch, write_fusion: bool):
         intensive_schedule(sch, pair, num_cores, decide, lanes)
         outside = _rest_simple(sch, pair)
         if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
@@ -579,16 +586,27 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
         rest = _rest_complex(sch, pair)
         if not rest:
             return [sch]
-        if "rules" not in state:
-            state["rules"] = _rest_rules(target, sch.mod)
+        key = ("rules", write_fusion)
+        if key not in state:
+            state[key] = _rest_rules(target, sch.mod, write_fusion=write_fusion)
         schs = [sch]
         for name in rest:
             nxt = []
             for s in schs:
-                for rule in state["rules"]:
+                for rule in state[key]:
                     nxt.extend(rule.apply(s, s.get_sblock(name)))
             schs = nxt or schs
         return schs
+
+    def apply(sch):
+        if "write_fusion" not in state:  # decided on the first schedule, on a copy of it
+            state["write_fusion"] = True
+            if shared_consumer(sch.mod["main"]) is not None:
+                try:
+                    schedule(sch.copy(), True)
+                except Exception:  # noqa: BLE001 - e.g. reverse-compute-at: tiled without it then
+                    state["write_fusion"] = False
+        return schedule(sch, state["write_fusion"])
 
     return apply
 
@@ -678,18 +696,23 @@ class SpaceChoice:
     reason: str
 
 
-def dry_run(func, pair: IntensivePair, seeds=(1, 2, 3), num_cores: int | None = None) -> str | None:
-    """Apply the schedule with a few random decisions; None when exact and U runs once, else why not."""
+def dry_run(func, pair: IntensivePair, seeds=(1, 2, 3), num_cores: int | None = None, target=None) -> str | None:
+    """Apply the schedule with a few random decisions; None when exact and U runs once, else why not.
+    With ``target``, the whole space's schedule (:func:`schedule_fn`: the blocks outside the pair too)."""
     import tvm
     from tvm import s_tir
 
     from toolchain.schedule_check import execution_counts
 
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    whole = schedule_fn(pair, target, num_cores) if target is not None else None
     for seed in seeds:
         sch = s_tir.Schedule(mod, seed=seed)
         try:
-            intensive_schedule(sch, pair, num_cores)
+            if whole is None:
+                intensive_schedule(sch, pair, num_cores)
+            else:
+                sch = whole(sch)[0]
         except Exception as exc:  # noqa: BLE001
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]
             return f"schedule failed: {(lines[-1] if lines else type(exc).__name__)[:200]}"
@@ -722,7 +745,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     pair = find_pair(func)
     if pair is None:
         return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
-    why_not = dry_run(func, pair, num_cores=num_cores)
+    why_not = dry_run(func, pair, num_cores=num_cores, target=target)
     if why_not:
         return stock(pair, f"{pair.kind}: {why_not}")
     gen = space(pair, target, num_cores, check)

@@ -47,6 +47,10 @@ def tiny(kind, spec=SPEC):
         a = g.conv(x, 16, 8, 1, name="e1", act="relu")
         b = g.conv(x, 16, 8, 3, name="e3", act="relu")
         y, c = g.concat([a, b], name="output"), 16
+    elif kind == "branches":  # ShuffleNet's downsampling unit: dw → pw beside a third conv, into one concat
+        a = g.conv(g.conv(x, 16, 16, 3, name="dw1", groups=16), 16, 8, 1, name="pw1", act="relu")
+        b = g.conv(x, 16, 8, 1, name="pw2", act="relu")
+        y, c = g.concat([a, b], name="output"), 16
     else:
         raise ValueError(kind)
     model = g.finish(y, (1, c, 14, 14))
@@ -222,6 +226,35 @@ def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion()
     args = random_args(func, 0)
     np.testing.assert_allclose(run(design.mod, args, SPEC.tvm())[-1], run(func, args, SPEC.tvm())[-1],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_pair_beside_a_conv_into_one_concat_gets_the_intensive_space_tiling_the_conv_without_consumer_fusion():
+    """dw → pw beside a third conv, both into one concat (ShuffleNet-V2's downsampling unit): the
+    third conv's MultiLevelTiling fails with consumer fusion on every sample (``reverse-compute-at``:
+    the concat's other producer is outside its tile), so the space tiles it without, as the stock space
+    does — before, the join's search failed and it kept its seed. The space's dry run applies the
+    whole schedule now, so a failure outside the pair falls back to the stock space, not a dead search."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain import intensive, tuning
+
+    func = tiny("branches")
+    pair = find_pair(func)
+    assert pair is not None and pair.kind == "dw->pw"
+    assert "T_concat" in intensive.shared_consumer(func)
+    chosen = make_space_generator(func, SPEC.tvm(), num_cores=2)
+    assert chosen.kind == "intensive", chosen.reason
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
+                         num_threads=1)
+    args = random_args(func, 0)
+    want = run(func, args, SPEC.tvm())[-1]
+    for seed in (1, 2, 3):
+        sch = intensive.schedule_fn(pair, SPEC.tvm(), 2)(schedule(func, seed))[0]
+        counts = execution_counts(sch.mod)
+        assert not any(c.dropped for c in counts), format_counts(counts)
+        np.testing.assert_allclose(run(sch.mod, args, SPEC.tvm())[-1], want, rtol=1e-5, atol=1e-5)
+    (design, *_) = ctx.generate_design_space()
+    np.testing.assert_allclose(run(design.mod, args, SPEC.tvm())[-1], want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_space_carries_the_check_and_the_llvm_mutators():
