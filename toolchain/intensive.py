@@ -696,23 +696,19 @@ class SpaceChoice:
     reason: str
 
 
-def dry_run(func, pair: IntensivePair, seeds=(1, 2, 3), num_cores: int | None = None, target=None) -> str | None:
-    """Apply the schedule with a few random decisions; None when exact and U runs once, else why not.
-    With ``target``, the whole space's schedule (:func:`schedule_fn`: the blocks outside the pair too)."""
+def dry_run(func, pair: IntensivePair, target, seeds=(1, 2, 3), num_cores: int | None = None) -> str | None:
+    """Apply the space's whole schedule (:func:`schedule_fn`: the blocks outside the pair too) with a few
+    random decisions; None when exact and U runs once, else why not."""
     import tvm
     from tvm import s_tir
 
     from toolchain.schedule_check import execution_counts
 
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    whole = schedule_fn(pair, target, num_cores) if target is not None else None
+    whole = schedule_fn(pair, target, num_cores)
     for seed in seeds:
-        sch = s_tir.Schedule(mod, seed=seed)
         try:
-            if whole is None:
-                intensive_schedule(sch, pair, num_cores)
-            else:
-                sch = whole(sch)[0]
+            (sch, *_) = whole(s_tir.Schedule(mod, seed=seed))
         except Exception as exc:  # noqa: BLE001
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]
             return f"schedule failed: {(lines[-1] if lines else type(exc).__name__)[:200]}"
@@ -745,7 +741,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     pair = find_pair(func)
     if pair is None:
         return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
-    why_not = dry_run(func, pair, num_cores=num_cores, target=target)
+    why_not = dry_run(func, pair, target, num_cores=num_cores)
     if why_not:
         return stock(pair, f"{pair.kind}: {why_not}")
     gen = space(pair, target, num_cores, check)

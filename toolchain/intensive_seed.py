@@ -202,8 +202,7 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
     for tile in tiles:
         for vector in VECTORS:
             sch = intensive_seed(joined_func, pair, parts, target, num_cores, tile, vector)
-            key = sch is not None and tvm_ffi.structural_hash(sch.mod)
-            if sch is not None and key not in seen:
+            if sch is not None and (key := tvm_ffi.structural_hash(sch.mod)) not in seen:
                 seen.add(key)
                 seeds.append(sch)
     return seeds

@@ -978,7 +978,7 @@ def intensive_composed(func, parts: list[tuple[object, dict]], spec) -> list:
     from toolchain import intensive, intensive_seed
 
     pair = intensive.find_pair(func)
-    if pair is None or intensive.dry_run(func, pair, num_cores=spec.num_cores, target=spec.tvm()) is not None:
+    if pair is None or intensive.dry_run(func, pair, spec.tvm(), num_cores=spec.num_cores) is not None:
         return []
     inside = set(pair.blocks)
     out = []
