@@ -1075,6 +1075,42 @@ def _hand_back(composition: list, tasks: dict[str, Task], left: int, done: dict[
     return {n: done.get(n, 0) + k for n, k in zip(names, share) if k > 0}
 
 
+def _shares(composition: list, tasks: dict[str, Task], left: int) -> dict[str, int]:
+    """How a join's ``left`` handed-back trials split over its minis: {mini: trials} (:func:`_hand_back`)."""
+    return _hand_back(composition, tasks, left, {})
+
+
+def handed_in(plan: TaskPlan, tasks: dict[str, Task], progress: dict) -> dict[str, int]:
+    """Trials each mini was handed by joins that yielded ({mini: trials}), from the progress file:
+    a resumed mini tunes to its own budget plus these (they are not its own budget's)."""
+    out: dict[str, int] = {}
+    for join, parts in plan.compositions.items():
+        record = progress.get(join, {})
+        if record.get("handed_back") is not None:
+            for name, k in _shares(parts, tasks, record.get("handed_trials", 0)).items():
+                out[name] = out.get(name, 0) + k
+    return out
+
+
+def _grow_hand_back(task: Task, plan: TaskPlan, tasks: dict[str, Task], handed: dict[str, int], progress: dict,
+                    growth: int, db) -> dict[str, int]:
+    """A join that handed its rest to its minis, resumed with a larger budget: the ``growth`` (its
+    planned budget now, less its records and what it handed back before) goes to its minis too, as
+    a fresh session at this budget would have handed it (the split is built as its minis). Returns
+    the minis' new targets (records to tune to), recorded in the progress file."""
+    if growth <= 0:
+        return handed
+    composition = plan.compositions.get(task.name, [])
+    record = progress[task.name]
+    before = record.get("handed_trials", 0)
+    old, new = _shares(composition, tasks, before), _shares(composition, tasks, before + growth)
+    grown = {**handed, **{n: len(trial_latencies(db.ms_dir, plan.funcs[n])) + k - old.get(n, 0)
+                          for n, k in new.items() if k > old.get(n, 0)}}
+    progress[task.name] = {**record, "handed_back": grown, "handed_trials": before + growth}
+    db.save_progress(progress)
+    return grown
+
+
 def unspent(plan: TaskPlan, joined: Task, spent: dict[str, int]) -> int:
     """Trials the joined task's own minis left when their tuning stabilised early: AGO's
     divide-and-conquer hands them to the join (the session spends its whole budget). A mini shared
@@ -1222,6 +1258,7 @@ def tune_model(
 
     spent: dict[str, int] = {}  # trials each task has used (minis may stop early)
     carry = 0  # trials a kernel whose search failed left: the next kernel gets them
+    given = handed_in(plan, tasks_by_name, progress)  # resumed: trials minis were handed by their joins
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         func = plan.funcs[task.name]
         lat = trial_latencies(db.ms_dir, func)
@@ -1229,6 +1266,7 @@ def tune_model(
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
         if task.phase != "mini":
             budget, carry = budget + carry, 0
+        budget += given.get(task.name, 0) if task.phase == "mini" else 0  # its own budget: not what it was handed
         handed = progress.get(task.name, {}).get("handed_back")  # {mini: trials it tunes to}, when resumed
         if handed:  # a database from an older split may name minis this plan no longer has: those are gone
             current = {name for name, _ in plan.compositions.get(task.name, [])}
@@ -1253,13 +1291,19 @@ def tune_model(
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, settings.stable_window, settings.stable_tolerance):
             budget = done  # it stabilised before the session was interrupted: resuming adds nothing
+        planned = budget
         if handed is not None or progress.get(task.name, {}).get("exhausted"):
             budget = done  # it handed the rest of its budget to its minis, or has no schedule left to try
         done, search_error, left = search(task, done, budget, stop_when_stable=task.phase == "mini",
                                           check_join=task.phase == "joined" and handed is None)
-        spent[task.name] = done
+        spent[task.name] = done - (given.get(task.name, 0) if task.phase == "mini" else 0)
         if task.phase != "mini":  # what a kernel's search could not spend (failed, exhausted) and did not
             carry += max(0, budget - done - left)  # hand to its minis goes to the next (a mini's: to its join)
+        if handed is not None:  # resumed with a larger --trials: the join's growth goes where its rest went
+            handed = _grow_hand_back(task, plan, tasks_by_name, handed, progress,
+                                     planned - done - progress[task.name].get("handed_trials", 0), db)
+        elif progress.get(task.name, {}).get("exhausted") and task.phase != "mini":
+            carry += max(0, planned - budget)  # an exhausted kernel's growth: to the next kernel
         keep(task, done, search_error, started)
         if left:
             handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,

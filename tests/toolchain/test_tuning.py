@@ -2,6 +2,7 @@
 schedules on join, applying verified records. The end-to-end session (real MetaSchedule trials)
 is marked slow."""
 
+import dataclasses
 import json
 import math
 
@@ -351,6 +352,38 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     trials.speed_ms.clear()
     tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "fast")
     assert len(trials[plan.funcs[joined.name].script()]) == joined.budget
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_a_resumed_session_with_a_larger_budget_spends_it_where_a_join_handed_back(
+        dwsep_split, tmp_path, fake_search, stable):
+    """Topping a database up (resuming with a larger --trials) spends the whole new budget. A join
+    that handed its rest to its minis, and minis that stabilised (their unspent goes to that join),
+    kept their old counts on resume: the growth was neither searched nor carried (MobileNet-V2
+    topped up from 2x to 4x spent 3189 of 3968 trials). It goes to the join's minis now, once."""
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    small = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, stable_window=8 if stable else 10_000)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, small)
+    minis = [t for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    trials.speed_ms[plan.funcs[joined.name].script()] = 5.0  # slower than its minis: it hands back
+    tuning.tune_model(mod, "a" * 64, SPEC, small, tmp_path)
+    used = lambda: {t.name: len(trials.get(plan.funcs[t.name].script(), [])) for t in plan.tasks}  # noqa: E731
+    assert sum(used().values()) == 64
+    before = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}[joined.name]["handed_back"]
+    large = dataclasses.replace(small, trials=256)
+    tuning.tune_model(mod, "a" * 64, SPEC, large, tmp_path)
+    after = used()
+    assert after[joined.name] == small.per_iter  # still the one batch: the growth went to the minis
+    assert sum(after.values()) == tuning.planned_trials(mod, SPEC, large) == 256
+    assert all(after[t.name] > 16 for t in minis)
+    handed = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}[joined.name]["handed_back"]
+    _, big = tuning.plan_tasks(mod, graph, SPEC, large)
+    own = sum(16 if stable else t.budget for t in big.tasks if t.phase == "mini")  # what minis tune by themselves
+    assert handed > before and handed == 256 - small.per_iter - own  # the rest, recorded as handed back
+    tuning.tune_model(mod, "a" * 64, SPEC, large, tmp_path)  # resumed again at that budget: nothing more
+    assert used() == after
 
 
 def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_to_its_minis(
