@@ -463,6 +463,8 @@ def tune(
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
     per_iter: int = typer.Option(16, help="Candidates per search batch."),
+    population: int = typer.Option(512, help="Candidates the search's cost model scores and evolves before each "
+                                   "batch (MetaSchedule's evolutionary search; smaller: faster batches)."),
     scheduler: str = typer.Option("weight", help="How the budget is spread over the kernels: weight (planned "
                                   "by AGO weight) or latency (a first batch each, then rounds where they save most)."),
     warmup: int = typer.Option(8, help="--scheduler latency: every kernel's first batch."),
@@ -514,13 +516,16 @@ def tune(
                                     + " or ".join(f"{k} ({v})" for k, v in tuning.SCHEDULERS.items()))
     if min(per_iter, warmup, trials) < 1:
         raise UnsupportedModelError("--trials, --per-iter and --warmup must be at least 1")
+    if population < per_iter:
+        raise UnsupportedModelError(f"--population ({population}) must be at least --per-iter ({per_iter}): "
+                                    "each batch is picked from it")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
         cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
-        transfer=transfer,
+        transfer=transfer, population=population,
     )
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -534,7 +539,7 @@ def tune(
     err_console.print(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where)}: {trials} trials, partition {partition}, "
         f"intensive {'on' if settings.intensive else 'off'}, reformer {'on' if settings.reformer else 'off'}, "
-        f"split {split_fraction:g}, {per_iter}/batch, scheduler {scheduler}"
+        f"split {split_fraction:g}, {per_iter}/batch from a population of {population}, scheduler {scheduler}"
         f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}"
         f"{', not prepacked' if no_prepack else ', prepacked'}"
         f"{f', seeds from up to {transfer} similar kernels' if transfer else ', every search from scratch'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
@@ -721,6 +726,8 @@ def bench_suite(
                                     "layout (see agoc tune --help)."),
     transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "
                                  "variant (see agoc tune --help; 0: from scratch)."),
+    population: int = typer.Option(512, help="Search population per batch, for every tuned variant "
+                                   "(see agoc tune --help)."),
     layout: str = _layout_option(),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
@@ -751,6 +758,10 @@ def bench_suite(
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
+    from toolchain.tuning import TuneSettings
+
+    if population < TuneSettings().per_iter:
+        raise UnsupportedModelError(f"--population must be at least {TuneSettings().per_iter} (a search batch)")
     from toolchain.targets import check_layout
 
     layout = check_layout(layout)
@@ -758,7 +769,8 @@ def bench_suite(
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
-                       prepack=not no_prepack, transfer=transfer, layout=layout)
+                       prepack=not no_prepack, transfer=transfer, layout=layout,
+                       population=population)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -84,6 +84,8 @@ class TuneSettings:
     reformer: bool = True  # False: AGO-NR
     split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
     per_iter: int = 16  # candidates per search batch
+    population: int = 512  # MetaSchedule's evolutionary search: candidates the cost model scores and
+    # evolves (genetic rounds) before each batch is picked for measuring (its own default: 512)
     stable_window: int = 16  # minis stop early when the last window of trials ...
     stable_tolerance: float = 0.02  # ... improved the best latency by less than this
     verify_top: int = 5  # candidates checked, best first, before giving up on a task
@@ -458,9 +460,10 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
 BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False}
-#: settings a database may be resumed with at another value: the budget, and how many sibling seeds a
-#: task not yet started gets (a seed is measured like any candidate; the records stay comparable)
-RESUMABLE_SETTINGS = ("trials", "transfer")
+#: settings a database may be resumed with at another value: the budget, how many sibling seeds a task
+#: not yet started gets (a seed is measured like any candidate; the records stay comparable), and the
+#: search's population (how candidates are found, not how they are measured)
+RESUMABLE_SETTINGS = ("trials", "transfer", "population")
 
 
 def _settings_but_trials(settings: dict) -> dict:
@@ -733,6 +736,8 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
         cost_model=cost_model if cost_model is not None else "xgb",
+        strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=settings.population, init_min_unmeasured=min(50, settings.population)),
     )
     return exhaustion.exhausted
 

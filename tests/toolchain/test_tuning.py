@@ -815,3 +815,35 @@ def test_a_database_holds_one_activation_layout(tmp_path):
     old.open_session({**session, "layout": "NCHW"})
     with pytest.raises(tuning.TuningError, match="layout"):
         old.open_session({**session, "layout": "NHWC"})
+
+
+def test_the_search_population_reaches_metaschedule_and_may_change_on_resume(dwsep_split, tmp_path, monkeypatch):
+    """--population sets how many candidates MetaSchedule's evolutionary search scores and evolves
+    before each batch (a 16-trial batch cost ~31 s on 2 cores, ~20 s of it this search at 512). It
+    decides how candidates are found, not how they are measured: a database resumes under another."""
+    from tvm.s_tir import meta_schedule as ms
+
+    *_, (name, func), _ = dwsep_split
+    seen = []
+    monkeypatch.setattr(ms, "tune_tir", lambda *a, **k: seen.append(k["strategy"]))
+    settings = tuning.TuneSettings(trials=16, population=64)
+    tuning.tune_trials(func, NCHW, None, 16, settings, True, tmp_path / "w")
+    (strategy,) = seen
+    assert isinstance(strategy, ms.search_strategy.EvolutionarySearch)
+    assert strategy.population_size == 64 and strategy.init_min_unmeasured == 50
+    session = {"model_sha256": "a" * 64, "target": NCHW.tvm_target, "layout": "NCHW",
+               "settings": tuning.TuneSettings(population=512).to_json()}
+    db = tuning.TuneDB(tmp_path / "db")
+    db.open_session(session)
+    db.open_session({**session, "settings": tuning.TuneSettings(population=128).to_json()})  # no error
+    assert db.session["settings"]["population"] == 128
+    with pytest.raises(tuning.TuningError, match="different settings"):  # a setting that does matter
+        db.open_session({**session, "settings": tuning.TuneSettings(per_iter=8).to_json()})
+
+
+def test_a_population_smaller_than_a_batch_is_refused_before_anything_runs(cli, tmp_path):
+    result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--population", "8")
+    assert result.exit_code == 1 and "--population (8) must be at least --per-iter (16)" in result.stderr
+    assert not (tmp_path / "db").exists()
+    result = cli("bench-suite", "tiny", "--population", "8", "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "--population must be at least 16" in result.stderr
