@@ -696,14 +696,30 @@ def test_the_session_cost_model_ranks_a_new_kernels_candidates_by_what_other_ker
     assert scores[0] == scores[2] > scores[1]  # a trained model (a random one would differ between calls)
 
 
-def test_every_search_of_a_session_uses_the_sessions_cost_model(dwsep_split, tmp_path, fake_search, monkeypatch):
-    mod, *_ = dwsep_split
-    made, used = [], []
-    monkeypatch.setattr(tuning, "session_cost_model", lambda *a, **k: made.append(object()) or made[-1])
+def test_kernels_and_joins_search_with_the_sessions_two_cost_models(dwsep_split, tmp_path, fake_search, monkeypatch):
+    """Every search of a kernel or mini uses one model, learning from kernels' and minis' records only;
+    every join's search another, learning from every record. One model for all, fed the joins'
+    records, ranked MobileNet-V2's single-conv candidates at random or inversely."""
+    mod, graph, *_ = dwsep_split
+    made, used = {}, []
+
+    def model(funcs, *a, **k):
+        made[frozenset(funcs)] = object()
+        return made[frozenset(funcs)]
+
+    monkeypatch.setattr(tuning, "session_cost_model", model)
     search = tuning.tune_trials
-    monkeypatch.setattr(tuning, "tune_trials", lambda *a, **k: used.append(a[-1]) or search(*a, **k))
-    tuning.tune_model(mod, "a" * 64, SPEC, tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9), tmp_path)
-    assert len(made) == 1 and len(used) >= 4 and all(m is made[0] for m in used)
+    monkeypatch.setattr(tuning, "tune_trials", lambda func, *a, **k: used.append((func, a[-1])) or search(func, *a, **k))
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    phase = {plan.funcs[t.name].script(): t.phase for t in plan.tasks}
+    every = frozenset(plan.funcs)
+    singles = frozenset(t.name for t in plan.tasks if t.phase != "joined")
+    assert set(made) == {every, singles} and len(used) >= 4
+    for func, cost_model in used:
+        assert cost_model is made[every if phase[func.script()] == "joined" else singles]
+    assert {phase[f.script()] for f, _ in used} == {"mini", "joined"}
 
 
 def _transpose_func():
