@@ -88,7 +88,7 @@ class Settings:
     scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tuning.SCHEDULERS)
     prepack: bool = True  # every tuned variant may rewrite its weights' layout (toolchain.tuning.TuneSettings)
     transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
-    population: int = 512  # every tuned variant's search population per batch (TuneSettings)
+    population: int = 128  # every tuned variant's search population per batch (TuneSettings)
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
 
 

@@ -463,7 +463,7 @@ def tune(
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
     per_iter: int = typer.Option(16, help="Candidates per search batch."),
-    population: int = typer.Option(512, help="Candidates the search's cost model scores and evolves before each "
+    population: int = typer.Option(128, help="Candidates the search's cost model scores and evolves before each "
                                    "batch (MetaSchedule's evolutionary search; smaller: faster batches)."),
     scheduler: str = typer.Option("weight", help="How the budget is spread over the kernels: weight (planned "
                                   "by AGO weight) or latency (a first batch each, then rounds where they save most)."),
@@ -726,7 +726,7 @@ def bench_suite(
                                     "layout (see agoc tune --help)."),
     transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "
                                  "variant (see agoc tune --help; 0: from scratch)."),
-    population: int = typer.Option(512, help="Search population per batch, for every tuned variant "
+    population: int = typer.Option(128, help="Search population per batch, for every tuned variant "
                                    "(see agoc tune --help)."),
     layout: str = _layout_option(),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),

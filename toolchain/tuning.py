@@ -87,8 +87,9 @@ class TuneSettings:
     reformer: bool = True  # False: AGO-NR
     split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
     per_iter: int = 16  # candidates per search batch
-    population: int = 512  # MetaSchedule's evolutionary search: candidates the cost model scores and
-    # evolves (genetic rounds) before each batch is picked for measuring (its own default: 512)
+    population: int = 128  # MetaSchedule's evolutionary search: candidates the cost model scores and
+    # evolves (genetic rounds) before each batch is picked for measuring (its own default, 512, tuned
+    # MobileNet-V2 no better per trial in 2.4x the time: bench/RESULTS.md, twenty-second session)
     stable_window: int = 16  # minis stop early when the last window of trials ...
     stable_tolerance: float = 0.02  # ... improved the best latency by less than this
     verify_top: int = 5  # candidates checked, best first, before giving up on a task
