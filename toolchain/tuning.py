@@ -1209,7 +1209,7 @@ def tune_model(
     work = db.root / "logs"
     tasks_by_name = {t.name: t for t in plan.tasks}
     intensive = settings.intensive and settings.partition == "ago"
-    # the session's cost model, made when a search first runs (warming it reads every record)
+    # the session's cost models (kernels and minis; joins), each made when a search first needs it
     cost_models = session_cost_models(plan, database, spec)
 
     def search(task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
@@ -1285,7 +1285,7 @@ def tune_model(
         budget = task.budget + (unspent(plan, task, spent) if task.phase == "joined" else 0)
         if task.phase != "mini":
             budget, carry = budget + carry, 0
-        budget += given.get(task.name, 0) if task.phase == "mini" else 0  # its own budget: not what it was handed
+        budget += given.get(task.name, 0)  # its own budget is not what joins handed it (a kernel may be a mini too)
         handed = progress.get(task.name, {}).get("handed_back")  # {mini: trials it tunes to}, when resumed
         if handed:  # a database from an older split may name minis this plan no longer has: those are gone
             current = {name for name, _ in plan.compositions.get(task.name, [])}
@@ -1315,7 +1315,7 @@ def tune_model(
             budget = done  # it handed the rest of its budget to its minis, or has no schedule left to try
         done, search_error, left = search(task, done, budget, stop_when_stable=task.phase == "mini",
                                           check_join=task.phase == "joined" and handed is None)
-        spent[task.name] = done - (given.get(task.name, 0) if task.phase == "mini" else 0)
+        spent[task.name] = done - given.get(task.name, 0)
         if task.phase != "mini":  # what a kernel's search could not spend (failed, exhausted) and did not
             carry += max(0, budget - done - left)  # hand to its minis goes to the next (a mini's: to its join)
         if handed is not None:  # resumed with a larger --trials: the join's growth goes where its rest went
