@@ -1094,6 +1094,11 @@ def _hand_back(composition: list, tasks: dict[str, Task], left: int, done: dict[
     return {n: done.get(n, 0) + k for n, k in zip(names, share) if k > 0}
 
 
+def _record_counts(db, plan: TaskPlan, names: list[str]) -> dict[str, int]:
+    """How many records each of the tasks ``names`` has: one reading of the database."""
+    return {n: len(lat) for n, lat in trial_latencies_of(db.ms_dir, {n: plan.funcs[n] for n in names}).items()}
+
+
 def _shares(composition: list, tasks: dict[str, Task], left: int) -> dict[str, int]:
     """How a join's ``left`` handed-back trials split over its minis: {mini: trials} (:func:`_hand_back`)."""
     return _hand_back(composition, tasks, left, {})
@@ -1123,8 +1128,8 @@ def _grow_hand_back(task: Task, plan: TaskPlan, tasks: dict[str, Task], handed: 
     record = progress[task.name]
     before = record.get("handed_trials", 0)
     old, new = _shares(composition, tasks, before), _shares(composition, tasks, before + growth)
-    grown = {**handed, **{n: len(trial_latencies(db.ms_dir, plan.funcs[n])) + k - old.get(n, 0)
-                          for n, k in new.items() if k > old.get(n, 0)}}
+    counts = _record_counts(db, plan, list(new))
+    grown = {**handed, **{n: counts[n] + k - old.get(n, 0) for n, k in new.items() if k > old.get(n, 0)}}
     progress[task.name] = {**record, "handed_back": grown, "handed_trials": before + growth}
     db.save_progress(progress)
     return grown
@@ -1326,8 +1331,7 @@ def tune_model(
         keep(task, done, search_error, started)
         if left:
             handed = _hand_back(plan.compositions.get(task.name, []), tasks_by_name, left,
-                                {n: len(trial_latencies(db.ms_dir, plan.funcs[n]))
-                                 for n, _ in plan.compositions.get(task.name, [])})
+                                _record_counts(db, plan, [n for n, _ in plan.compositions.get(task.name, [])]))
             progress[task.name] = {**progress.get(task.name, {}), "handed_back": handed, "handed_trials": left}
             db.save_progress(progress)
         for name, target in (handed or {}).items():  # the minis go on with the join's trials
