@@ -117,7 +117,8 @@ class TuneSettings:
 
 #: How a session spreads its trial budget over the tasks of a model.
 SCHEDULERS = {
-    "weight": "planned up front in proportion to AGO's weights (each task at least one batch of --per-iter)",
+    "weight": "planned up front in proportion to AGO's weights (each task at least one batch of --per-iter); "
+              "what the plan cannot place (the last kernels' unspent trials) goes round by round as with latency",
     "latency": "a first batch of --warmup per task, then rounds of --per-iter to the task whose next round "
                "is expected to save the most model time (its share of the model × expected gain, Ansor-style)",
 }
@@ -1347,28 +1348,30 @@ def tune_model(
                 keep(task, len(trial_latencies(db.ms_dir, func)), None, time.perf_counter())
             progress[task.name]["reseeded"] = True
             db.save_progress(progress)
-    if settings.scheduler == "latency":  # the rest of the budget, round by round, where it saves most
-        out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
-        hashes = {name: _workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
-        while True:
-            lats = trial_latencies_of(db.ms_dir, plan.funcs, hashes)
-            left = settings.trials - sum(len(v) for v in lats.values())
-            times = {n: t for n, t in model_times(plan, verified, progress).items()
-                     if n not in out and not progress.get(n, {}).get("exhausted")
-                     and not verified.get(n, {}).get("search_error")}
-            if left <= 0 or not times:
-                break
-            gains = {n: t * expected_gain(lats[n], settings.per_iter) for n, t in times.items()}
-            name = max(gains, key=gains.get)
-            task, done = tasks_by_name[name], len(lats[name])
-            target = done + min(settings.per_iter, left)
-            on_event("round", task=name, model_ms=times[name], gain_ms=gains[name], left=left)
-            on_event("task", task=name, phase=task.phase, done=done, budget=target)
-            started = time.perf_counter()
-            now, error, _ = search(task, done, target, stop_when_stable=False, check_join=False)
-            if error or now <= done:
-                out.add(name)
-            keep(task, now, error, started)
+    # the rest of the budget, round by round, where it saves most: with "latency" all but the first
+    # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
+    out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
+    hashes = {name: _workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
+    total = session_trials(first, settings)
+    while True:
+        lats = trial_latencies_of(db.ms_dir, plan.funcs, hashes)
+        left = total - sum(len(v) for v in lats.values())
+        times = {n: t for n, t in model_times(plan, verified, progress).items()
+                 if n not in out and not progress.get(n, {}).get("exhausted")
+                 and not verified.get(n, {}).get("search_error")}
+        if left <= 0 or not times:
+            break
+        gains = {n: t * expected_gain(lats[n], settings.per_iter) for n, t in times.items()}
+        name = max(gains, key=gains.get)
+        task, done = tasks_by_name[name], len(lats[name])
+        target = done + min(settings.per_iter, left)
+        on_event("round", task=name, model_ms=times[name], gain_ms=gains[name], left=left)
+        on_event("task", task=name, phase=task.phase, done=done, budget=target)
+        started = time.perf_counter()
+        now, error, _ = search(task, done, target, stop_when_stable=False, check_join=False)
+        if error or now <= done:
+            out.add(name)
+        keep(task, now, error, started)
     # join or minis: decided on the kept schedules timed together (toolchain/pairing.py)
     pair_joins(plan, verified, spec, settings, measure, on_event)
     db.save_verified(verified)

@@ -530,6 +530,37 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
     assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
 
 
+def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_spent(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """The weight plan's carry has no task after the last kernel: it goes in rounds to the kernels
+    that save the model most, as with the latency scheduler; a resumed session adds nothing."""
+    mod, graph, *_ = dwsep_split
+    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    last, others = plan.tasks[-1], plan.tasks[:-1]
+    fake, small = tuning.tune_trials, plan.funcs[last.name].script()
+    slow = plan.funcs[others[0].name].script()
+    fake_search.speed_ms[slow] = 5.0  # the model's slowest kernel: where the rounds go
+
+    def tune_trials(func, spec, database, n, *args, **kwargs):  # the last kernel has 5 schedules in all
+        if func.script() != small:
+            return fake(func, spec, database, n, *args, **kwargs)
+        fake(func, spec, database, max(1, min(n, 5 - len(fake_search.get(small, [])))), *args, **kwargs)
+        return True
+
+    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    used = {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks}
+    assert used[last.name] == 5 and last.budget > 5
+    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, flat)  # before: 5 - last.budget short
+    rounds = [i for k, i in events if k == "round"]
+    assert rounds and {r["task"] for r in rounds} == {others[0].name} and rounds[0]["left"] == last.budget - 5
+    assert used[others[0].name] == others[0].budget + last.budget - 5
+    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path)  # resumed: nothing left to spend
+    assert {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+
+
 def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
         dwsep_split, tmp_path, fake_search, monkeypatch):
     """Every kernel but the first is offered the verified kernels before it (two seeds each, here);
