@@ -412,6 +412,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 "kernels": len([r for r in summary["tasks"] if r["phase"] != "mini"]),
                 "verified": len([r for r in summary["tasks"] if r["status"] == "verified"]),
                 "rejected_candidates": sum(r["rejected"] for r in summary["tasks"]),
+                "estimate_ms": summary["estimate_ms"],  # the database's model estimate (verified latencies)
                 "seconds": round(time.perf_counter() - started, 1),
             }
         request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db)
@@ -503,6 +504,32 @@ def _measure(workers: list[Worker], settings: Settings, rng: random.Random, on_e
     return samples, round_medians, failures
 
 
+#: What the other tuned variants' kernels are compared with (tuning.compare): the Ansor-like baseline.
+SAME_KERNELS_BASELINE = "tvm-stock-tuned"
+
+
+def _same_kernels(results: dict, tuned: list, case_dir: Path) -> None:
+    """Beside each tuned variant's tuning record, how its search did on the kernels the baseline tuned
+    for the same ops (their geometric mean latency ratio, tuning.compare): a run then tells the
+    partition's share of a ratio from the search's."""
+    from toolchain import tuning
+    from toolchain.errors import AgocError
+
+    names = {v.name for v in tuned}
+    if SAME_KERNELS_BASELINE not in names or "tuning" not in results.get(SAME_KERNELS_BASELINE, {}):
+        return
+    for name in sorted(names - {SAME_KERNELS_BASELINE}):
+        if "tuning" not in results.get(name, {}):
+            continue
+        try:
+            c = tuning.compare(case_dir / f"{name}.db", case_dir / f"{SAME_KERNELS_BASELINE}.db")
+        except AgocError as exc:
+            results[name]["tuning"]["same_kernels"] = {"vs": SAME_KERNELS_BASELINE, "error": str(exc)}
+            continue
+        results[name]["tuning"]["same_kernels"] = {"vs": SAME_KERNELS_BASELINE, "kernels": len(c["kernels"]),
+                                                   "geomean": c["geomean"]}
+
+
 def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settings, work_dir: Path, rng,
              on_event) -> dict:
     results: dict[str, dict] = {}
@@ -522,6 +549,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             results[variant.name], path = _compile_variant(case, variant, suite, settings, work_dir, on_event)
             if path is not None:
                 artifacts[variant.name] = path
+    _same_kernels(results, tuned, work_dir / case.label)
     if settings.proxy:  # before any timing, so no simulation runs beside a timed engine
         for name, path in artifacts.items():
             on_event("stage", case=case.label, stage=f"phone-cache proxy ({settings.proxy}) {name}")

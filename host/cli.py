@@ -447,6 +447,9 @@ def tune(
     model: Optional[str] = typer.Argument(None, help="An ONNX file or zoo:NAME[@SHAPE]."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuning database directory (created; re-running resumes)."),
     status_dir: Optional[Path] = typer.Option(None, "--status", help="Show a database's per-kernel progress and exit."),
+    against: Optional[Path] = typer.Option(
+        None, "--against", help="With --status: also compare its kernels with those another database tuned for "
+        "the same ops (e.g. the stock partition's): verified latency of each, and their geometric mean ratio."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset (default: what the device runs)."),
     device: Optional[list[str]] = typer.Option(
         None, help="Where candidates are measured: local (default), qemu, or a phone's serial; repeat for several."),
@@ -485,7 +488,11 @@ def tune(
 
     if status_dir is not None:
         console.print(render.tune_status_table(tuning.status(status_dir), status_dir))
+        if against is not None:
+            console.print(render.tune_compare_table(tuning.compare(status_dir, against), status_dir, against))
         return
+    if against is not None:
+        raise UnsupportedModelError("--against compares two databases: give it with --status DIR")
     if model is None or db is None:
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     from toolchain import build, onnx_import

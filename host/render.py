@@ -349,6 +349,22 @@ def tune_status_table(summary: dict, db_dir) -> Table:
     return table
 
 
+def tune_compare_table(comparison: dict, db_dir, other) -> Table:
+    """The kernels two databases both tuned (tuning.compare), slowest ratio first."""
+    rows, geomean = comparison["kernels"], comparison["geomean"]
+    title = (f"{len(rows)} kernels tuned in both" + (f", geometric mean {geomean:.2f}×" if geomean is not None else "")
+             + f" (model estimates {comparison['estimate_ms']:.3f} ÷ {comparison['other_estimate_ms']:.3f} ms)")
+    table = Table(title=title, title_justify="left", caption=f"ms: {db_dir}; other ms: {other}",
+                  caption_justify="left")
+    for col, just in (("kernel", "left"), ("phase", "left"), ("ms", "right"), ("other ms", "right"),
+                      ("ratio", "right"), ("trials", "right")):
+        table.add_column(col, justify=just)
+    for r in rows:
+        table.add_row(r["task"], r["phase"], f"{r['ms']:.4f}", f"{r['other_ms']:.4f}", f"{r['ratio']:.2f}×",
+                      f"{r['trials']} / {r['other_trials']}")
+    return table
+
+
 def _join_note(row: dict) -> str:
     """What compile --db builds for a joined row, and on which measurement."""
     if row.get("build") is None:

@@ -1424,6 +1424,29 @@ def status(db_dir: Path) -> dict:
     return {"session": session, "tasks": rows, "estimate_ms": estimate}
 
 
+def compare(db_dir: Path, other: Path) -> dict:
+    """The kernels two databases both tuned — the same PrimFunc (structural hash, the end of a task's
+    name), whatever their partitions called it — with each one's verified latency, and the geometric
+    mean of ``db_dir`` ÷ ``other`` over them: how the two sessions' searches did on the same work, apart
+    from how they partitioned the model (compare the estimates for that). Kernels one of them has not
+    verified are left out."""
+    def verified_by_hash(summary: dict) -> dict[str, dict]:
+        return {r["task"].rsplit("-", 1)[-1]: r for r in summary["tasks"] if r["status"] == "verified" and r["best_ms"]}
+
+    a, b = status(db_dir), status(other)
+    if a["session"].get("target") != b["session"].get("target"):
+        raise TuningError(f"{db_dir} and {other} were tuned for different targets: their kernels do not compare")
+    mine, theirs = verified_by_hash(a), verified_by_hash(b)
+    rows = [{"task": mine[h]["task"], "other": theirs[h]["task"], "phase": mine[h]["phase"],
+             "ms": mine[h]["best_ms"], "other_ms": theirs[h]["best_ms"],
+             "trials": mine[h]["trials"], "other_trials": theirs[h]["trials"],
+             "ratio": mine[h]["best_ms"] / theirs[h]["best_ms"]}
+            for h in mine if h in theirs]
+    rows.sort(key=lambda r: -r["ratio"])
+    geomean = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows)) if rows else None
+    return {"kernels": rows, "geomean": geomean, "estimate_ms": a["estimate_ms"], "other_estimate_ms": b["estimate_ms"]}
+
+
 # ----------------------------------------------------------------------------- applying a database
 
 

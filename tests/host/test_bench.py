@@ -266,3 +266,25 @@ def test_bench_layout_tunes_the_same_kernel_in_both_layouts_and_writes_the_ratio
     assert row["NCHW"] > 0 and row["NHWC"] > 0
     assert row["nchw_over_nhwc"] == pytest.approx(row["NCHW"] / row["NHWC"])
     assert result["summed_nchw_over_nhwc"] == pytest.approx(row["nchw_over_nhwc"])
+
+
+def test_a_tuned_variant_records_how_its_search_did_on_the_kernels_the_baseline_tuned(tmp_path):
+    """Beside its tuning record, a tuned variant gets the geometric mean of its verified latencies over
+    the stock partition's on the same kernels (by structural hash, whatever the partition named them)."""
+    from toolchain import tuning
+
+    hashes = ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc")
+    for name, ms, names in (("tvm-ago-tuned", [0.2, 0.3, 1.0], ("mini", "mini", "joined")),
+                            ("tvm-stock-tuned", [0.1, 0.3], ("k", "k"))):
+        db = tuning.TuneDB(tmp_path / f"{name}.db")
+        db.open_session({"schema": tuning.SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
+                         "settings": tuning.TuneSettings().to_json()})
+        tasks = [tuning.Task(f"{n}{i}-{h}", "kernel", (), None, 1.0, 16) for i, (n, h) in enumerate(zip(names, hashes))]
+        db.save_tasks(tasks)
+        db.save_verified({t.name: {"status": "verified", "latency_ms": m} for t, m in zip(tasks, ms)})
+    results = {"tvm-ago-tuned": {"tuning": {}}, "tvm-stock-tuned": {"tuning": {}}, "tvm-ago-ni": {"status": "failed"}}
+    tuned = [bench.VARIANTS_BY_NAME[n] for n in ("tvm-stock-tuned", "tvm-ago-tuned", "tvm-ago-ni")]
+    bench._same_kernels(results, tuned, tmp_path)
+    assert results["tvm-ago-tuned"]["tuning"]["same_kernels"] == {
+        "vs": "tvm-stock-tuned", "kernels": 2, "geomean": pytest.approx(2 ** 0.5)}
+    assert "tuning" not in results["tvm-ago-ni"] and "same_kernels" not in results["tvm-stock-tuned"]["tuning"]

@@ -612,6 +612,42 @@ def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     return db
 
 
+def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_called(dwsep_split, tmp_path, cli):
+    """tuning.compare matches kernels by structural hash: another partition's session names the same
+    PrimFunc otherwise. Unverified kernels are left out; databases for other targets are refused."""
+    mod, graph, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    ago = _fake_db(tmp_path / "ago", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.2, 0.4])
+    tasks = ago.tasks
+    other = tuning.TuneDB(tmp_path / "stock")  # the same kernels under other names, one of them unverified
+    other.open_session({**ago.session, "settings": {**settings.to_json(), "partition": "stock"}})
+    renamed = [dataclasses.replace(t, name="stock_" + t.name, phase="kernel", parent=None) for t in tasks]
+    other.save_tasks(renamed)
+    ms = dict(zip([t.name for t in renamed], [0.1, 0.1, 0.1, 0.25]))  # minis first, then the join
+    other.save_verified({n: {"status": "verified", "latency_ms": v} for n, v in ms.items()})
+    c = tuning.compare(tmp_path / "ago", tmp_path / "stock")
+    assert [t.phase for t in tasks] == ["mini"] * 3 + ["joined"]
+    assert sorted(r["ratio"] for r in c["kernels"]) == pytest.approx([1.0, 2.0, 2.0, 4.0])
+    assert c["geomean"] == pytest.approx(2.0) and c["kernels"][0]["ratio"] == pytest.approx(4.0)  # worst first
+    assert {r["other"] for r in c["kernels"]} == set(ms) and {r["task"] for r in c["kernels"]} == {t.name for t in tasks}
+    assert c["estimate_ms"] == pytest.approx(0.5) and c["other_estimate_ms"] == pytest.approx(0.55)
+    verified = other.verified
+    verified[renamed[2].name]["status"] = "failed"  # the 4x mini: not verified there, not compared
+    other.save_verified(verified)
+    c = tuning.compare(tmp_path / "ago", tmp_path / "stock")
+    assert len(c["kernels"]) == 3 and c["geomean"] == pytest.approx(4 ** (1 / 3))
+    shown = cli("tune", "--status", tmp_path / "ago", "--against", tmp_path / "stock")
+    assert shown.exit_code == 0 and "3 kernels tuned in both, geometric mean 1.59×" in shown.stdout
+    assert "2.00×" in shown.stdout and "4.00×" not in shown.stdout
+    refused = cli("tune", "--against", tmp_path / "stock")
+    assert refused.exit_code == 1 and "--against compares two databases" in refused.stderr
+    arm = tuning.TuneDB(tmp_path / "arm")
+    arm.open_session({**ago.session, "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}})
+    arm.save_tasks(tasks)
+    with pytest.raises(tuning.TuningError, match="different targets"):
+        tuning.compare(tmp_path / "ago", tmp_path / "arm")
+
+
 def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
     settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
