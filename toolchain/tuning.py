@@ -54,6 +54,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -265,6 +266,11 @@ def kernel_hash(func) -> str:
 
 def task_name(kernel: str, func) -> str:
     return f"{kernel[:60]}-{kernel_hash(func)}"
+
+
+def task_hash(name: str) -> str:
+    """The :func:`kernel_hash` a :func:`task_name` ends with: the kernel's identity across partitions."""
+    return name.rsplit("-", 1)[-1]
 
 
 def group_kernels(fused_mod) -> list[tuple[str, object]]:
@@ -1431,7 +1437,7 @@ def compare(db_dir: Path, other: Path) -> dict:
     from how they partitioned the model (compare the estimates for that). Kernels one of them has not
     verified are left out."""
     def verified_by_hash(summary: dict) -> dict[str, dict]:
-        return {r["task"].rsplit("-", 1)[-1]: r for r in summary["tasks"] if r["status"] == "verified" and r["best_ms"]}
+        return {task_hash(r["task"]): r for r in summary["tasks"] if r["status"] == "verified" and r["best_ms"]}
 
     a, b = status(db_dir), status(other)
     if a["session"].get("target") != b["session"].get("target"):
@@ -1443,7 +1449,7 @@ def compare(db_dir: Path, other: Path) -> dict:
              "ratio": mine[h]["best_ms"] / theirs[h]["best_ms"]}
             for h in mine if h in theirs]
     rows.sort(key=lambda r: -r["ratio"])
-    geomean = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows)) if rows else None
+    geomean = statistics.geometric_mean(r["ratio"] for r in rows) if rows else None
     return {"kernels": rows, "geomean": geomean, "estimate_ms": a["estimate_ms"], "other_estimate_ms": b["estimate_ms"]}
 
 
@@ -1493,7 +1499,7 @@ def apply_verified(fused_mod, db_dir: Path, spec):
     if prepack:
         fused_mod = build.mark_weights(fused_mod)
     verified = db.verified
-    by_hash = {t.name.rsplit("-", 1)[-1]: t.name for t in db.tasks}
+    by_hash = {task_hash(t.name): t.name for t in db.tasks}
     memory = ms.database.MemoryDatabase()
     applied = 0
     seen: set[str] = set()
