@@ -50,6 +50,8 @@ class Variant:
     intensive: bool = True  # tuned: offer the intensive-fusion space (False: AGO-NI)
     reformer: bool = True  # tuned: split/join divide-and-conquer (False: AGO-NR)
     cold_weights: bool = True  # tuned: candidates timed with their weights flushed (False: warm, the old way)
+    base: str | None = None  # tuned: starts from this variant's tuning database, tuned first in the same run
+    # (agoc tune --from: its records of the same kernels are copied in and count as trials)
 
 
 #: Every pipeline variant the suites know.
@@ -65,6 +67,9 @@ VARIANTS: tuple[Variant, ...] = (
             intensive=False),
     Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",
             tuned=True, reformer=False),
+    Variant("tvm-ago-from-stock", "tvm", "AGO tuned from the stock-tuned variant's database: the kernels both "
+            "tune start with stock's records (counted as trials), so its joins compose from minis tuned as well as "
+            "stock's kernels; not an equal-budget variant", partition="ago", tuned=True, base="tvm-stock-tuned"),
     Variant("tvm-stock-tuned-warm", "tvm", "the stock baseline tuned with candidates timed warm (weights in cache)",
             partition="stock", tuned=True, cold_weights=False),
     Variant("tvm-ago-tuned-warm", "tvm", "AGO tuned with candidates timed warm (weights in cache)", partition="ago",
@@ -399,12 +404,22 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
         db = None
         if variant.tuned:
             db = work_dir / case.label / f"{variant.name}.db"
+            base = work_dir / case.label / f"{variant.base}.db" if variant.base else None
+            if base is not None and not (base / "session.json").exists():
+                return {"status": "failed", "reason": f"starts from {variant.base}'s tuning database, which this run "
+                        f"has not made: add --variants {variant.base}"}, None
             mod = _legalized(model, spec)
             started = time.perf_counter()
+            imported: dict = {}
+
+            def tuning_event(kind, **info):
+                if kind == "imported":
+                    imported.update(info["tasks"])
+                on_event("tuning", case=case.label, variant=variant.name, event=kind, **info)
+
             summary = tuning.tune_model(
                 mod, onnx_import.model_hash(model), spec, _tune_settings(variant, suite, settings), db,
-                on_event=lambda kind, **info: on_event("tuning", case=case.label, variant=variant.name, event=kind,
-                                                       **info),
+                on_event=tuning_event, base=base,
             )
             record["tuning"] = {
                 "trials": sum(r["trials"] for r in summary["tasks"]),
@@ -413,6 +428,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 "verified": len([r for r in summary["tasks"] if r["status"] == "verified"]),
                 "rejected_candidates": sum(r["rejected"] for r in summary["tasks"]),
                 "estimate_ms": summary["estimate_ms"],  # the database's model estimate (verified latencies)
+                **({"base": variant.base, "imported_records": sum(imported.values())} if base else {}),
                 "seconds": round(time.perf_counter() - started, 1),
             }
         request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db)
@@ -542,7 +558,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             on_event("stage", case=case.label, stage=f"{settings.trials} tuning trials for each tuned variant")
         except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
             on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
-    for variant in variants:
+    for variant in sorted(variants, key=lambda v: v.base is not None):  # a variant's base tuned before it
         if variant.engine == "tvm":
             stage = "tuning + compiling" if variant.tuned else "compiling"
             on_event("stage", case=case.label, stage=f"{stage} + verifying {variant.name}")

@@ -465,6 +465,10 @@ def tune(
     no_intensive: bool = typer.Option(False, "--no-intensive", help="Ablation AGO-NI: no intensive-fusion space."),
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
+    base: Optional[Path] = typer.Option(
+        None, "--from", help="Start from another tuning database (same target): its records of the kernels this "
+        "session tunes — the same PrimFuncs, whatever its partition called them — are copied in and count as "
+        "their trials (e.g. AGO on top of a stock-partition session, or a retune after a model change)."),
     per_iter: int = typer.Option(16, help="Candidates per search batch."),
     population: int = typer.Option(128, help="Candidates the search's cost model scores and evolves before each "
                                    "batch (MetaSchedule's evolutionary search; smaller: faster batches)."),
@@ -611,6 +615,12 @@ def tune(
             best = f" (best {info['best_ms']:.4f} ms)" if info.get("best_ms") is not None else ""
             how = "composed again from its minis" if info.get("again") else f"starts from {' and '.join(parts)}{best}"
             progress.console.print(f"[dim]{escape(info['task'])}: {how}[/dim]")
+        elif kind == "imported":
+            tasks = info["tasks"]
+            progress.console.print(
+                f"[dim]from {escape(info['base'])}: {sum(tasks.values())} records of {len(tasks)} kernel(s) copied in"
+                f"{'' if tasks else ' (none: no kernel in common, or each already has records here)'}[/dim]",
+                soft_wrap=True)
         elif kind == "pairing":
             progress.update(state["bar"], description=f"timing {info['task'][:40]} next to its {info['minis']} minis")
         elif kind == "paired":
@@ -626,7 +636,7 @@ def tune(
 
     if local_only:
         with progress:
-            summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event)
+            summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event, base=base)
         console.print(render.tune_status_table(summary, db))
         console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
         return
@@ -641,7 +651,7 @@ def tune(
     )
     with progress, session:
         summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event,
-                                    measure=session.measure())
+                                    measure=session.measure(), base=base)
         report = session.report()
     (db / "devices.json").write_text(json.dumps(report, indent=2))
     console.print(render.tune_status_table(summary, db))

@@ -239,6 +239,65 @@ def trial_latencies_of(work_dir: Path, funcs: dict, hashes: dict | None = None) 
     return out
 
 
+def import_records(db_dir: Path, base_dir: Path, funcs: dict) -> dict[str, int]:
+    """Start from another database's work: every record ``base_dir`` holds for a kernel of ``funcs``
+    ({task: PrimFunc}) — the same PrimFunc by structural hash, whatever the other session's partition
+    called it — is copied into ``db_dir``, in the order it was committed there, for each kernel
+    ``db_dir`` has no record of yet (so a resumed session copies nothing twice). From then on they are
+    that kernel's trials, like its own. Returns {task: records copied}.
+
+    The lines are copied as they are (see :func:`trial_latencies` for the format), each record's
+    workload index renumbered to ``db_dir``'s. Refused for a database of another target or layout,
+    or one that is not a tuning database; call it before a ``JSONDatabase`` is opened on ``db_dir``."""
+    base, db = TuneDB(base_dir), TuneDB(db_dir)
+    if base.session is None:
+        raise TuningError(f"{base_dir} is not a tuning database (no session.json); make one with `agoc tune`")
+    if db.session is not None:
+        for key, theirs, ours in (("target", base.session.get("target"), db.session.get("target")),
+                                  ("layout", base.activation_layout, db.activation_layout)):
+            if theirs != ours:
+                raise TuningError(f"{base_dir} was tuned for another {key} ({_short(theirs)}): "
+                                  "its schedules do not carry over")
+
+    def lines(path: Path) -> list[str]:  # a workload's index counts every line, as MetaSchedule's does
+        return path.read_text().splitlines() if path.exists() else []
+
+    their_workloads = lines(base.ms_dir / "database_workload.json")
+    their_index = {json.loads(line)[0]: i for i, line in enumerate(their_workloads) if line.strip()}
+    our_workloads = lines(db.ms_dir / "database_workload.json")
+    our_index = {json.loads(line)[0]: i for i, line in enumerate(our_workloads) if line.strip()}
+    ours_with_records = {index for index, _ in _records_in_order(db.ms_dir)}
+    wanted: dict[int, tuple[int, str]] = {}  # their workload index -> (ours, task)
+    added: list[str] = []
+    for name, func in funcs.items():
+        h = _workload_hash(func)
+        if h not in their_index or our_index.get(h) in ours_with_records:
+            continue
+        if h not in our_index:
+            our_index[h] = len(our_workloads) + len(added)
+            added.append(their_workloads[their_index[h]])
+        wanted[their_index[h]] = (our_index[h], name)
+    copied: dict[str, int] = {}
+    records: list[str] = []
+    for line in lines(base.ms_dir / "database_tuning_record.json"):
+        if not line.strip():
+            continue
+        comma = line.index(",")
+        target = wanted.get(int(line[1:comma]))
+        if target is not None:
+            records.append(f"[{target[0]}{line[comma:]}")
+            copied[target[1]] = copied.get(target[1], 0) + 1
+    if records:
+        db.ms_dir.mkdir(parents=True, exist_ok=True)
+        for name, new in (("database_workload.json", added), ("database_tuning_record.json", records)):
+            path = db.ms_dir / name
+            ends = not path.exists() or path.read_bytes().endswith(b"\n") or not path.stat().st_size
+            with open(path, "a") as out:
+                out.write("" if ends else "\n")
+                out.writelines(line + "\n" for line in new)
+    return copied
+
+
 def workload_module(func):
     """``func`` alone in a fresh module, as MetaSchedule's workload — a deep copy: in TVM 0.27 a
     schedule made on a module nothing else holds edits it in place, down to the PrimFunc the module
@@ -1200,10 +1259,13 @@ def tune_model(
     db_dir: Path,
     on_event: Callable[..., None] = lambda kind, **info: None,
     measure: Measure | None = None,
+    base: Path | None = None,
 ) -> dict:
     """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
 
-    ``measure``: where candidates run (default: this machine; see :class:`Measure`)."""
+    ``measure``: where candidates run (default: this machine; see :class:`Measure`). ``base``: another
+    tuning database to start from (:func:`import_records`: its records of the same kernels become
+    theirs, counted against the budget like their own)."""
     graph = op_graph(mod)
     db = TuneDB(db_dir)
     db.open_session(
@@ -1213,6 +1275,9 @@ def tune_model(
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)
     db.save_layout(plan)
+    if base is not None:
+        copied = import_records(db_dir, base, plan.funcs)
+        on_event("imported", base=str(base), tasks=copied)
     database = db.ms_database()
     verified = db.verified
     progress = db.progress

@@ -128,6 +128,33 @@ def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_
     assert variants["tvm-stock"]["status"] == "ok" and variants["onnxruntime"]["status"] == "ok"
 
 
+def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_without_it(monkeypatch, tmp_path):
+    """tvm-ago-from-stock starts from tvm-stock-tuned's database (agoc tune --from): listed first or not,
+    it is tuned after its base, which it is handed; without its base in the run it fails, saying so."""
+    from toolchain import tuning
+
+    calls = []
+
+    def fake_tune(mod, sha, spec, settings, db, on_event=None, measure=None, base=None):
+        calls.append((settings.partition, base))
+        db.mkdir(parents=True)
+        (db / "session.json").write_text("{}")
+        if base is not None:
+            on_event("imported", base=str(base), tasks={"k": 3})
+        return {"tasks": [], "estimate_ms": 1.0}
+
+    monkeypatch.setattr(tuning, "tune_model", fake_tune)
+    case = Case("tiny-dwsep", (1, 8, 16, 16))
+    variants = [bench.VARIANTS_BY_NAME[n] for n in ("tvm-ago-from-stock", "tvm-stock-tuned")]
+    results = bench.run_case(case, variants, bench.SUITES["tiny"], tiny_settings(rounds=1), tmp_path,
+                             __import__("random").Random(0), lambda *a, **k: None)
+    assert calls == [("stock", None), ("ago", tmp_path / case.label / "tvm-stock-tuned.db")]
+    alone = bench.run_case(case, variants[:1], bench.SUITES["tiny"], tiny_settings(rounds=1), tmp_path / "alone",
+                           __import__("random").Random(0), lambda *a, **k: None)
+    assert alone["tvm-ago-from-stock"]["status"] == "failed"
+    assert "add --variants tvm-stock-tuned" in alone["tvm-ago-from-stock"]["reason"]
+
+
 def test_an_internal_error_in_one_variant_does_not_end_the_suite(monkeypatch, tmp_path):
     import toolchain.pipeline
 

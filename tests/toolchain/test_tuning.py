@@ -738,6 +738,49 @@ def _loop_schedule(func, parallel: bool, factor: int):
     return sch
 
 
+def test_a_session_starts_from_another_databases_records_of_the_same_kernels(dwsep_split, tmp_path, cli):
+    """agoc tune --from: the records another database holds for this session's kernels (matched by
+    structural hash, whatever its partition called them) are copied in, in their commit order, and are
+    those kernels' trials from then on; a kernel that already has records here gets none (a resumed
+    session copies nothing twice). Another target's database, or a directory that is not one, is refused."""
+    from tvm.s_tir import meta_schedule as ms
+
+    (_, first), (_, second), (_, third) = dwsep_split[-1][:3]
+    session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
+               "settings": tuning.TuneSettings(partition="stock").to_json()}
+    base = tuning.TuneDB(tmp_path / "stock")
+    base.open_session(session)
+    database = base.ms_database()
+    for func, latencies in ((first, [4e-3, 1e-3, 2e-3]), (second, [3e-3, 5e-3])):  # interleaved, as a session commits
+        workload = database.commit_workload(tuning.workload_module(func))
+        for i, secs in enumerate(latencies):
+            database.commit_tuning_record(ms.database.TuningRecord(
+                _loop_schedule(func, i % 2 == 0, 2 ** i).trace, workload, [secs], SPEC.tvm(),
+                ms.arg_info.ArgInfo.from_prim_func(func)))
+    del database
+    ours = tuning.TuneDB(tmp_path / "ago")
+    ours.open_session({**session, "settings": tuning.TuneSettings().to_json()})
+    funcs = {"mini-a": first, "mini-b": second, "mini-c": third}
+    assert tuning.import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {"mini-a": 3, "mini-b": 2}
+    assert tuning.trial_latencies(ours.ms_dir, first) == pytest.approx([4e-3, 1e-3, 2e-3])  # commit order
+    assert tuning.trial_latencies(ours.ms_dir, second) == pytest.approx([3e-3, 5e-3])
+    assert tuning.trial_latencies(ours.ms_dir, third) == []
+    loaded = ours.ms_database()  # MetaSchedule reads them as its own: replayable records of our workloads
+    assert sorted(tuning.latency(r) for r in tuning.records_of(loaded, first)) == pytest.approx([1e-3, 2e-3, 4e-3])
+    del loaded
+    assert tuning.import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {}  # resumed: nothing twice
+    assert len(tuning.trial_latencies(ours.ms_dir)) == 5
+    arm = tuning.TuneDB(tmp_path / "arm")
+    arm.open_session({**session, "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}})
+    with pytest.raises(tuning.TuningError, match="another target"):
+        tuning.import_records(tmp_path / "ago", tmp_path / "arm", funcs)
+    with pytest.raises(tuning.TuningError, match="not a tuning database"):
+        tuning.import_records(tmp_path / "ago", tmp_path / "nothing", funcs)
+    refused = cli("tune", "zoo:tiny-dwsep", "--db", tmp_path / "new", "--trials", "8", "--from", tmp_path / "nothing")
+    assert refused.exit_code == 1 and "not a tuning database" in refused.stderr
+    assert not (tmp_path / "new" / "ms" / "database_tuning_record.json").exists()  # refused before any trial
+
+
 def test_the_session_cost_model_ranks_a_new_kernels_candidates_by_what_other_kernels_measured(
         dwsep_split, tmp_path):
     """A fresh MetaSchedule cost model guesses at random for its first 100 trials, more than a kernel
