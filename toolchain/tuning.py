@@ -198,6 +198,22 @@ def _workload_hash(func) -> str:
     return str(tvm_ffi.structural_hash(workload_module(func)) & 0xFFFFFFFFFFFFFFFF)
 
 
+def _record_workload(line: str) -> int:
+    """The workload index of a ``database_tuning_record.json`` line, read without parsing the record."""
+    return int(line[1:line.index(",")])
+
+
+def _workload_indices(work_dir: Path) -> dict[str, set[int]]:
+    """{workload structural hash: its line numbers in ``database_workload.json``} (what a record's
+    workload index counts)."""
+    path = work_dir / "database_workload.json"
+    out: dict[str, set[int]] = {}
+    for i, line in enumerate(path.read_text().splitlines() if path.exists() else []):
+        if line.strip():
+            out.setdefault(json.loads(line)[0], set()).add(i)
+    return out
+
+
 def _records_in_order(work_dir: Path, wanted: set | None = None) -> list[tuple[int, float]]:
     """(workload index, latency) of every record (of the ``wanted`` workload indices) in commit order
     (see :func:`trial_latencies`)."""
@@ -208,7 +224,7 @@ def _records_in_order(work_dir: Path, wanted: set | None = None) -> list[tuple[i
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
-        if wanted is not None and int(line[1:line.index(",")]) not in wanted:
+        if wanted is not None and _record_workload(line) not in wanted:
             continue
         index, record = json.loads(line)
         secs = [float(s) for s in (record[1] or [])]
@@ -222,12 +238,7 @@ def trial_latencies_of(work_dir: Path, funcs: dict, hashes: dict | None = None) 
     ``hashes``: their workload hashes ({name: :func:`_workload_hash`}) when the caller already has them."""
     work_dir = Path(work_dir)
     hashes = hashes or {name: _workload_hash(func) for name, func in funcs.items()}
-    path = work_dir / "database_workload.json"
-    workloads = path.read_text().splitlines() if path.exists() else []
-    index_of: dict[str, set[int]] = {}
-    for i, line in enumerate(workloads):
-        if line.strip():
-            index_of.setdefault(json.loads(line)[0], set()).add(i)
+    index_of = _workload_indices(work_dir)
     owner: dict[int, list[str]] = {}
     for name in funcs:
         for i in index_of.get(hashes[name], ()):
@@ -259,14 +270,14 @@ def import_records(db_dir: Path, base_dir: Path, funcs: dict) -> dict[str, int]:
                 raise TuningError(f"{base_dir} was tuned for another {key} ({_short(theirs)}): "
                                   "its schedules do not carry over")
 
-    def lines(path: Path) -> list[str]:  # a workload's index counts every line, as MetaSchedule's does
+    def lines(path: Path) -> list[str]:
         return path.read_text().splitlines() if path.exists() else []
 
     their_workloads = lines(base.ms_dir / "database_workload.json")
-    their_index = {json.loads(line)[0]: i for i, line in enumerate(their_workloads) if line.strip()}
-    our_workloads = lines(db.ms_dir / "database_workload.json")
-    our_index = {json.loads(line)[0]: i for i, line in enumerate(our_workloads) if line.strip()}
+    their_index = {h: min(i) for h, i in _workload_indices(base.ms_dir).items()}
+    our_index = {h: min(i) for h, i in _workload_indices(db.ms_dir).items()}
     ours_with_records = {index for index, _ in _records_in_order(db.ms_dir)}
+    next_index = len(lines(db.ms_dir / "database_workload.json"))
     wanted: dict[int, tuple[int, str]] = {}  # their workload index -> (ours, task)
     added: list[str] = []
     for name, func in funcs.items():
@@ -274,26 +285,23 @@ def import_records(db_dir: Path, base_dir: Path, funcs: dict) -> dict[str, int]:
         if h not in their_index or our_index.get(h) in ours_with_records:
             continue
         if h not in our_index:
-            our_index[h] = len(our_workloads) + len(added)
+            our_index[h] = next_index + len(added)
             added.append(their_workloads[their_index[h]])
         wanted[their_index[h]] = (our_index[h], name)
     copied: dict[str, int] = {}
     records: list[str] = []
     for line in lines(base.ms_dir / "database_tuning_record.json"):
-        if not line.strip():
-            continue
-        comma = line.index(",")
-        target = wanted.get(int(line[1:comma]))
+        target = wanted.get(_record_workload(line)) if line.strip() else None
         if target is not None:
-            records.append(f"[{target[0]}{line[comma:]}")
+            records.append(f"[{target[0]}{line[line.index(','):]}")
             copied[target[1]] = copied.get(target[1], 0) + 1
     if records:
         db.ms_dir.mkdir(parents=True, exist_ok=True)
         for name, new in (("database_workload.json", added), ("database_tuning_record.json", records)):
             path = db.ms_dir / name
-            ends = not path.exists() or path.read_bytes().endswith(b"\n") or not path.stat().st_size
+            unterminated = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
             with open(path, "a") as out:
-                out.write("" if ends else "\n")
+                out.write("\n" if unterminated else "")
                 out.writelines(line + "\n" for line in new)
     return copied
 
