@@ -52,6 +52,7 @@ class Variant:
     cold_weights: bool = True  # tuned: candidates timed with their weights flushed (False: warm, the old way)
     base: str | None = None  # tuned: starts from this variant's tuning database, tuned first in the same run
     # (agoc tune --from: its records of the same kernels are copied in and count as trials)
+    keep_inside: int = 0  # ago: a conv pair joined by a tensor of at least this many bytes stays in one subgraph
 
 
 #: Every pipeline variant the suites know.
@@ -63,6 +64,9 @@ VARIANTS: tuple[Variant, ...] = (
             partition="stock", tuned=True),
     Variant("tvm-ago-tuned", "tvm", "AGO: partition + intensive fusion + divide-and-conquer tuning",
             partition="ago", tuned=True),
+    Variant("tvm-ago-locality", "tvm", "AGO whose partition also keeps every conv → depthwise / pointwise pair "
+            "joined by a tensor of 256 KiB or more (half a Cortex-A76's L2) in one subgraph (--keep-inside 256), "
+            "for intensive fusion to keep it in cache", partition="ago", tuned=True, keep_inside=256 * 1024),
     Variant("tvm-ago-ni", "tvm", "AGO-NI: AGO without the intensive-fusion space", partition="ago", tuned=True,
             intensive=False),
     Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",
@@ -311,7 +315,7 @@ def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: i
 
     return tuning.TuneSettings(
         trials=settings.trials if trials is None else trials, partition=variant.partition,
-        threshold=_threshold(suite),
+        threshold=_threshold(suite), keep_inside=variant.keep_inside,
         intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
         scheduler=settings.scheduler, prepack=settings.prepack, transfer=settings.transfer,
         population=settings.population,
@@ -410,11 +414,8 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                         f"has not made: add --variants {variant.base}"}, None
             mod = _legalized(model, spec)
             started = time.perf_counter()
-            imported: dict = {}
 
             def tuning_event(kind, **info):
-                if kind == "imported":
-                    imported.update(info["tasks"])
                 on_event("tuning", case=case.label, variant=variant.name, event=kind, **info)
 
             summary = tuning.tune_model(
@@ -428,10 +429,12 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 "verified": len([r for r in summary["tasks"] if r["status"] == "verified"]),
                 "rejected_candidates": sum(r["rejected"] for r in summary["tasks"]),
                 "estimate_ms": summary["estimate_ms"],  # the database's model estimate (verified latencies)
-                **({"base": variant.base, "imported_records": sum(imported.values())} if base else {}),
+                **({"base": variant.base, "imported_records": sum(tuning.TuneDB(db).imported.values())}
+                   if base else {}),
                 "seconds": round(time.perf_counter() - started, 1),
             }
-        request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db)
+        request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db,
+                                 keep_inside=variant.keep_inside)
         artifact = compile_model(request, find_compiler(spec), out)
         record["compile_s"] = artifact.manifest.compile_seconds
         record["kernels"] = len(artifact.manifest.kernels)
@@ -475,7 +478,7 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
             threshold = _threshold(suite)
             db = work_dir / case.label / f"{variant.name}.db" if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,
-                                     threshold=threshold, db=db)
+                                     threshold=threshold, db=db, keep_inside=variant.keep_inside)
             artifact = compile_model(request, find_compiler(spec), work_dir / case.label / f"{variant.name}@{spec.preset}")
             if not verify_artifact(artifact, LocalDevice()).passed:
                 return {"status": "wrong", "reason": f"the {spec.preset} build differs from onnxruntime"}

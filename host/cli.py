@@ -153,6 +153,19 @@ def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, traini
     )
 
 
+def _keep_inside_option():
+    return typer.Option(0, "--keep-inside", metavar="KIB", help="AGO: a conv feeding a depthwise / pointwise "
+                        "conv or matmul through a tensor of at least KIB KiB stays in one subgraph with it "
+                        "(intensive fusion then keeps that tensor to one tile in cache; e.g. 256: half a "
+                        "Cortex-A76's L2). 0: AGO's clustering alone.")
+
+
+def _keep_inside(kib: int) -> int:
+    if kib < 0:
+        raise UnsupportedModelError("--keep-inside must be 0 (off) or a size in KiB")
+    return kib * 1024
+
+
 def _layout_option():
     return typer.Option("NHWC", "--layout", help="Activation layout of the kernels: NHWC (channels innermost "
                         "and vectorised, the default) or NCHW (ONNX's own).")
@@ -172,6 +185,7 @@ def compile(
     layout: str = _layout_option(),
     partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
+    keep_inside: int = _keep_inside_option(),
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
     db: Optional[Path] = typer.Option(None, "--db", help="Apply the verified schedules of this tuning database."),
@@ -195,6 +209,7 @@ def compile(
         if session is None:
             raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
         partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
+        keep_inside = session["settings"].get("keep_inside", 0) // 1024
         layout = TuneDB(db).activation_layout
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout)
@@ -205,10 +220,13 @@ def compile(
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
-        f"{f' (Td {threshold:g})' if partition == 'ago' else ''}[/dim]",
+        f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
+        f"{f', keeping tensors of {keep_inside} KiB or more inside' if partition == 'ago' and keep_inside else ''}"
+        "[/dim]",
         soft_wrap=True,
     )
-    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db)
+    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
+                             keep_inside=_keep_inside(keep_inside))
     with err_console.status("compiling") as status:
         artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
     m = artifact.manifest
@@ -462,6 +480,7 @@ def tune(
     trials: int = typer.Option(256, help="Trial budget for the whole model (split over kernels by AGO weight)."),
     partition: str = typer.Option("ago", help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline)."),
     threshold: Optional[float] = typer.Option(None, help="AGO's Td (default: shipped with the weight fit)."),
+    keep_inside: int = _keep_inside_option(),
     no_intensive: bool = typer.Option(False, "--no-intensive", help="Ablation AGO-NI: no intensive-fusion space."),
     no_reformer: bool = typer.Option(False, "--no-reformer", help="Ablation AGO-NR: tune subgraphs directly, no split/join."),
     split_fraction: float = typer.Option(0.5, help="Share of a subgraph's budget spent on its mini-subgraphs first."),
@@ -533,7 +552,8 @@ def tune(
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
     settings = tuning.TuneSettings(
-        trials=trials, partition=partition, threshold=threshold, intensive=not no_intensive,
+        trials=trials, partition=partition, threshold=threshold, keep_inside=_keep_inside(keep_inside),
+        intensive=not no_intensive,
         reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter, seed=seed,
         cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
         transfer=transfer, population=population,
@@ -666,6 +686,7 @@ def partition_cmd(
     input_shape: Optional[list[str]] = typer.Option(None, "--input-shape", "-s", help="NAME=1x3x224x224."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     trivial_cut: Optional[float] = typer.Option(None, help="Subgraphs lighter than this count as trivial (default 5 ≈ trials)."),
+    keep_inside: int = _keep_inside_option(),
     explain: bool = typer.Option(False, "--explain", help="Show why merges were declined."),
     dot: Optional[Path] = typer.Option(None, "--dot", help="Write the AGO-partitioned graph as Graphviz DOT."),
     png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
@@ -686,7 +707,7 @@ def partition_cmd(
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     graph = op_graph(mod)
     plans = {
-        "ago": partition.plan("ago", mod, spec, threshold, graph),
+        "ago": partition.plan("ago", mod, spec, threshold, graph, _keep_inside(keep_inside)),
         "stock": partition.plan("stock", mod, spec, graph=graph),
     }
     for p in plans.values():

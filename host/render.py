@@ -286,14 +286,15 @@ def subgraphs_table(graph, plan, trivial_cut: float) -> Table:
 
 
 def decisions_table(decisions, graph) -> Table:
-    table = Table(title="AGO clustering decisions (declined merges and excluded neighbours)", title_justify="left")
+    table = Table(title="AGO clustering decisions (declined merges, excluded neighbours, pairs kept together)",
+                  title_justify="left")
     table.add_column("decision")
     table.add_column("subgraph")
     table.add_column("partner")
     table.add_column("reason")
     funcs = {n.id: n.func for n in graph.nodes}
     for d in decisions:
-        if d.kind in ("merged", "unit"):
+        if d.kind == "merged" or (d.kind == "unit" and not d.partner):  # a conv and its epilogue: always
             continue
         table.add_row(d.kind, _short(d.nodes, funcs), _short(d.partner, funcs), d.reason)
     return table

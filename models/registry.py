@@ -208,5 +208,12 @@ def parse_zoo_ref(ref: str) -> tuple[str, tuple[int, ...] | None]:
     """``"zoo:mobilenet-v2@1x3x112x112"`` → ``("mobilenet-v2", (1, 3, 112, 112))``."""
     body = ref[len("zoo:"):] if ref.startswith("zoo:") else ref
     name, _, shape = body.partition("@")
-    get(name)  # raises UnknownModelError with the list of names
-    return name, (parse_shape(shape) if shape else None)
+    spec = get(name)  # raises UnknownModelError with the list of names
+    if not shape:
+        return name, None
+    dims = parse_shape(shape)
+    if len(dims) != len(spec.default_shape):
+        example = "x".join(map(str, spec.default_shape))
+        raise ValueError(f"bad shape '{shape}' for zoo:{name}: its input has {len(spec.default_shape)} dimensions, "
+                         f"e.g. zoo:{name}@{example}")
+    return name, dims

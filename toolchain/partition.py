@@ -25,6 +25,7 @@ order of the quotient graph) that :func:`toolchain.fusion.fuse_groups` builds.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -93,6 +94,7 @@ class PartitionPlan:
     decisions: tuple = ()  # clustering decisions (ago), for --explain
     seconds: float = 0.0
     units: tuple[tuple[str, ...], ...] = ()  # ops kept together before clustering (ago: epilogue units)
+    keep_inside: int = 0  # ago: complex-op pairs joined by a tensor of at least this many bytes start as one unit
 
     def group_weight(self, group) -> float:
         return sum(self.weights[n] for n in group)
@@ -192,26 +194,86 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(m) for m in members.values() if len(m) > 1)
 
 
+#: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does
+#: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.intensive`)
+INTENSIVE_DOWNSTREAM = frozenset({"depthwise_conv", "pointwise_conv", "matmul"})
+#: bytes per element of the tensors the zoo and the supported ONNX subset compute in (float32)
+ELEMENT_BYTES = 4
+
+
+def tensor_bytes(node) -> int:
+    """Bytes of ``node``'s (first) output."""
+    return ELEMENT_BYTES * math.prod(node.shape)
+
+
+def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[str, ...], ...], tuple]:
+    """Join pairs of ``units`` (or lone complex ops) where a complex op feeds an intensive-fusion
+    downstream op (:data:`INTENSIVE_DOWNSTREAM`) through a tensor of at least ``min_bytes``: the pair
+    starts clustering as one hyper node, so that tensor is never a subgraph boundary, and the intensive
+    schedule keeps it to one tile in cache (a phone's L2 cannot hold it whole between two kernels).
+
+    The producer's last op must have that downstream op as its only consumer (then joining them makes
+    no cycle: a path out of the producer passes through the pair). The largest tensors go first; a
+    unit joins one pair at most (intensive fusion fuses two complex ops). Returns the units (the given
+    ones, with each pair's two replaced by their union, members in graph order) and one decision per
+    pair saying why."""
+    node, consumers = graph.by_id, graph.consumers
+    position = {n.id: i for i, n in enumerate(graph.nodes)}
+    unit_of = {m: tuple(u) for u in units for m in u}
+    for n in graph.nodes:
+        if n.is_complex and n.id not in unit_of:
+            unit_of[n.id] = (n.id,)
+    found = []
+    for n in graph.nodes:
+        if not n.is_complex or unit_of[n.id][0] != n.id:
+            continue
+        tail = unit_of[n.id][-1]
+        (d, *more) = consumers[tail] or ("",)
+        if more or not d or node[d].op_class not in INTENSIVE_DOWNSTREAM:
+            continue
+        size = tensor_bytes(node[tail])
+        if size >= min_bytes:
+            found.append((-size, position[tail], unit_of[n.id], unit_of[d]))
+    used: set[tuple[str, ...]] = set()
+    joined, notes = [], []
+    for minus_size, _, up, down in sorted(found):
+        if up in used or down in used:
+            continue
+        used |= {up, down}
+        joined.append(tuple(sorted(up + down, key=position.__getitem__)))
+        notes.append(clustering.Decision(
+            "unit", up, down,
+            f"kept together: the {-minus_size / 1024:.0f} KiB tensor between them stays inside one subgraph "
+            f"(at least {min_bytes / 1024:g} KiB: --keep-inside)"))
+    rest = [tuple(u) for u in units if tuple(u) not in used]
+    return tuple(sorted(rest + joined, key=lambda u: position[u[0]])), tuple(notes)
+
+
 def plan_ago(
-    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None
+    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None, keep_inside: int = 0
 ) -> PartitionPlan:
+    """AGO's clustering over epilogue units; with ``keep_inside`` (bytes), complex-op pairs joined by a
+    tensor at least that large start as one unit too (:func:`locality_units`)."""
     started = time.perf_counter()
     weights = op_weights(graph, model or load_model())
     g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
-    units = epilogue_units(graph)
+    units, notes = epilogue_units(graph), ()
+    if keep_inside:
+        units, notes = locality_units(graph, units, keep_inside)
     result = clustering.cluster(g, threshold, units=units, boundaries=kept_apart(graph))
     return PartitionPlan(
-        "ago", result.groups, weights, threshold, result.decisions, seconds=time.perf_counter() - started,
-        units=units,
+        "ago", result.groups, weights, threshold, notes + tuple(result.decisions),
+        seconds=time.perf_counter() - started, units=units, keep_inside=keep_inside,
     )
 
 
-def plan(method: str, mod, spec, threshold: float = DEFAULT_THRESHOLD, graph: OpGraph | None = None) -> PartitionPlan:
+def plan(method: str, mod, spec, threshold: float = DEFAULT_THRESHOLD, graph: OpGraph | None = None,
+         keep_inside: int = 0) -> PartitionPlan:
     graph = graph or op_graph(mod)
     if method == "stock":
         return plan_stock(mod, spec, graph)
     if method == "ago":
-        return plan_ago(graph, threshold)
+        return plan_ago(graph, threshold, keep_inside=keep_inside)
     raise ValueError(f"unknown partition method '{method}'")
 
 

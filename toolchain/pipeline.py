@@ -59,6 +59,7 @@ class CompileRequest:
     seed: int = 0
     dump_dir: Path | None = None
     db: Path | None = None  # a tuning database: apply its verified schedules
+    keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
 
 
 def package_versions() -> dict[str, str]:
@@ -124,7 +125,7 @@ def compile_model(
             f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITION_METHODS)}"
         )
     graph = op_graph(mod)
-    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph)
+    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph, request.keep_inside)
     unfused: list[dict] = []
     if request.db is not None and request.partition == "ago":
         from toolchain import tuning
@@ -134,6 +135,7 @@ def compile_model(
     partition_record = {
         "method": plan.method,
         "threshold": plan.threshold,
+        "keep_inside": plan.keep_inside,
         **partition.stats(graph, plan),
         "groups": [list(g) for g in plan.groups],
         "unfused": unfused,  # subgraphs built as their minis: the joined kernel measured slower

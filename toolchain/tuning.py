@@ -4,12 +4,14 @@ schedule verified.
 A tuning session works in a database directory that survives interruption::
 
     DB/
-      session.json     model hash, target, settings (partition, Td, ablations, budget): what compile needs
+      session.json     model hash, target, settings (partition, Td, keep-inside, ablations, budget): what
+                       compile needs
       tasks.json       the tasks: kernel, phase, members, parent, weight, budget
       ms/              MetaSchedule's JSONDatabase (one line per finished trial; appended as it goes)
       progress.json    per task: trials recorded so far and the best measured latency
       verified.json    per task: the kept (verified) record, and every candidate rejected, with the reason;
                        a join's also its timing next to its minis (``paired``)
+      imported.json    per task: records copied in from another database (``--from``), if any
 
 Re-running ``tune`` on the same DB resumes: trials already recorded count against each task's
 budget and nothing finished is lost. ``compile --db`` applies only verified records.
@@ -84,6 +86,8 @@ class TuneSettings:
     trials: int = 256  # whole-model budget
     partition: str = "ago"
     threshold: float | None = None  # AGO Td (default: shipped with the weight fit)
+    keep_inside: int = 0  # AGO: a complex-op pair joined by a tensor of at least this many bytes stays in one
+    # subgraph (partition.locality_units; 0: AGO's clustering alone)
     intensive: bool = True  # False: AGO-NI
     reformer: bool = True  # False: AGO-NR
     split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
@@ -255,7 +259,8 @@ def import_records(db_dir: Path, base_dir: Path, funcs: dict) -> dict[str, int]:
     ({task: PrimFunc}) — the same PrimFunc by structural hash, whatever the other session's partition
     called it — is copied into ``db_dir``, in the order it was committed there, for each kernel
     ``db_dir`` has no record of yet (so a resumed session copies nothing twice). From then on they are
-    that kernel's trials, like its own. Returns {task: records copied}.
+    that kernel's trials, like its own. Returns {task: records copied}; the database keeps the running
+    total per task (:attr:`TuneDB.imported`), so a resumed session still says what it started from.
 
     The lines are copied as they are (see :func:`trial_latencies` for the format), each record's
     workload index renumbered to ``db_dir``'s. Refused for a database of another target or layout,
@@ -303,6 +308,8 @@ def import_records(db_dir: Path, base_dir: Path, funcs: dict) -> dict[str, int]:
             with open(path, "a") as out:
                 out.write("\n" if unterminated else "")
                 out.writelines(line + "\n" for line in new)
+        before = db.imported
+        db._write("imported.json", {**before, **{k: before.get(k, 0) + n for k, n in copied.items()}})
     return copied
 
 
@@ -408,7 +415,7 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
         fused = mark(build.fuse_stock(mod, spec))
         plan = partition.plan("stock", mod, spec, graph=graph)
     else:
-        plan = partition.plan("ago", mod, spec, threshold, graph)
+        plan = partition.plan("ago", mod, spec, threshold, graph, keep_inside=settings.keep_inside)
         fused = mark(fusion.fuse_groups(mod, plan.groups, spec))
     kernels = group_kernels(fused)
     weights_by_node = plan.weights
@@ -537,7 +544,7 @@ def _map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], 
 
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
-BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False}
+BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "keep_inside": 0}
 #: settings a database may be resumed with at another value: the budget, how many sibling seeds a task
 #: not yet started gets (a seed is measured like any candidate; the records stay comparable), and the
 #: search's population (how candidates are found, not how they are measured)
@@ -580,6 +587,11 @@ class TuneDB:
         if existing is not None:
             existing["layout"] = self.activation_layout
             session = {**session, "layout": session.get("layout", "NCHW")}
+            unknown = sorted(set(existing["settings"]) - set(TuneSettings().to_json()))
+            if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
+                raise TuningError(
+                    f"{self.root} was tuned by a newer agoc, with settings this one does not know "
+                    f"({', '.join(unknown)}); upgrade agoc, or use another --db")
             for key in ("model_sha256", "target", "layout", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
@@ -593,6 +605,11 @@ class TuneDB:
             if existing == session:
                 return
         self._write("session.json", session)
+
+    @property
+    def imported(self) -> dict[str, int]:
+        """Records copied in from other databases (``agoc tune --from``), per task; {} if none."""
+        return self._read("imported.json", {})
 
     @property
     def activation_layout(self) -> str:
@@ -1541,7 +1558,7 @@ def unfuse_slower(plan, db_dir: Path):
     if not layout.get("split_of"):
         return plan, []
     if [tuple(g) for g in layout["groups"]] != [tuple(g) for g in plan.groups]:
-        log.warning("the tuning database was made for another partition (threshold?): nothing unfused")
+        log.warning("the tuning database was made for another partition (threshold, keep-inside?): nothing unfused")
         return plan, []
     verified = db.verified
     groups: list = []

@@ -121,6 +121,10 @@ def test_android_without_ndk(cli, tmp_path, monkeypatch):
 def test_bad_input_shape_and_unknown_zoo_model(cli, tmp_path):
     assert_clean_error(cli("compile", "zoo:tiny-cnn", "-s", "image=1x3x8x8", "-o", tmp_path / "o"), "'image'")
     assert_clean_error(cli("compile", "zoo:resnet-999", "-o", tmp_path / "o"), "unknown zoo model 'resnet-999'")
+    # a spatial size alone (the suites' --shapes 112) is not a zoo shape: said so, not an internal error
+    assert_clean_error(cli("partition", "zoo:mobilenet-v2@112"),
+                       "bad shape '112' for zoo:mobilenet-v2: its input has 4 dimensions, "
+                       "e.g. zoo:mobilenet-v2@1x3x224x224")
 
 
 def test_verify_and_inspect_of_a_non_artifact(cli, tmp_path):

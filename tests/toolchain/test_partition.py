@@ -232,6 +232,12 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     dot = (tmp_path / "g.dot").read_text()
     assert dot.startswith('digraph "tiny-dwsep"') and "subgraph cluster_0" in dot and "->" in dot
 
+    result = cli("partition", "zoo:tiny-dwsep", "--threshold", "10", "--keep-inside", "32", "--explain")
+    assert result.exit_code == 0, result.stderr
+    assert "kept together: the 32 KiB tensor between them" in " ".join(result.stdout.split())
+    result = cli("partition", "zoo:tiny-dwsep", "--keep-inside", "-1")
+    assert result.exit_code == 1 and "--keep-inside must be 0 (off) or a size in KiB" in result.stderr
+
 
 def test_partition_cli_png(cli, tmp_path):
     from tests.conftest import require_tool
@@ -260,3 +266,54 @@ def test_nhwc_graph_holds_the_same_convs_plus_edge_transposes_and_partitions_acy
     plan = partition.plan("ago", nhwc, NHWC, graph=g_nhwc)
     partition.check(g_nhwc, plan)
     assert partition.stats(g_nhwc, plan)["max_complex_ops"] >= 2
+
+
+def test_keep_inside_joins_a_conv_pair_across_a_large_tensor_once_and_largest_first(dwsep):
+    """--keep-inside: a conv feeding a depthwise / pointwise conv through a tensor of at least that many
+    bytes starts clustering as one unit with it, whatever Td says; a unit joins one pair at most (the
+    pw → dw and dw → pw tensors of tiny-dwsep are equal: the first goes), smaller tensors none."""
+    _, _, _, graph = dwsep
+    ids = [n.id for n in graph.nodes]
+    units = partition.epilogue_units(graph)
+    size = partition.tensor_bytes(graph.by_id[ids[3]])  # the expand conv's relu6 output, 1x32x16x16 floats
+    assert size == 4 * 32 * 16 * 16 == partition.tensor_bytes(graph.by_id[ids[7]])
+    joined, notes = partition.locality_units(graph, units, size)
+    assert joined == (tuple(ids[0:8]), tuple(ids[8:11]))
+    (note,) = notes
+    assert note.kind == "unit" and note.nodes == tuple(ids[0:4]) and note.partner == tuple(ids[4:8])
+    assert "the 32 KiB tensor between them stays inside one subgraph" in note.reason
+    assert partition.locality_units(graph, units, size + 1) == (units, ())
+    # a Td so small that AGO alone merges no two units: the pair still shares a subgraph, and the plan is checked
+    alone = partition.plan_ago(graph, threshold=1.0)
+    kept = partition.plan_ago(graph, threshold=1.0, keep_inside=size)
+    assert tuple(ids[0:4]) in alone.groups and tuple(ids[0:8]) in kept.groups and kept.keep_inside == size
+    partition.check(graph, kept)
+    assert note in kept.decisions
+
+
+def test_keep_inside_on_mobilenet_v2_keeps_its_large_activations_inside_and_skips_shared_tensors():
+    """MobileNet-V2 @112 (NHWC, what the suites run): at 256 KiB the 1.2 MB expand output at 56x56 and the
+    441 KiB ones at 28x28 no longer cross a subgraph boundary (AGO alone cuts them: the two convs weigh
+    more than Td together); SqueezeNet's squeeze conv feeds two expand convs, so it joins neither."""
+    _, _, mod = legalized("mobilenet-v2", (1, 3, 112, 112), NHWC)
+    graph = op_graph(mod)
+
+    def crossing(plan):
+        group_of = {x: i for i, g in enumerate(plan.groups) for x in g}
+        return sorted(partition.tensor_bytes(graph.by_id[a]) // 1024 for a, b in graph.edges
+                      if group_of[a] != group_of[b] and partition.tensor_bytes(graph.by_id[a]) >= 256 * 1024)
+
+    plain = partition.plan("ago", mod, NHWC, graph=graph)
+    kept = partition.plan("ago", mod, NHWC, graph=graph, keep_inside=256 * 1024)
+    partition.check(graph, kept)
+    assert 1176 in crossing(plain) and 1176 not in crossing(kept)
+    assert len(crossing(kept)) < len(crossing(plain))
+    assert len([d for d in kept.decisions if "--keep-inside" in d.reason]) == 4
+
+    _, _, mod = legalized("squeezenet-1.1", (1, 3, 56, 56), NHWC)
+    graph = op_graph(mod)
+    units = partition.epilogue_units(graph)
+    shared = [u for u in units if graph.by_id[u[0]].op_class == "pointwise_conv" and len(graph.consumers[u[-1]]) == 2]
+    assert shared  # the fire modules' squeeze convs
+    joined, notes = partition.locality_units(graph, units, 1)
+    assert all(u in joined for u in shared)  # left as they were, though their pw consumers could pair with them

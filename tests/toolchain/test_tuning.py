@@ -726,6 +726,26 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     assert cli("verify", tmp_path / "art").exit_code == 0
 
 
+def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path, cli):
+    """--keep-inside changes the kernels, so a database holds one value: compile --db cuts the model as
+    the session did (here the pw → dw pair in one kernel although Td 1 merges nothing else), and a
+    session with another value is refused; databases made before the setting hold 0."""
+    model = models.build("tiny-dwsep")
+    session = {"schema": tuning.SCHEMA, "model_sha256": onnx_import.model_hash(model), "target": SPEC.tvm_target,
+               "layout": "NHWC", "settings": tuning.TuneSettings(threshold=1.0, keep_inside=32 * 1024).to_json()}
+    db = tuning.TuneDB(tmp_path / "db")
+    db.open_session(session)
+    result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
+    assert result.exit_code == 0, result.stderr
+    info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
+    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2
+    with pytest.raises(tuning.TuningError, match="different settings"):
+        db.open_session({**session, "settings": tuning.TuneSettings(threshold=1.0).to_json()})
+    old = {k: v for k, v in tuning.TuneSettings(threshold=1.0).to_json().items() if k != "keep_inside"}
+    tuning.TuneDB(tmp_path / "old").open_session({**session, "settings": old})
+    tuning.TuneDB(tmp_path / "old").open_session({**session, "settings": tuning.TuneSettings(threshold=1.0).to_json()})
+
+
 def _loop_schedule(func, parallel: bool, factor: int):
     """``func``'s first block with its second loop split by ``factor``, the outer part parallel or not."""
     from tvm import s_tir
@@ -770,6 +790,7 @@ def test_a_session_starts_from_another_databases_records_of_the_same_kernels(dws
     del loaded
     assert tuning.import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {}  # resumed: nothing twice
     assert len(tuning.trial_latencies(ours.ms_dir)) == 5
+    assert ours.imported == {"mini-a": 3, "mini-b": 2}  # kept: a resumed session still says what it started from
     arm = tuning.TuneDB(tmp_path / "arm")
     arm.open_session({**session, "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}})
     with pytest.raises(tuning.TuningError, match="another target"):
@@ -965,6 +986,12 @@ def test_the_search_population_reaches_metaschedule_and_may_change_on_resume(dws
     assert db.session["settings"]["population"] == 128
     with pytest.raises(tuning.TuningError, match="different settings"):  # a setting that does matter
         db.open_session({**session, "settings": tuning.TuneSettings(per_iter=8).to_json()})
+    newer = {**session, "settings": {**tuning.TuneSettings().to_json(), "search_depth": 3}}
+    (tmp_path / "db" / "session.json").write_text(json.dumps(newer))  # as a newer agoc would leave it
+    with pytest.raises(tuning.TuningError, match=r"tuned by a newer agoc, with settings this one does not know "
+                                                 r"\(search_depth\); upgrade agoc"):
+        db.open_session(session)
+    assert json.loads((tmp_path / "db" / "session.json").read_text()) == newer  # left as it was
 
 
 def test_a_population_smaller_than_a_batch_is_refused_before_anything_runs(cli, tmp_path):
