@@ -154,10 +154,10 @@ def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, traini
 
 
 def _keep_inside_option():
-    return typer.Option(0, "--keep-inside", metavar="KIB", help="AGO: a conv feeding a depthwise / pointwise "
-                        "conv or matmul through a tensor of at least KIB KiB stays in one subgraph with it "
-                        "(intensive fusion then keeps that tensor to one tile in cache; e.g. 256: half a "
-                        "Cortex-A76's L2). 0: AGO's clustering alone.")
+    return typer.Option(0, "--keep-inside", metavar="KIB", help="AGO, for a phone's cache: a conv feeding a "
+                        "depthwise / pointwise conv or matmul through a tensor of at least KIB KiB stays in one "
+                        "subgraph with it, and (tune) every intensive tile's slice of its intermediate is at most "
+                        "KIB KiB, so that it stays in cache (e.g. 256: half a Cortex-A76's L2). 0: off.")
 
 
 def _keep_inside(kib: int) -> int:

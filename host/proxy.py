@@ -325,18 +325,25 @@ def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmu
                          "install valgrind (`make setup`) and rebuild it: `make runner TARGET=host`")
     samples = len(runs[geo.l2][1].get("samples_ms", [])) or calls
 
+    model = _figures({c: p.totals for c, p in profiles.items()}, geo, samples)
+    weights = weight_bytes(artifact.model_path)
+    floor = weights_floor(weights, geo)
+    model["weight_bytes"] = weights
+    model["dram_beyond_weights"] = {k: max(0, v - floor[k]) for k, v in model["dram_bytes"].items()}
     kernels, not_found = [], []
     for k in artifact.manifest.kernels:
         name = k["name"]
         by_ll = {c: p.inclusive.get(KERNEL_PREFIX + name, {}) for c, p in profiles.items()}
         if not by_ll[geo.l2]:  # never called, or the manifest names it otherwise than the library
             not_found.append(name)
-        kernels.append({"name": name, **_figures(by_ll, geo, samples)})
-    model = _figures({c: p.totals for c, p in profiles.items()}, geo, samples)
-    weights = weight_bytes(artifact.model_path)
-    floor = weights_floor(weights, geo)
-    model["weight_bytes"] = weights
-    model["dram_beyond_weights"] = {k: max(0, v - floor[k]) for k, v in model["dram_bytes"].items()}
+        figures = _figures(by_ll, geo, samples)
+        if "weight_bytes" in k:  # artifacts built before kernels recorded their weights lack it
+            # a kernel's weights stream in on every inference where the model's overflow the cache; what
+            # it moves beyond them is activations (its own, or other kernels' written back as it evicts them)
+            figures["weight_bytes"] = k["weight_bytes"]
+            figures["dram_beyond_weights"] = {
+                label: max(0, v - (k["weight_bytes"] if floor[label] else 0)) for label, v in figures["dram_bytes"].items()}
+        kernels.append({"name": name, **figures})
     return {
         "schema": SCHEMA,
         "geometry": geo.to_json(),

@@ -171,19 +171,20 @@ def proxy_result_table(result: dict) -> Table:
     )
     table.add_column("kernel")
     for col in ("instructions M", "D1 misses k", f"L2 misses k (LL {l2} KiB)", "L2 traffic MB",
-                *(f"DRAM MB (LL {size})" for size in llc)):
+                *(f"DRAM MB (LL {size})" for size in llc), "weights MB",
+                *(f"beyond weights MB ({size})" for size in llc)):
         table.add_column(col, justify="right")
 
     def row(name: str, f: dict, style: str = "") -> None:
+        beyond = f.get("dram_beyond_weights", {})
         cells = [_mega(f["instructions"]), _kilo(f["d1_misses"]), _kilo(f["l2_misses"]), _mega(f["l2_bytes"]),
-                 *(_mega(f["dram_bytes"].get(size)) for size in llc)]
+                 *(_mega(f["dram_bytes"].get(size)) for size in llc),
+                 _mega(f["weight_bytes"]) if "weight_bytes" in f else "",
+                 *(_mega(beyond[size]) if size in beyond else "" for size in llc)]
         table.add_row(f"[{style}]{name}[/]" if style else name, *cells)
 
     model = result["model_figures"]
     row("whole model", model, "bold")
-    if "dram_beyond_weights" in model:
-        table.add_row(f"[dim]  beyond the weights ({_mega(model['weight_bytes'])} MB)[/dim]", "", "", "", "",
-                      *(_mega(model["dram_beyond_weights"].get(size)) for size in llc))
     for kernel in result["kernels"]:
         row(kernel["name"], kernel)
     return table

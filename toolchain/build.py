@@ -20,13 +20,15 @@ from toolchain.targets import Compiler, TargetSpec
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """One fused kernel (PrimFunc) of the built model and how often the graph calls it."""
+    """One fused kernel (PrimFunc) of the built model, how often the graph calls it, and the bytes of the
+    weights (constants) those calls pass it, all calls together."""
 
     name: str
     calls: int
+    weight_bytes: int = 0
 
     def to_json(self) -> dict:
-        return {"name": self.name, "calls": self.calls}
+        return {"name": self.name, "calls": self.calls, "weight_bytes": self.weight_bytes}
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:
@@ -184,11 +186,28 @@ def kernels(mod) -> list[KernelInfo]:
     """The PrimFuncs of a fused module with their call counts from ``main``, in call order."""
     from tvm import relax, tirx
 
-    counts: collections.Counter[str] = collections.Counter(
-        name for func in mod.functions.values() if isinstance(func, relax.Function) for name, _ in kernel_calls(func)
-    )
+    counts: collections.Counter[str] = collections.Counter()
+    weights: collections.Counter[str] = collections.Counter()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            for name, args in kernel_calls(func):
+                counts[name] += 1
+                weights[name] += sum(_constant_bytes(a) for a in args)
     prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    return [KernelInfo(name, n) for name, n in counts.items() if name in prim_names]
+    return [KernelInfo(name, n, weights[name]) for name, n in counts.items() if name in prim_names]
+
+
+def _constant_bytes(arg) -> int:
+    """Bytes of ``arg`` if it is a constant tensor (a weight bound into the model), else 0."""
+    import math
+
+    import tvm
+
+    value = getattr(arg, "value", None) if isinstance(arg, tvm.ir.Constant) else None
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):  # not a tensor
+        return 0
+    dtype = tvm.runtime.DataType(str(value.dtype))
+    return math.prod(int(d) for d in value.shape) * dtype.bits * dtype.lanes // 8
 
 
 def built_kernels(mod, spec: TargetSpec) -> list[KernelInfo]:

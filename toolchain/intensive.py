@@ -447,17 +447,21 @@ def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:
 
 
 def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, decide: Decide | None = None,
-                       lanes: int = 4) -> None:
+                       lanes: int = 4, tile_cache: int = 0) -> None:
     """Apply the Fig. 7 intensive-fusion structure of ``pair`` to ``sch`` (in place).
 
     All tile sizes and the unroll depth are sampling decisions of ``sch``; ``decide`` may choose them
     (:data:`Decide`), otherwise they are sampled. ``lanes``: the target's float32 vector lanes
-    (:func:`vector_lanes`), which set the vector's cap.
+    (:func:`vector_lanes`), which set the vector's cap. ``tile_cache``: bytes the tile's slice of the
+    intermediate may take at most (a phone core's cache share; 0: only :data:`TILE_FACTOR_MAX`).
     """
+    caps = _tile_caps(sch, pair, tile_cache)
+
     def tile_split(loop, it: int):
         extent = _int(sch.get(loop).extent)
-        chosen = decide("tile", pair.downstream, it, extent, TILE_FACTOR_MAX) if decide else None
-        return _split(sch, loop, TILE_FACTOR_MAX, chosen)
+        cap = caps.get(it, TILE_FACTOR_MAX)
+        chosen = decide("tile", pair.downstream, it, extent, cap) if decide else None
+        return _split(sch, loop, cap, chosen)
 
     _inline(sch, pair)
     d_rv = sch.get_sblock(pair.downstream)
@@ -501,6 +505,36 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
                    vector_max=vector_max)
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
+
+
+def data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
+    """Shape of D's data input in ``func``: the intermediate (padded, where D pads it) its tile reads."""
+    for info in block_infos(func):
+        if info.name == pair.downstream and info.data_buf is not None:
+            for region in info.block.reads:
+                if region.source.__chandle__() == info.data_buf:
+                    return tuple(_int(x) for x in region.source.shape)
+    return None
+
+
+def _tile_caps(sch, pair: IntensivePair, budget: int) -> dict[int, int]:
+    """D's iterator -> the largest tile factor whose slice of the intermediate fits ``budget`` bytes
+    (0: no cap but :data:`TILE_FACTOR_MAX`)."""
+    shape = data_shape(sch.mod["main"], pair) if budget else None
+    if shape is None:
+        return {}
+
+    def cap(unit: int) -> int:
+        return max(1, min(TILE_FACTOR_MAX, budget // max(1, unit)))
+
+    kind, nhwc = pair.downstream_kind, pair.layout == "NHWC"
+    if kind in ("dw", "pw"):
+        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if nhwc else (
+            (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
+        if kind == "dw":
+            return {f_it: cap(h * w * 4)}
+        return {y_it: cap(w * c * 4), x_it: cap(c * 4)}
+    return {len(shape) - 2: cap(shape[-1] * 4)}
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs
@@ -558,7 +592,8 @@ def _rest_rules(target, mod, kind: str = "MultiLevelTiling", write_fusion: bool 
     return rules
 
 
-def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decide: Decide | None = None):
+def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decide: Decide | None = None,
+                tile_cache: int = 0):
     """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
     (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`.
 
@@ -570,7 +605,7 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
     lanes = vector_lanes(target)
 
     def schedule(sch, write_fusion: bool):
-        intensive_schedule(sch, pair, num_cores, decide, lanes)
+        intensive_schedule(sch, pair, num_cores, decide, lanes, tile_cache)
         outside = _rest_simple(sch, pair)
         if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
             if "inline" not in state:
@@ -673,7 +708,7 @@ def _rules_without_write_fusion() -> list:
 
 
 def space(pair: IntensivePair | None, target, num_cores: int | None = None, check: bool = True,
-          write_fusion: bool = True):
+          write_fusion: bool = True, tile_cache: int = 0):
     """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None
     (``write_fusion=False``: with :func:`_rules_without_write_fusion`)."""
     from tvm.s_tir import meta_schedule as ms
@@ -682,8 +717,8 @@ def space(pair: IntensivePair | None, target, num_cores: int | None = None, chec
         rules = "llvm" if write_fusion else _rules_without_write_fusion()
         return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs(check), mutator_probs="llvm")
     return ms.space_generator.ScheduleFn(
-        schedule_fn(pair, target, num_cores), sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm"
-    )
+        schedule_fn(pair, target, num_cores, tile_cache=tile_cache), sch_rules=[], postprocs=postprocs(check),
+        mutator_probs="llvm")
 
 
 @dataclass(frozen=True)
@@ -723,10 +758,10 @@ def dry_run(func, pair: IntensivePair, target, seeds=(1, 2, 3), num_cores: int |
 
 
 def make_space_generator(func, target, intensive: bool = True, include_default: bool = False,
-                         num_cores: int | None = None, check: bool = True) -> SpaceChoice:
+                         num_cores: int | None = None, check: bool = True, tile_cache: int = 0) -> SpaceChoice:
     """The search space for one fused PrimFunc on ``target`` (a ``tvm.target.Target``; see the module doc
     for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
-    initialised for it."""
+    initialised for it. ``tile_cache``: see :func:`intensive_schedule`."""
     from tvm.s_tir import meta_schedule as ms
 
     def stock(pair, reason: str) -> SpaceChoice:
@@ -744,7 +779,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     why_not = dry_run(func, pair, target, num_cores=num_cores)
     if why_not:
         return stock(pair, f"{pair.kind}: {why_not}")
-    gen = space(pair, target, num_cores, check)
+    gen = space(pair, target, num_cores, check, tile_cache=tile_cache)
     if include_default:
         union = ms.space_generator.SpaceGeneratorUnion(
             [gen, stock(pair, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",

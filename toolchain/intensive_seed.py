@@ -27,7 +27,8 @@ committed like the side-by-side one (``tuning.seed_joined``); neither is kept un
 
 from __future__ import annotations
 
-from toolchain.intensive import TILE_FACTOR_MAX, IntensivePair, _int, _rest_complex, schedule_fn, vector_lanes
+from toolchain.intensive import (TILE_FACTOR_MAX, IntensivePair, _int, _rest_complex, data_shape, schedule_fn,
+                                  vector_lanes)
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
 #: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
@@ -89,18 +90,6 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
         return {y_it: 1, x_it: most(w, channels * 4)}
     *_, rows, k = data_shape
     return {len(data_shape) - 2: most(rows, k * 4)}
-
-
-def _data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
-    """Shape of D's data input (the intermediate its tile reads) in ``func``."""
-    from toolchain.intensive import block_infos
-
-    for info in block_infos(func):
-        if info.name == pair.downstream and info.data_buf is not None:
-            for region in info.block.reads:
-                if region.source.__chandle__() == info.data_buf:
-                    return tuple(_int(x) for x in region.source.shape)
-    return None
 
 
 # ----------------------------------------------------------------------------- reading mini traces
@@ -184,24 +173,27 @@ def _rest_with_mini_decisions(trace_json, rest: list[str], parts: list[tuple[obj
     return [insts, [decided[k] for k in sorted(decided)]]
 
 
-def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int) -> list:
+def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int,
+                    tile_cache: int = 0) -> list:
     """The joined kernel scheduled in the intensive-fusion space with the minis' choices (module doc),
     one schedule per distinct tile of :data:`TILE_BYTES` and vector of :data:`VECTORS` (the same
-    schedule reached twice is one seed), before postprocessing."""
+    schedule reached twice is one seed), before postprocessing. With ``tile_cache`` (the space's cap on
+    a tile's slice of the intermediate) only the budgets within it, or the cap itself."""
     import tvm_ffi
 
-    shape = _data_shape(joined_func, pair)
+    shape = data_shape(joined_func, pair)
     if shape is None or not parts:
         return []
     tiles, lanes = [], vector_lanes(target)
-    for budget in TILE_BYTES:
+    budgets = [b for b in TILE_BYTES if not tile_cache or b <= tile_cache] or [tile_cache]
+    for budget in budgets:
         tile = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout, lanes)
         if tile not in tiles:
             tiles.append(tile)
     seeds, seen = [], set()
     for tile in tiles:
         for vector in VECTORS:
-            sch = intensive_seed(joined_func, pair, parts, target, num_cores, tile, vector)
+            sch = intensive_seed(joined_func, pair, parts, target, num_cores, tile, vector, tile_cache)
             if sch is not None and (key := tvm_ffi.structural_hash(sch.mod)) not in seen:
                 seen.add(key)
                 seeds.append(sch)
@@ -209,7 +201,7 @@ def intensive_seeds(joined_func, pair: IntensivePair, parts: list[tuple[object, 
 
 
 def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, dict]], target, num_cores: int,
-                   tile: dict[int, int] | None = None, vector: str = "widest"):
+                   tile: dict[int, int] | None = None, vector: str = "widest", tile_cache: int = 0):
     """The joined kernel scheduled in the intensive-fusion space with the minis' choices and D's
     ``tile`` (default: :func:`tile_factors` at the first :data:`TILE_BYTES`) and ``vector`` (one of
     :data:`VECTORS`), before postprocessing;
@@ -219,7 +211,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     from toolchain.tuning import _replay_tolerant, plain, workload_module
 
     if tile is None:
-        shape = _data_shape(joined_func, pair)
+        shape = data_shape(joined_func, pair)
         if shape is None:
             return None
         tile = tile_factors(pair.downstream_kind, shape, num_cores, layout=pair.layout, lanes=vector_lanes(target))
@@ -228,7 +220,7 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
         return None
     mod = workload_module(joined_func)
     try:
-        designs = schedule_fn(pair, target, num_cores, choices)(s_tir.Schedule(mod))
+        designs = schedule_fn(pair, target, num_cores, choices, tile_cache)(s_tir.Schedule(mod))
     except Exception:  # noqa: BLE001 - the structure does not apply at these choices
         return None
     sch = designs[0]

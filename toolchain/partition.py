@@ -17,7 +17,10 @@ back in full from memory: measured 2x slower on MobileNet-V2's 56x56 expansion
 conv). Clustering then works over these units exactly as Algorithm 1 says, except
 across the edges :data:`KEEP_APART` names (a conv reading a channel-permuted
 tensor, as after ShuffleNet's channel shuffle): those stay subgraph boundaries
-whatever the weights say, and each decision they cause says why.
+whatever the weights say, and each decision they cause says why. With ``keep_inside`` (``--keep-inside``,
+off by default) a conv pair joined by a tensor at least that large starts as one unit too
+(:func:`locality_units`): for a phone's cache, whose L2 cannot hold MobileNet-V2's 1.2 MB expansion
+output between two kernels; like an epilogue unit it is never split into minis (one kernel, tuned whole).
 
 Both give a :class:`PartitionPlan` (groups of node ids, in a topological
 order of the quotient graph) that :func:`toolchain.fusion.fuse_groups` builds.

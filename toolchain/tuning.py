@@ -87,7 +87,8 @@ class TuneSettings:
     partition: str = "ago"
     threshold: float | None = None  # AGO Td (default: shipped with the weight fit)
     keep_inside: int = 0  # AGO: a complex-op pair joined by a tensor of at least this many bytes stays in one
-    # subgraph (partition.locality_units; 0: AGO's clustering alone)
+    # subgraph (partition.locality_units), and an intensive tile's slice of its intermediate is at most that
+    # (intensive.intensive_schedule's tile_cache); 0: AGO's clustering and TILE_FACTOR_MAX alone
     intensive: bool = True  # False: AGO-NI
     reformer: bool = True  # False: AGO-NR
     split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
@@ -696,12 +697,14 @@ def stabilised(latencies: list[float], window: int, tolerance: float) -> bool:
 # ----------------------------------------------------------------------------- search spaces
 
 
-def space_for(func, spec, intensive: bool):
+def space_for(func, spec, intensive: bool, tile_cache: int = 0):
     """The MetaSchedule space for one kernel: intensive fusion where it applies (unless AGO-NI),
-    otherwise TVM's default llvm space; both carry the static dropped-iteration check."""
+    otherwise TVM's default llvm space; both carry the static dropped-iteration check. ``tile_cache``:
+    bytes an intensive tile's slice of the intermediate may take (``--keep-inside``; 0: no cap)."""
     from toolchain import intensive as intensive_space
 
-    return intensive_space.make_space_generator(func, spec.tvm(), intensive=intensive, num_cores=spec.num_cores)
+    return intensive_space.make_space_generator(func, spec.tvm(), intensive=intensive, num_cores=spec.num_cores,
+                                                tile_cache=tile_cache)
 
 
 # ----------------------------------------------------------------------------- one task
@@ -836,7 +839,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         builder=builder,
         runner=_runner(settings, measure),
         database=database,
-        space=space_for(func, spec, intensive).generator,
+        space=space_for(func, spec, intensive, settings.keep_inside).generator,
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
@@ -1076,15 +1079,16 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
         restore_unroll(sch, parts)
     committed = sch is not None and commit_seed(sch, func, database, spec, settings, measure)
     if settings.intensive and settings.partition == "ago" and parts:  # and in the join's own space
-        for fused in intensive_composed(func, parts, spec):
+        for fused in intensive_composed(func, parts, spec, settings.keep_inside):
             committed = commit_seed(fused, func, database, spec, settings, measure) or committed
     return committed
 
 
-def intensive_composed(func, parts: list[tuple[object, dict]], spec) -> list:
+def intensive_composed(func, parts: list[tuple[object, dict]], spec, tile_cache: int = 0) -> list:
     """The minis' schedules composed into the intensive-fusion structure of the joined kernel
     (toolchain/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
-    unroll depths; none where the join's space is not the intensive one or nothing composes."""
+    unroll depths; none where the join's space is not the intensive one or nothing composes.
+    ``tile_cache``: the space's cap on a tile's slice of the intermediate (0: none)."""
     from toolchain import intensive, intensive_seed
 
     pair = intensive.find_pair(func)
@@ -1092,7 +1096,7 @@ def intensive_composed(func, parts: list[tuple[object, dict]], spec) -> list:
         return []
     inside = set(pair.blocks)
     out = []
-    for sch in intensive_seed.intensive_seeds(func, pair, parts, spec.tvm(), spec.num_cores):
+    for sch in intensive_seed.intensive_seeds(func, pair, parts, spec.tvm(), spec.num_cores, tile_cache):
         sch = postprocess(sch, spec)
         if sch is not None:
             restore_unroll(sch, [(t, m) for t, m in parts if not inside & set(m.values())])

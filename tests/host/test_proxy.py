@@ -171,12 +171,16 @@ def test_two_runs_give_identical_counts(pair_artifacts):
     (kernel,) = [k for k in first["kernels"] if "conv2d" in k["name"]]
     assert first["kernels_not_found"] == []
     assert 0.95 * figures["instructions"] < kernel["instructions"] <= figures["instructions"]
+    # its weights, from the manifest (the model's initializers as the kernels take them): no floor here either
+    assert abs(kernel["weight_bytes"] - figures["weight_bytes"]) <= 64
+    assert kernel["dram_beyond_weights"] == kernel["dram_bytes"]
 
 
 def test_fused_pair_moves_fewer_dram_bytes_than_the_unfused_pair(pair_artifacts):
     geo = proxy.geometry("a76")
     fused, unfused = (proxy.measure(pair_artifacts[p], geo) for p in ("ago", "stock"))
     assert len([k for k in unfused["kernels"] if "conv2d" in k["name"]]) == 2
+    assert sum(k["weight_bytes"] for k in unfused["kernels"]) == sum(k["weight_bytes"] for k in fused["kernels"]) > 0
     assert fused["model_figures"]["dram_bytes"]["2MiB"] < 0.5 * unfused["model_figures"]["dram_bytes"]["2MiB"]
     assert fused["model_figures"]["l2_misses"] < unfused["model_figures"]["l2_misses"]
     ratio = proxy.ratios(fused, unfused)

@@ -369,3 +369,27 @@ def test_the_schedule_offers_the_vector_four_registers(lanes, cap):
 
     intensive_schedule(s_tir.Schedule(func.with_attr("global_symbol", "main")), pair, SPEC.num_cores, decide, lanes)
     assert caps == [cap, cap]  # U's and D's vector
+
+
+def test_a_tile_cache_caps_each_tiles_slice_of_the_intermediate():
+    """--keep-inside KIB also caps the intensive tile: the tile's slice of the intermediate fits KIB
+    (a phone core's L2 share), where the uncapped space samples wider tiles too (the host's L2 is 4x a
+    phone's: tuned there, MobileNet-V2's 56x56 expand + dw pair kept a 602 KB slice)."""
+    from toolchain import intensive
+
+    func = func_of("pw->dw")
+    pair = find_pair(func)
+    _, h, w, channels = intensive.data_shape(func, pair)  # NHWC, padded for the 3x3 dw
+    budget = 8 * h * w * 4  # eight channel planes
+
+    def tiles(tile_cache):
+        out = set()
+        for seed in range(1, 13):
+            sch = schedule(func, seed)
+            intensive_schedule(sch, pair, SPEC.num_cores, tile_cache=tile_cache)
+            tile = sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0]
+            out.add(channels // int(sch.get(tile).extent))  # channels per tile
+        return out
+
+    assert max(tiles(budget)) <= 8 < max(tiles(0))
+    assert intensive._tile_caps(schedule(func), pair, budget) == {3: 8}

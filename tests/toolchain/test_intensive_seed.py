@@ -104,7 +104,7 @@ def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable
     trace = tuning.plain(sch.trace.as_json())
     # D's tile: what tile_factors says for its 32-channel 16×16 intermediate (rows of 16, 2 tiles for 2 cores)
     assert pair.layout == "NCHW"
-    tile = intensive_seed.tile_factors("pw", intensive_seed._data_shape(joined, pair), 2)
+    tile = intensive_seed.tile_factors("pw", intensive.data_shape(joined, pair), 2)
     assert tile == {2: 8, 3: 16}
     first = intensive_seed.tile_decisions(trace, pair.downstream)
     assert first[2] == [2, 8] and first[3] == [1, 16]

@@ -994,6 +994,21 @@ def test_the_search_population_reaches_metaschedule_and_may_change_on_resume(dws
     assert json.loads((tmp_path / "db" / "session.json").read_text()) == newer  # left as it was
 
 
+def test_keep_inside_caps_the_intensive_tiles_of_every_search(dwsep_split, tmp_path, monkeypatch):
+    """--keep-inside is also the cap on an intensive tile's slice of its intermediate: every search's
+    space gets it (intensive.intensive_schedule's tile_cache, tested in test_intensive)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    *_, (name, func), _ = dwsep_split
+    seen, real = [], tuning.space_for
+    monkeypatch.setattr(tuning, "space_for", lambda f, s, i, tile_cache=0: seen.append(tile_cache) or real(f, s, i, tile_cache))
+    monkeypatch.setattr(ms, "tune_tir", lambda *a, **k: None)
+    for keep_inside in (0, 64 * 1024):
+        tuning.tune_trials(func, NCHW, None, 16, tuning.TuneSettings(trials=16, keep_inside=keep_inside), True,
+                           tmp_path / str(keep_inside))
+    assert seen == [0, 64 * 1024]
+
+
 def test_a_population_smaller_than_a_batch_is_refused_before_anything_runs(cli, tmp_path):
     result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--population", "8")
     assert result.exit_code == 1 and "--population (8) must be at least --per-iter (16)" in result.stderr
