@@ -190,11 +190,32 @@ def kernels(mod) -> list[KernelInfo]:
     weights: collections.Counter[str] = collections.Counter()
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
+            bound = _bound_constants(func)  # pre-packing folds a weight into a binding: the call passes its var
             for name, args in kernel_calls(func):
                 counts[name] += 1
-                weights[name] += sum(_constant_bytes(a) for a in args)
+                weights[name] += sum(_constant_bytes(bound.get(a, a)) for a in args)
     prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
     return [KernelInfo(name, n, weights[name]) for name, n in counts.items() if name in prim_names]
+
+
+def _bound_constants(func) -> dict:
+    """The vars of ``func`` (a Relax function) bound to a constant, to that constant: directly, through
+    another such var, or as an item of a bound tuple of constants (what pre-packing's folding leaves)."""
+    import tvm
+    from tvm import relax
+
+    body = func.body
+    bound: dict = {}
+    for block in body.blocks if isinstance(body, relax.SeqExpr) else []:
+        for b in block.bindings:
+            value = b.value if isinstance(b, relax.VarBinding) else None
+            if isinstance(value, relax.TupleGetItem) and isinstance(bound.get(value.tuple_value), relax.Tuple):
+                value = bound[value.tuple_value].fields[value.index]
+            value = bound.get(value, value) if isinstance(value, relax.Var) else value
+            if isinstance(value, tvm.ir.Constant) or (
+                    isinstance(value, relax.Tuple) and all(isinstance(f, tvm.ir.Constant) for f in value.fields)):
+                bound[b.var] = value
+    return bound
 
 
 def _constant_bytes(arg) -> int:
