@@ -209,8 +209,10 @@ def compile(
         if session is None:
             raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
         partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
-        keep_inside = session["settings"].get("keep_inside", 0) // 1024
+        keep_inside = session["settings"].get("keep_inside", 0)
         layout = TuneDB(db).activation_layout
+    else:
+        keep_inside = _keep_inside(keep_inside)
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout)
     compiler = find_compiler(spec)
@@ -221,12 +223,12 @@ def compile(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
-        f"{f', keeping tensors of {keep_inside} KiB or more inside' if partition == 'ago' and keep_inside else ''}"
+        f"{f', keeping tensors of {keep_inside // 1024} KiB or more inside' if partition == 'ago' and keep_inside else ''}"
         "[/dim]",
         soft_wrap=True,
     )
     request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
-                             keep_inside=_keep_inside(keep_inside))
+                             keep_inside=keep_inside)
     with err_console.status("compiling") as status:
         artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
     m = artifact.manifest

@@ -517,24 +517,26 @@ def data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
     return None
 
 
+def tile_units(kind: str, shape: tuple[int, ...], layout: str = "NCHW") -> dict[int, tuple[int, int]]:
+    """D's tiled iterators, each → (its extent, bytes of the intermediate one step of it covers), for D
+    of ``kind`` ("dw" | "pw" | "matmul") whose data input (the intermediate, float32) has ``shape``: dw
+    a channel plane; pw a whole row (the columns then one pixel of every channel); matmul a row."""
+    if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
+        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if layout == "NHWC" else (
+            (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
+        return {f_it: (c, h * w * 4)} if kind == "dw" else {y_it: (h, w * c * 4), x_it: (w, c * 4)}
+    *_, rows, k = shape
+    return {len(shape) - 2: (rows, k * 4)}
+
+
 def _tile_caps(sch, pair: IntensivePair, budget: int) -> dict[int, int]:
     """D's iterator -> the largest tile factor whose slice of the intermediate fits ``budget`` bytes
     (0: no cap but :data:`TILE_FACTOR_MAX`)."""
     shape = data_shape(sch.mod["main"], pair) if budget else None
     if shape is None:
         return {}
-
-    def cap(unit: int) -> int:
-        return max(1, min(TILE_FACTOR_MAX, budget // max(1, unit)))
-
-    kind, nhwc = pair.downstream_kind, pair.layout == "NHWC"
-    if kind in ("dw", "pw"):
-        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if nhwc else (
-            (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
-        if kind == "dw":
-            return {f_it: cap(h * w * 4)}
-        return {y_it: cap(w * c * 4), x_it: cap(c * 4)}
-    return {len(shape) - 2: cap(shape[-1] * 4)}
+    return {it: max(1, min(TILE_FACTOR_MAX, budget // max(1, unit)))
+            for it, (_, unit) in tile_units(pair.downstream_kind, shape, pair.layout).items()}
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs

@@ -27,8 +27,8 @@ committed like the side-by-side one (``tuning.seed_joined``); neither is kept un
 
 from __future__ import annotations
 
-from toolchain.intensive import (TILE_FACTOR_MAX, IntensivePair, _int, _rest_complex, data_shape, schedule_fn,
-                                  vector_lanes)
+from toolchain.intensive import (TILE_FACTOR_MAX, IntensivePair, _rest_complex, data_shape, schedule_fn,
+                                  tile_units, vector_lanes)
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
 #: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
@@ -77,19 +77,17 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
             aligned = [min([d for d in whole if extent // d >= cores] or whole)] if whole else []
         return max(aligned or spread or [1])
 
-    nhwc = layout == "NHWC"
-    if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
-        (_, h, w, channels), (f_it, y_it, x_it) = (data_shape, (3, 1, 2)) if nhwc else (
-            (data_shape[0], data_shape[2], data_shape[3], data_shape[1]), (1, 2, 3))
+    units = tile_units(kind, data_shape, layout)
     if kind == "dw":
-        return {f_it: most(channels, h * w * 4, lanes if nhwc else 1)}
+        ((f_it, (channels, plane)),) = units.items()
+        return {f_it: most(channels, plane, lanes if layout == "NHWC" else 1)}
     if kind == "pw":
-        row = channels * w * 4
+        (y_it, (h, row)), (x_it, (w, pixel)) = units.items()
         if w <= TILE_FACTOR_MAX and row <= budget:
             return {y_it: most(h, row), x_it: w}
-        return {y_it: 1, x_it: most(w, channels * 4)}
-    *_, rows, k = data_shape
-    return {len(data_shape) - 2: most(rows, k * 4)}
+        return {y_it: 1, x_it: most(w, pixel)}
+    ((it, (rows, row)),) = units.items()
+    return {it: most(rows, row)}
 
 
 # ----------------------------------------------------------------------------- reading mini traces
