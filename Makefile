@@ -120,7 +120,7 @@ bench-locality: setup
 	$(MAKE) --no-print-directory runner TARGET=host
 	$(AGOC) bench-suite pairs $(LOCALITY_ARGS)
 	$(AGOC) bench-suite e2e --models "$(or $(MODELS),$(LOCALITY_MODELS))" --shapes 112 \
-		--variants tvm-stock-tuned,tvm-ago-tuned,tvm-ago-locality,onnxruntime $(LOCALITY_ARGS)
+		--variants tvm-stock-tuned,tvm-ago-tuned,tvm-ago-a76,tvm-ago-locality,onnxruntime $(LOCALITY_ARGS)
 
 # the activation layout: the same conv kernels of one model tuned in NCHW and NHWC (host/bench_layout.py)
 bench-layout: setup

@@ -53,6 +53,8 @@ class Variant:
     base: str | None = None  # tuned: starts from this variant's tuning database, tuned first in the same run
     # (agoc tune --from: its records of the same kernels are copied in and count as trials)
     keep_inside: int = 0  # ago: a conv pair joined by a tensor of at least this many bytes stays in one subgraph
+    db_of: str | None = None  # tuned: built from this variant's tuning database (made first in the same run), not tuned
+    joins: str = "latency"  # ago tuned: how a split subgraph is built (compile --joins: latency, or a cache geometry)
 
 
 #: Every pipeline variant the suites know.
@@ -68,6 +70,13 @@ VARIANTS: tuple[Variant, ...] = (
             "every conv → depthwise / pointwise pair joined by a tensor of 256 KiB or more stays in one subgraph, "
             "and every intensive tile's slice of its intermediate is at most 256 KiB", partition="ago", tuned=True,
             keep_inside=256 * 1024),
+    Variant("tvm-ago-a76", "tvm", "AGO with its joins judged for a phone's cache (compile --joins a76): the "
+            "tvm-ago-tuned database, each split subgraph built joined or as its minis, whichever moves fewer "
+            "simulated DRAM bytes in a Cortex-A76's caches; no tuning of its own", partition="ago", tuned=True,
+            db_of="tvm-ago-tuned", joins="a76"),
+    Variant("tvm-ago-locality-a76", "tvm", "tvm-ago-locality's database built with compile --joins a76 (as "
+            "tvm-ago-a76 is tvm-ago-tuned's): the pairs kept inside, every other join judged by simulated traffic",
+            partition="ago", tuned=True, db_of="tvm-ago-locality", keep_inside=256 * 1024, joins="a76"),
     Variant("tvm-ago-ni", "tvm", "AGO-NI: AGO without the intensive-fusion space", partition="ago", tuned=True,
             intensive=False),
     Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",
@@ -391,6 +400,16 @@ def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Setti
     return max(settings.trials, -(-round(headroom * max(floors)) // batch) * batch)
 
 
+def _variant_db(case: Case, variant: Variant, work_dir: Path) -> Path:
+    """The tuning database a tuned variant is built from: its own, or the one it shares (``db_of``)."""
+    return work_dir / case.label / f"{variant.db_of or variant.name}.db"
+
+
+def _join_rule(variant: Variant) -> str:
+    """The variant's ``joins`` as a rule of toolchain.pairing.JOIN_RULES (a geometry: ``traffic:NAME``)."""
+    return variant.joins if variant.joins in ("latency", "joined", "minis") else f"traffic:{variant.joins}"
+
+
 def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,
                      on_event) -> tuple[dict, Path | None]:
     """Compile (tuning first if the variant is tuned) + verify one TVM variant; (record, artifact dir or None)."""
@@ -407,7 +426,23 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
     try:
         model, spec = _case_model(case, settings)
         db = None
-        if variant.tuned:
+        if variant.db_of:
+            db = _variant_db(case, variant, work_dir)
+            if not (db / "session.json").exists():
+                return {"status": "failed", "reason": f"built from {variant.db_of}'s tuning database, which this run "
+                        f"has not made: add --variants {variant.db_of}"}, None
+            record["tuning"] = {"db_of": variant.db_of}
+            if variant.joins != "latency":
+                from host import judge
+
+                started = time.perf_counter()
+                judged = judge.judge_joins(model, case.label, {}, db, variant.joins, on_stage=lambda stage: on_event(
+                    "stage", case=case.label, stage=f"{variant.name}: {stage}"))
+                joins = judged.get("joins", {})
+                record["joins"] = {"rule": variant.joins, "cache": judged.get("cache"), "judged": len(joins),
+                                   "minis": sum(j["joined_bytes"] > j["minis_bytes"] for j in joins.values()),
+                                   "seconds": round(time.perf_counter() - started, 1)}
+        elif variant.tuned:
             db = work_dir / case.label / f"{variant.name}.db"
             base = work_dir / case.label / f"{variant.base}.db" if variant.base else None
             if base is not None and not (base / "session.json").exists():
@@ -435,7 +470,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 "seconds": round(time.perf_counter() - started, 1),
             }
         request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=threshold, db=db,
-                                 keep_inside=variant.keep_inside)
+                                 keep_inside=variant.keep_inside, joins=_join_rule(variant))
         artifact = compile_model(request, find_compiler(spec), out)
         record["compile_s"] = artifact.manifest.compile_seconds
         record["kernels"] = len(artifact.manifest.kernels)
@@ -477,9 +512,10 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
             spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout)
             threshold = _threshold(suite)
-            db = work_dir / case.label / f"{variant.name}.db" if variant.tuned else None
+            db = _variant_db(case, variant, work_dir) if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,
-                                     threshold=threshold, db=db, keep_inside=variant.keep_inside)
+                                     threshold=threshold, db=db, keep_inside=variant.keep_inside,
+                                     joins=_join_rule(variant))
             artifact = compile_model(request, find_compiler(spec), work_dir / case.label / f"{variant.name}@{spec.preset}")
             if not verify_artifact(artifact, LocalDevice()).passed:
                 return {"status": "wrong", "reason": f"the {spec.preset} build differs from onnxruntime"}
@@ -554,7 +590,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
              on_event) -> dict:
     results: dict[str, dict] = {}
     artifacts: dict[str, Path] = {}
-    tuned = [v for v in variants if v.engine == "tvm" and v.tuned]
+    tuned = [v for v in variants if v.engine == "tvm" and v.tuned and not v.db_of]  # what spends trials
     if tuned and settings.trials:
         on_event("stage", case=case.label, stage="planning the tuning budget")
         try:
@@ -562,7 +598,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             on_event("stage", case=case.label, stage=f"{settings.trials} tuning trials for each tuned variant")
         except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
             on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
-    for variant in sorted(variants, key=lambda v: v.base is not None):  # a variant's base tuned before it
+    for variant in sorted(variants, key=lambda v: bool(v.base or v.db_of)):  # the databases they use made first
         if variant.engine == "tvm":
             stage = "tuning + compiling" if variant.tuned else "compiling"
             on_event("stage", case=case.label, stage=f"{stage} + verifying {variant.name}")
@@ -663,7 +699,7 @@ def run_suite(
             "variants": [asdict(v) for v in chosen],
             # the suite's floor: each case's tuned variants get its equal budget, at least this (equal_budget);
             # what a case's variant was given and spent: results[].variants[name].tuning.budget / .trials
-            "min_trial_budgets": {v.name: (settings.trials if v.tuned else 0) for v in chosen},
+            "min_trial_budgets": {v.name: (settings.trials if v.tuned and not v.db_of else 0) for v in chosen},
             "threshold": suite.threshold,
             "baselines": list(suite.baselines),
             "proxy": None if not settings.proxy else {

@@ -189,6 +189,11 @@ def compile(
     seed: int = typer.Option(0, help="Seed of the sample inputs stored for verification."),
     dump_dir: Optional[Path] = typer.Option(None, help="Write the IR after each stage here."),
     db: Optional[Path] = typer.Option(None, "--db", help="Apply the verified schedules of this tuning database."),
+    joins: str = typer.Option("latency", "--joins", help="With --db: how a subgraph the reformer split is built: "
+                              "latency (the joined kernel unless it is slower than its minis, timed together), "
+                              "joined, minis, or a cache geometry (a76, a55, small-slc: whichever moves fewer "
+                              "simulated DRAM bytes in that phone cache, judged under valgrind on this machine "
+                              "and kept in the database)."),
     arch: str = typer.Option("sm_90", "--arch", help="CUDA compute capability (--target cuda only)."),
     training: bool = typer.Option(False, "--training", help="Compile forward + loss + backward (--target cuda only)."),
 ):
@@ -202,6 +207,7 @@ def compile(
 
     from toolchain.partition import DEFAULT_THRESHOLD
 
+    rule = _join_rule(joins, db)
     if db is not None:  # kernels must be cut exactly as they were tuned
         from toolchain.tuning import TuneDB, TuningError
 
@@ -227,8 +233,10 @@ def compile(
         "[/dim]",
         soft_wrap=True,
     )
+    if rule.startswith("traffic:") and partition == "ago":
+        _judge(proto, label, overrides, db, joins)
     request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
-                             keep_inside=keep_inside)
+                             keep_inside=keep_inside, joins=rule)
     with err_console.status("compiling") as status:
         artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
     m = artifact.manifest
@@ -240,8 +248,41 @@ def compile(
     )
     unfused = (m.partition_info or {}).get("unfused") or []
     if unfused:
-        console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: the joined kernel measured "
-                      f"slower than the minis together, or has no verified schedule (manifest partition_info.unfused)")
+        why = ("the joined kernel moved more simulated DRAM traffic than the minis together" if rule.startswith("traffic:")
+               else "the joined kernel measured slower than the minis together" if rule == "latency" else f"--joins {rule}")
+        console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: {why}, or it has no "
+                      f"verified schedule (manifest partition_info.unfused)")
+
+
+def _join_rule(joins: str, db: Optional[Path]) -> str:
+    """``compile --joins`` as a rule of pairing.JOIN_RULES; a geometry name becomes ``traffic:NAME``."""
+    from host import proxy
+
+    if joins != "latency" and db is None:
+        raise UnsupportedModelError("--joins decides between a tuned join and its tuned minis: it needs --db")
+    if joins in ("latency", "joined", "minis"):
+        return joins
+    names = [g.name for g in proxy.GEOMETRIES]
+    if joins not in names:
+        raise UnsupportedModelError(f"unknown --joins '{joins}': latency, joined, minis, or a cache geometry "
+                                    f"({', '.join(names)})")
+    return f"traffic:{joins}"
+
+
+def _judge(proto, label: str, overrides: dict, db: Path, geometry: str) -> None:
+    """Judge the database's pending joins in ``geometry`` (host/judge.py), with progress and a table."""
+    from host import judge
+    from toolchain.tuning import TuneDB
+
+    pending = judge.pending_joins(db, geometry)
+    if pending:
+        err_console.print(f"[dim]judging {len(pending)} join(s) by simulated DRAM traffic in {geometry}'s caches: "
+                          "two builds, each checked and run under valgrind (minutes)[/dim]")
+        with err_console.status("judging joins") as status:
+            record = judge.judge_joins(proto, label, overrides, db, geometry, on_stage=lambda s: status.update(s))
+    else:
+        record = TuneDB(db).traffic.get(geometry, {})
+    console.print(render.traffic_table(record, pending))
 
 
 @app.command()

@@ -301,6 +301,24 @@ def decisions_table(decisions, graph) -> Table:
     return table
 
 
+def traffic_table(record: dict, judged_now=()) -> Table:
+    """A database's joins judged by simulated DRAM traffic (host/judge.py), one row per join."""
+    now = f", {len(judged_now)} judged now" if judged_now else ""
+    table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches (DRAM bytes per call, "
+                        f"LL {record.get('cache', '?')}, {record.get('target', '?')} build{now})", title_justify="left")
+    table.add_column("join")
+    table.add_column("joined KB", justify="right")
+    table.add_column("minis KB", justify="right")
+    table.add_column("joined ÷ minis", justify="right")
+    table.add_column("built")
+    for name, j in sorted(record.get("joins", {}).items()):
+        joined, minis = j["joined_bytes"], j["minis_bytes"]
+        table.add_row(name, f"{joined / 1e3:.1f}",
+                      f"{minis / 1e3:.1f}", f"{joined / minis:.2f}" if minis else "-",
+                      "joined" if joined <= minis else "[yellow]minis[/yellow]")
+    return table
+
+
 def _short(nodes, funcs) -> str:
     names = [f"{funcs[n]}:{n}" for n in nodes or ()]
     return ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:2])} … (+{len(names) - 2})"

@@ -26,9 +26,11 @@ class KernelInfo:
     name: str
     calls: int
     weight_bytes: int = 0
+    task: str | None = None  # built with a tuning database: the task of its schedule (tuned or not)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "calls": self.calls, "weight_bytes": self.weight_bytes}
+        return {"name": self.name, "calls": self.calls, "weight_bytes": self.weight_bytes,
+                **({"task": self.task} if self.task else {})}
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:

@@ -14,6 +14,10 @@ the median over rounds of the minis' sum divided by the join's time in the same 
 A pairing is stored with the join's verified entry (``verified.json``, key ``paired``) together with
 the recorded latencies it paired; when the join or one of its minis gets a new schedule (a resumed
 session) it no longer matches and is measured again.
+
+Latency on this host is one rule of several (``compile --joins``, :data:`JOIN_RULES`): without a phone,
+a join can also be judged by the memory traffic it moves in a simulated phone cache
+(``host/judge.py``, stored per geometry in the database's ``traffic.json`` with the same key).
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ class Choice:
     minis_ms: float | None
     paired: bool  # True: the numbers were measured together (see the module doc)
     reason: str = ""
+    joined_bytes: int | None = None  # traffic rule: simulated DRAM bytes per call of the join ...
+    minis_bytes: int | None = None  # ... and of its minis together
+
+
+#: How ``compile --db`` builds a subgraph the reformer split (``--joins``): rule → what decides.
+JOIN_RULES = {
+    "latency": "the joined kernel, unless it is slower than its minis together (timed together, see above)",
+    "joined": "the joined kernel, whenever it has a verified schedule",
+    "minis": "its mini-subgraphs, whenever they all have verified schedules",
+    "traffic:GEOMETRY": "whichever moves fewer simulated DRAM bytes per call in that phone cache "
+                        "(judged under valgrind on this machine: host/judge.py)",
+}
+TRAFFIC = "traffic:"
 
 
 def _verified_ms(entry: dict) -> float | None:
@@ -82,6 +99,43 @@ def choose(joined: str, minis: list[str], verified: dict) -> Choice:
     if together < joined_ms:
         return Choice("minis", joined_ms, together, False, "slower than its minis")
     return Choice("joined", joined_ms, together, False)
+
+
+def check_rule(rule: str) -> str:
+    """``rule`` if it is one of :data:`JOIN_RULES` (``traffic:`` with any geometry name), else ValueError."""
+    if rule in JOIN_RULES or (rule.startswith(TRAFFIC) and len(rule) > len(TRAFFIC)):
+        return rule
+    raise ValueError(f"unknown join rule '{rule}'; one of: {', '.join(JOIN_RULES)}")
+
+
+def current_traffic(joined: str, minis: list[str], verified: dict, traffic: dict) -> dict | None:
+    """The traffic judgement of ``joined`` (``traffic``: one geometry's joins, as host/judge.py stores
+    them) when it was made from the schedules kept now, else None."""
+    record = traffic.get(joined)
+    if record and record.get("of") == pairing_key(joined, minis, verified):
+        return record
+    return None
+
+
+def choose_by(rule: str, joined: str, minis: list[str], verified: dict, traffic: dict | None = None) -> Choice:
+    """:func:`choose` under a rule of :data:`JOIN_RULES`. Every rule builds the side that has verified
+    schedules when only one has (as :func:`choose`). The traffic rule needs a current judgement
+    (``traffic``: that geometry's joins); ValueError names the join when there is none."""
+    by_latency = choose(joined, minis, verified)
+    if rule == "latency" or by_latency.minis_ms is None or by_latency.joined_ms is None:
+        return by_latency
+    if rule in ("joined", "minis"):
+        return Choice(rule, by_latency.joined_ms, by_latency.minis_ms, by_latency.paired,
+                      "" if rule == "joined" else "--joins minis")
+    record = current_traffic(joined, minis, verified, traffic or {})
+    if record is None:
+        raise ValueError(f"{joined} has no current traffic judgement for {rule[len(TRAFFIC):]}")
+    fewer = record["joined_bytes"] <= record["minis_bytes"]
+    return Choice("joined" if fewer else "minis", by_latency.joined_ms, by_latency.minis_ms, by_latency.paired,
+                  "" if fewer else f"moves more simulated DRAM bytes than its minis "
+                  f"({record['joined_bytes'] / 1e3:.0f} vs {record['minis_bytes'] / 1e3:.0f} KB per call, "
+                  f"{rule[len(TRAFFIC):]} at {record.get('cache', '?')})",
+                  record["joined_bytes"], record["minis_bytes"])
 
 
 def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,

@@ -10,6 +10,7 @@ artifact behind, and an existing non-artifact directory is never overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import logging
@@ -60,6 +61,7 @@ class CompileRequest:
     dump_dir: Path | None = None
     db: Path | None = None  # a tuning database: apply its verified schedules
     keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
+    joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
 
 
 def package_versions() -> dict[str, str]:
@@ -130,7 +132,7 @@ def compile_model(
     if request.db is not None and request.partition == "ago":
         from toolchain import tuning
 
-        plan, unfused = tuning.unfuse_slower(plan, request.db)
+        plan, unfused = tuning.unfuse_slower(plan, request.db, request.joins)
     partition.check(graph, plan)
     partition_record = {
         "method": plan.method,
@@ -138,7 +140,8 @@ def compile_model(
         "keep_inside": plan.keep_inside,
         **partition.stats(graph, plan),
         "groups": [list(g) for g in plan.groups],
-        "unfused": unfused,  # subgraphs built as their minis: the joined kernel measured slower
+        **({"joins": request.joins} if request.db is not None and request.partition == "ago" else {}),
+        "unfused": unfused,  # subgraphs built as their minis, and why (the joins rule above)
     }
 
     on_stage(f"fusing {len(plan.groups)} subgraphs")
@@ -153,9 +156,12 @@ def compile_model(
         from toolchain import tuning
 
         on_stage("applying tuned schedules")
+        tasks = tuning.kernel_tasks(mod, request.db)
         mod, applied = tuning.apply_verified(mod, request.db, request.target)
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
-        kernels = build.built_kernels(mod, request.target)  # a kernel whose weights were pre-packed is renamed …_prepacked
+        kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
+            dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))
+            for k in build.built_kernels(mod, request.target)]
         _dump(request.dump_dir, "04_scheduled.py", mod)
 
     with staged_directory(out_dir) as staging:

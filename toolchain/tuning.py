@@ -67,7 +67,7 @@ from typing import Callable
 from toolchain import build, fusion, partition, reform, transfer
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
-from toolchain.pairing import choose, minis_ms as _minis_ms, pair_joins, time_join
+from toolchain.pairing import TRAFFIC, check_rule, choose, choose_by, minis_ms as _minis_ms, pair_joins, time_join
 from toolchain.timing import Timing, local_runner
 from toolchain.weights import load_model
 
@@ -653,6 +653,14 @@ class TuneDB:
 
     def save_verified(self, data: dict) -> None:
         self._write("verified.json", data)
+
+    @property
+    def traffic(self) -> dict:
+        """Joins judged by simulated memory traffic (host/judge.py), per cache geometry: {} if none."""
+        return self._read("traffic.json", {})
+
+    def save_traffic(self, geometry: str, record: dict) -> None:
+        self._write("traffic.json", {**self.traffic, geometry: record})
 
     def ms_database(self):
         from tvm.s_tir import meta_schedule as ms
@@ -1550,13 +1558,15 @@ def compare(db_dir: Path, other: Path) -> dict:
 # ----------------------------------------------------------------------------- applying a database
 
 
-def unfuse_slower(plan, db_dir: Path):
+def unfuse_slower(plan, db_dir: Path, joins: str = "latency"):
     """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
     subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
     latencies, one call each), or has no verified schedule while they all do, is built as those
-    minis — fusing must pay for itself, on measurement.
-    Returns (plan, one record per subgraph unfused: its ops and both latencies). A database without
+    minis — fusing must pay for itself, on measurement. ``joins`` names another rule of
+    :data:`toolchain.pairing.JOIN_RULES` (e.g. ``traffic:a76``: the database's traffic judgements decide).
+    Returns (plan, one record per subgraph unfused: its ops, both latencies, and why). A database without
     the session's layout, or made for another partition (another threshold), changes nothing."""
+    check_rule(joins)
     db = TuneDB(db_dir)
     layout = db.layout
     if not layout.get("split_of"):
@@ -1565,19 +1575,43 @@ def unfuse_slower(plan, db_dir: Path):
         log.warning("the tuning database was made for another partition (threshold, keep-inside?): nothing unfused")
         return plan, []
     verified = db.verified
+    traffic = db.traffic.get(joins[len(TRAFFIC):], {}).get("joins", {}) if joins.startswith(TRAFFIC) else None
     groups: list = []
     unfused: list[dict] = []
     for index, group in enumerate(plan.groups):
         name = layout["group_tasks"][index]
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
-        choice = choose(name, layout.get("minis", {}).get(name, []), verified)
+        try:
+            choice = choose_by(joins, name, layout.get("minis", {}).get(name, []), verified, traffic)
+        except ValueError as exc:
+            raise TuningError(f"{exc} in {db_dir}: `agoc compile --db {db_dir} --joins {joins[len(TRAFFIC):]}` "
+                              "judges the joins first") from None
         if minis and choice.build == "minis":
             groups.extend(minis)
             unfused.append({"ops": list(group), "joined_ms": choice.joined_ms, "minis_ms": choice.minis_ms,
-                            "minis": len(minis), "paired": choice.paired, "reason": choice.reason})
+                            "minis": len(minis), "paired": choice.paired, "reason": choice.reason,
+                            **({"joined_bytes": choice.joined_bytes, "minis_bytes": choice.minis_bytes}
+                               if choice.joined_bytes is not None else {})})
             continue
         groups.append(tuple(group))
     return replace(plan, groups=tuple(groups)), unfused
+
+
+def kernel_tasks(fused_mod, db_dir: Path) -> dict[str, str]:
+    """Each kernel of the fused module (by name) → the task of ``db_dir`` it is (same structural hash)."""
+    db = TuneDB(db_dir)
+    by_hash = {task_hash(t.name): t.name for t in db.tasks}
+    out = {}
+    for name, func in group_kernels(_as_tuned(fused_mod, db)):
+        task = by_hash.get(kernel_hash(func))
+        if task is not None:
+            out[name] = task
+    return out
+
+
+def _as_tuned(fused_mod, db: TuneDB):
+    """The fused module's kernels as the session tuned them: weights marked layout-free when it pre-packed."""
+    return build.mark_weights(fused_mod) if _settings_but_trials((db.session or {}).get("settings", {}))["prepack"] else fused_mod
 
 
 def apply_verified(fused_mod, db_dir: Path, spec):
@@ -1590,8 +1624,7 @@ def apply_verified(fused_mod, db_dir: Path, spec):
     if db.session is None:
         raise TuningError(f"{db_dir} is not a tuning database; create one with `agoc tune`")
     prepack = _settings_but_trials(db.session.get("settings", {}))["prepack"]
-    if prepack:
-        fused_mod = build.mark_weights(fused_mod)
+    fused_mod = _as_tuned(fused_mod, db)
     verified = db.verified
     by_hash = {task_hash(t.name): t.name for t in db.tasks}
     memory = ms.database.MemoryDatabase()

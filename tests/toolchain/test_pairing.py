@@ -118,3 +118,59 @@ def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):
     assert together["rounds"] == pairing.PAIR_ROUNDS and together["joined_ms"] > 0 and together["ratio"] > 0
     verified[minis[0]]["status"] = "unverified"
     assert tuning.first_batch_vs_minis(joined, plan, database, verified, SPEC, settings) is None
+
+
+def _traffic(verified, minis, joined_bytes, minis_bytes):
+    return {"J": {"joined_bytes": joined_bytes, "minis_bytes": minis_bytes, "cache": "2MiB",
+                  "of": pairing.pairing_key("J", minis, verified)}}
+
+
+def test_the_traffic_rule_builds_the_side_that_moves_fewer_bytes_while_its_judgement_is_current():
+    verified = _verified(0.15, [0.1, 0.1])  # by latency: the join
+    minis = ["m0", "m1"]
+    fewer = pairing.choose_by("traffic:a76", "J", minis, verified, _traffic(verified, minis, 100_000, 300_000))
+    assert (fewer.build, fewer.joined_bytes, fewer.minis_bytes, fewer.reason) == ("joined", 100_000, 300_000, "")
+    more = pairing.choose_by("traffic:a76", "J", minis, verified, _traffic(verified, minis, 400_000, 300_000))
+    assert more.build == "minis" and more.joined_ms == 0.15 and more.minis_ms == pytest.approx(0.2)
+    assert more.reason == "moves more simulated DRAM bytes than its minis (400 vs 300 KB per call, a76 at 2MiB)"
+    stale = _traffic(verified, minis, 400_000, 300_000)
+    verified["m0"]["latency_ms"] = 0.05  # a mini got a new schedule since it was judged
+    with pytest.raises(ValueError, match="J has no current traffic judgement for a76"):
+        pairing.choose_by("traffic:a76", "J", minis, verified, stale)
+    with pytest.raises(ValueError, match="no current traffic judgement"):
+        pairing.choose_by("traffic:a76", "J", minis, verified, {})
+    # the other rules; and whatever the rule, a side without verified schedules is not built
+    assert pairing.choose_by("minis", "J", minis, verified).build == "minis"
+    assert pairing.choose_by("joined", "J", minis, _verified(0.5, [0.1, 0.1])).build == "joined"
+    assert pairing.choose_by("latency", "J", minis, _verified(0.5, [0.1, 0.1])).build == "minis"
+    unverified = _verified(0.15, [0.1, 0.1])
+    unverified["m1"]["status"] = "failed"
+    assert pairing.choose_by("minis", "J", minis, unverified).build == "joined"
+    assert pairing.choose_by("traffic:a76", "J", minis, unverified, {}).build == "joined"  # nothing to judge
+    assert pairing.check_rule("traffic:small-slc") == "traffic:small-slc"
+    for bad in ("traffic:", "fastest"):
+        with pytest.raises(ValueError, match="unknown join rule"):
+            pairing.check_rule(bad)
+
+
+def test_compile_builds_each_join_as_its_traffic_judgement_says(dwsep_split, tmp_path):
+    mod, graph, plan, split, *_ = dwsep_split
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])  # by latency: joined
+    with pytest.raises(tuning.TuningError, match=r"no current traffic judgement for a76 .*--joins a76` judges"):
+        tuning.unfuse_slower(plan, tmp_path, "traffic:a76")
+    verified = db.verified
+    joined = next(t.name for t in db.tasks if t.phase == "joined")
+    minis = db.layout["minis"][joined]
+    judged = {joined: {"joined_bytes": 500_000, "minis_bytes": 200_000, "cache": "2MiB",
+                       "of": pairing.pairing_key(joined, minis, verified)}}
+    db.save_traffic("a76", {"geometry": "a76", "cache": "2MiB", "joins": judged})
+    assert tuning.unfuse_slower(plan, tmp_path) == (plan, [])  # the latency rule does not read them
+    built, unfused = tuning.unfuse_slower(plan, tmp_path, "traffic:a76")
+    assert built.groups == split.plan.groups
+    assert unfused[0]["joined_bytes"] == 500_000 and unfused[0]["minis_bytes"] == 200_000
+    assert "moves more simulated DRAM bytes" in unfused[0]["reason"]
+    with pytest.raises(tuning.TuningError, match="no current traffic judgement for a55"):
+        tuning.unfuse_slower(plan, tmp_path, "traffic:a55")  # judged per geometry
+    assert tuning.unfuse_slower(plan, tmp_path, "minis")[0].groups == split.plan.groups
+    assert tuning.unfuse_slower(plan, tmp_path, "joined") == (plan, [])

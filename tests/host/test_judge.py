@@ -1,0 +1,92 @@
+"""Joins judged by simulated phone-cache traffic (host/judge.py, ``agoc compile --db DIR --joins a76``):
+on a pw → dw pair under valgrind, the judgement, its reuse, and the build it decides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import models
+from host import judge
+from tests.conftest import require_tool
+
+PAIR = ("pair-pw-dw", (1, 24, 28, 28))
+ZOO_REF = "zoo:pair-pw-dw@1x24x28x28"
+
+
+@pytest.fixture(scope="module")
+def pair_db(tmp_path_factory):
+    """A tuning database of the pair as one AGO subgraph split into two minis, every kernel 'verified'
+    with its default schedule (no trials run): (ONNX model, database, the join, its minis)."""
+    require_tool("valgrind")
+    from tvm import s_tir
+
+    from tests.runner.test_runner import build_runner
+    from toolchain import build, onnx_import, tuning
+    from toolchain.opgraph import op_graph
+    from toolchain.targets import resolve_target
+
+    build_runner("host")  # the proxy runs the host runner (with its callgrind client requests)
+    model = models.build(*PAIR)
+    spec = resolve_target("host-avx2", layout="NHWC")
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, op_graph(mod), spec, settings)
+    db = tuning.TuneDB(tmp_path_factory.mktemp("judge") / "pair.db")
+    db.open_session({"schema": tuning.SCHEMA, "model_sha256": onnx_import.model_hash(model),
+                     "target": spec.tvm_target, "layout": "NHWC", "settings": settings.to_json()})
+    db.save_tasks(plan.tasks)
+    db.save_layout(plan)
+    db.save_verified({
+        t.name: {"status": "verified", "latency_ms": 1.0, "phase": t.phase,
+                 "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[t.name])).trace.as_json())}
+        for t in plan.tasks})
+    (joined, parts), = plan.compositions.items()
+    return model, db.root, joined, [name for name, _ in parts]
+
+
+def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(pair_db, tmp_path, cli):
+    from toolchain import tuning
+    from toolchain.artifact import load_artifact
+
+    model, db, joined, minis = pair_db
+    assert judge.pending_joins(db, "a76") == [joined] and len(minis) == 2
+    record = judge.judge_joins(model, PAIR[0], {}, db, "a76", work_dir=tmp_path / "judged")
+    assert (record["geometry"], record["cache"], record["target"]) == ("a76", "2MiB", "host-avx2")
+    measured = record["joins"][joined]
+    # the intermediate (144 × 28 × 28 floats) stays inside the one kernel: less traffic than two kernels
+    assert 0 < measured["joined_bytes"] < measured["minis_bytes"]
+    assert tuning.TuneDB(db).traffic["a76"] == json.loads(json.dumps(record))  # kept in the database
+    # both builds were checked, and their kernels name the tasks whose schedules they carry
+    tasks = {side: {k.get("task") for k in load_artifact(tmp_path / "judged" / side).manifest.kernels
+                    if "conv2d" in k["name"]} for side in ("joined", "minis")}
+    assert tasks == {"joined": {joined}, "minis": set(minis)}
+    assert judge.pending_joins(db, "a76") == [] and judge.pending_joins(db, "a55") == [joined]
+    assert judge.judge_joins(model, PAIR[0], {}, db, "a76") == record  # current: nothing rebuilt
+
+    done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "-o", tmp_path / "a76")
+    assert done.exit_code == 0, done.output
+    assert "joins judged in a76's caches" in done.stdout and "joined" in done.stdout
+    info = load_artifact(tmp_path / "a76").manifest.partition_info
+    assert info["joins"] == "traffic:a76" and info["unfused"] == []
+    # judged the other way, the same command builds the minis, and says why
+    flipped = {**record, "joins": {joined: {**measured, "joined_bytes": measured["minis_bytes"] + 1}}}
+    tuning.TuneDB(db).save_traffic("a76", flipped)
+    done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "-o", tmp_path / "minis")
+    assert done.exit_code == 0, done.output
+    assert "built as their mini-subgraphs: the joined kernel moved more simulated DRAM traffic" in done.stdout
+    artifact = load_artifact(tmp_path / "minis")
+    (unfused,) = artifact.manifest.partition_info["unfused"]
+    assert unfused["minis_bytes"] == measured["minis_bytes"] and unfused["minis"] == 2
+    assert len([k for k in artifact.manifest.kernels if "conv2d" in k["name"]]) == 2
+    checked = cli("verify", tmp_path / "minis")
+    assert checked.exit_code == 0, checked.output
+
+
+def test_compile_refuses_a_join_rule_it_cannot_follow(cli, tmp_path):
+    without_db = cli("compile", "zoo:tiny-dwsep", "--joins", "a76", "-o", tmp_path / "a")
+    assert without_db.exit_code == 1 and "--joins decides between a tuned join and its tuned minis" in without_db.stderr
+    unknown = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path, "--joins", "fastest", "-o", tmp_path / "b")
+    assert unknown.exit_code == 1 and "unknown --joins 'fastest'" in unknown.stderr and "a76" in unknown.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
