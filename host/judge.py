@@ -4,79 +4,82 @@ Which build of a subgraph the reformer split is better for a phone — the joine
 mini-subgraphs one after another — is not a latency question on this host: its 2 MiB L2 and 32 MiB L3
 hide the locality fusion buys (bench/RESULTS.md: joins faster here moved more data through a 512 KiB
 L2). Without a phone it is a traffic question, and the phone-cache proxy (design §5, host/proxy.py)
-answers it deterministically:
+answers it deterministically, for the whole model:
 
-1. the model is built twice from the database's kept schedules, for ``host-avx2`` (valgrind rejects
-   AVX-512) — every join joined, every join as its minis — and both builds are checked against
-   onnxruntime;
-2. each build runs once under callgrind in the geometry (the runner's timed call, after warm-up);
-3. per join, the DRAM bytes per call of its joined kernel at the geometry's smallest shared cache are
-   compared with those of its minis' kernels together: the side that moves fewer is built.
+1. the baseline: the model built from the database's kept schedules for ``host-avx2`` (valgrind
+   rejects AVX-512), each join as the latency rule builds it (toolchain/pairing.py);
+2. one trial build per join, the same with only that join flipped (joined ↔ its minis);
+3. every build checked against onnxruntime and run once under callgrind in the geometry (the runner's
+   timed call, after warm-up): its DRAM bytes per inference at the geometry's smallest shared cache;
+4. each join is built the way whose build moved fewer bytes (a tie keeps the baseline's way).
 
-Measured in the whole model, each kernel finds the cache as the kernels before it left it, as it would
-on the phone. Approximations, stated: a kernel the model calls at several places (the same mini
-elsewhere, or two instances of one join) reads as the average of its calls; each side is measured
-with every other join built the same way; a mini the lowering turns into a view (a reshape) moves 0.
+Why whole-model totals and not the kernels' own figures: callgrind charges a dirty line's write-back
+to the kernel whose access evicts it, and a kernel's misses depend on what the kernels before it
+left in the cache, so per-kernel bytes move between neighbours when one join changes (measured on
+MobileNet-V2: per-kernel figures promised 0.73 MB less, the build moved 0.04 MB less). The total is
+what the phone would move. Each join is judged with every other join as in the baseline; the joins
+are flipped together afterwards, so interactions between two flipped joins are not measured.
 
-A judgement is stored per geometry in the database (``traffic.json``), keyed like a latency pairing by
-the recorded latencies of the join and its minis (toolchain/pairing.py): once either gets a new
-schedule (a resumed session) the join is judged again; judgements still current are not re-measured.
+The judgements are stored per geometry in the database (``traffic.json``), keyed by the recorded
+latencies of every join and mini judged (a pairing's key, toolchain/pairing.py): totals depend on every
+kernel, so once any of them gets a new schedule (a resumed session) all joins are judged again.
+Cost: (joins + 1) builds and simulations — MnasNet-B1 @112, 14 joins: about 15 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import logging
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from toolchain.errors import AgocError
 
-log = logging.getLogger(__name__)
-
-
 class JudgeError(AgocError):
     """The joins cannot be judged (a build that differs from onnxruntime, a database without joins)."""
 
 
-def pending_joins(db_dir: Path, geometry: str) -> list[str]:
-    """The joins of ``db_dir`` whose joined kernel and minis all have verified schedules and whose
-    judgement in ``geometry`` is missing or no longer current."""
+def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
+    """The joins of ``db_dir`` whose joined kernel and minis all have verified schedules, with their minis."""
     from toolchain import pairing, tuning
 
     db = tuning.TuneDB(db_dir)
     verified = db.verified
-    judged = db.traffic.get(geometry, {}).get("joins", {})
-    out = []
+    out = {}
     for joined, minis in db.layout.get("minis", {}).items():
         by_latency = pairing.choose(joined, minis, verified)
-        if by_latency.joined_ms is None or by_latency.minis_ms is None:
-            continue  # only one side can be built with its schedules: nothing to judge
-        if pairing.current_traffic(joined, minis, verified, judged) is None:
-            out.append(joined)
+        if by_latency.joined_ms is not None and by_latency.minis_ms is not None:
+            out[joined] = minis  # else only one side can be built with its schedules: nothing to judge
     return out
 
 
-def per_call_bytes(manifest_kernels, figures: dict, cache: str) -> dict[str, float]:
-    """Simulated DRAM bytes per call (LL = ``cache``) of each tuning task a build's kernels were
-    scheduled with: ``figures`` from :func:`host.proxy.measure` (per inference, all calls of a kernel)."""
-    by_name = {k["name"]: k for k in figures["kernels"]}
-    out: dict[str, float] = {}
-    for k in manifest_kernels:
-        task, seen = k.get("task"), by_name.get(k["name"])
-        if task is None or seen is None:
-            continue
-        out[task] = out.get(task, 0.0) + seen["dram_bytes"][cache] / max(1, k["calls"])
-    return out
+def _key(db_dir: Path, joins: dict[str, list[str]]) -> dict:
+    from toolchain import pairing, tuning
+
+    verified = tuning.TuneDB(db_dir).verified
+    return {joined: pairing.pairing_key(joined, minis, verified) for joined, minis in joins.items()}
+
+
+def pending_joins(db_dir: Path, geometry: str) -> list[str]:
+    """The joins to judge in ``geometry``: every judgeable one when any lacks a current judgement (a
+    judgement is a whole-model total: it depends on every kernel), else none."""
+    from toolchain import pairing, tuning
+
+    db = tuning.TuneDB(db_dir)
+    verified, judged = db.verified, db.traffic.get(geometry, {}).get("joins", {})
+    joins = judgeable_joins(db_dir)
+    stale = [j for j, minis in joins.items() if pairing.current_traffic(j, minis, verified, judged) is None]
+    return list(joins) if stale else []
 
 
 def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geometry: str,
                 work_dir: Path | None = None, on_stage: Callable[[str], None] = lambda stage: None) -> dict:
-    """Judge every pending join of ``db_dir`` (:func:`pending_joins`) in ``geometry`` (a name of
-    :data:`host.proxy.GEOMETRIES`) and store the judgements in the database; returns that geometry's
-    record: ``{"geometry", "cache", "target", "judged", "joins": {join: {"joined_bytes", "minis_bytes",
-    "cache", "of"}}}``. The builds go to ``work_dir`` (default: a temporary directory)."""
+    """Judge the joins of ``db_dir`` in ``geometry`` (a name of :data:`host.proxy.GEOMETRIES`) when
+    :func:`pending_joins` says so, and store the judgements in the database; returns that geometry's
+    record: ``{"geometry", "cache", "target", "judged", "baseline_bytes", "joins": {join: {"joined_bytes",
+    "minis_bytes", "cache", "of"}}}`` — the bytes are the whole model's per inference with the join built
+    that way. The builds go to ``work_dir`` (default: a temporary directory)."""
     from host import proxy
     from host.devices import LocalDevice
     from toolchain import pairing, tuning
@@ -93,45 +96,45 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     if settings.get("partition", "ago") != "ago" or not db.layout.get("minis"):
         raise JudgeError(f"{db_dir} has no joined subgraphs to judge (partition {settings.get('partition')}, "
                          "or tuned without the reformer)")
-    record = db.traffic.get(geometry, {})
-    pending = pending_joins(db_dir, geometry)
-    if not pending:
-        return record
+    if not pending_joins(db_dir, geometry):
+        return db.traffic.get(geometry, {})
     proxy.find_valgrind()  # before minutes of building: a clear message where valgrind is missing
     cache = geo.llc[0]  # the smallest shared cache: where a phone's DRAM traffic is largest
+    one_cache = dataclasses.replace(geo, llc=(cache,))  # the L2 run comes with it; the larger LLCs are not needed
     spec = resolve_target("host-avx2", num_cores=session.get("target", {}).get("num-cores"),
                           layout=db.activation_layout)
+    joins = judgeable_joins(db_dir)
+    verified = db.verified
+    baseline = {j: pairing.choose(j, minis, verified).build for j, minis in joins.items()}
+
+    def model_bytes(flipped: str | None, root: Path) -> int:
+        builds = {} if flipped is None else {flipped: "minis" if baseline[flipped] == "joined" else "joined"}
+        what = "the baseline" if flipped is None else f"{flipped} {builds[flipped]}"
+        request = CompileRequest(model, model_name, spec, input_shapes, "ago", settings["threshold"],
+                                 db=Path(db_dir), keep_inside=settings.get("keep_inside", 0),
+                                 join_builds=tuple(builds.items()))
+        artifact = compile_model(request, find_compiler(spec), root)
+        report = verify_artifact(artifact, LocalDevice())
+        if not report.passed:
+            raise JudgeError(f"the build with {what} differs from onnxruntime "
+                             f"(max abs {max(o.max_abs for o in report.outputs):.3g}): nothing judged")
+        return proxy.measure(artifact, one_cache)["model_figures"]["dram_bytes"][cache.label]
+
+    totals: dict[str | None, int] = {}
     with tempfile.TemporaryDirectory(prefix="agoc-judge-") as tmp:
         root = Path(work_dir) if work_dir is not None else Path(tmp)
-        measured = {}
-        for side in ("joined", "minis"):
-            on_stage(f"building the model with every join {'joined' if side == 'joined' else 'as its minis'} "
-                     f"for {spec.preset}")
-            request = CompileRequest(model, model_name, spec, input_shapes, "ago", settings["threshold"],
-                                     db=Path(db_dir), keep_inside=settings.get("keep_inside", 0), joins=side)
-            artifact = compile_model(request, find_compiler(spec), root / side)
-            on_stage(f"checking the {side} build against onnxruntime")
-            report = verify_artifact(artifact, LocalDevice())
-            if not report.passed:
-                raise JudgeError(f"the build with every join {side} differs from onnxruntime "
-                                 f"(max abs {max(o.max_abs for o in report.outputs):.3g}): nothing judged")
-            on_stage(f"simulating the {side} build in {geo.name}'s caches (valgrind)")
-            measured[side] = per_call_bytes(artifact.manifest.kernels, proxy.measure(artifact, geo), cache.label)
-    verified, minis_of = db.verified, db.layout["minis"]
-    lost = [j for j in pending if j not in measured["joined"]]
-    if lost:  # the builds' kernels carry the task they were scheduled with: this is not expected
-        raise JudgeError(f"{len(lost)} joined kernel(s) not found in the simulated build ({lost[0]}, ...): "
-                         "nothing judged; rerun with --debug and report it")
-    joins = dict(record.get("joins", {}))
-    for joined in pending:
-        minis = minis_of[joined]
-        joins[joined] = {
-            "joined_bytes": round(measured["joined"][joined]),
-            "minis_bytes": round(sum(measured["minis"].get(m, 0.0) for m in minis)),
-            "cache": cache.label,
-            "of": pairing.pairing_key(joined, minis, verified),
-        }
-    record = {"geometry": geo.name, "cache": cache.label, "target": spec.preset,
-              "judged": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "joins": joins}
+        for i, flipped in enumerate([None, *joins]):
+            on_stage(f"build {i + 1} of {len(joins) + 1}: "
+                     + ("the baseline" if flipped is None else f"{flipped} flipped")
+                     + f", simulated in {geo.name}'s caches (valgrind)")
+            totals[flipped] = model_bytes(flipped, root / ("baseline" if flipped is None else f"flip-{i}"))
+    judged = {}
+    for joined, minis in joins.items():
+        flipped_way = "minis" if baseline[joined] == "joined" else "joined"
+        by_way = {baseline[joined]: totals[None], flipped_way: totals[joined]}
+        judged[joined] = {"joined_bytes": by_way["joined"], "minis_bytes": by_way["minis"], "cache": cache.label,
+                          "of": pairing.pairing_key(joined, minis, verified)}
+    record = {"geometry": geo.name, "cache": cache.label, "target": spec.preset, "baseline_bytes": totals[None],
+              "judged": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "joins": judged}
     db.save_traffic(geometry, record)
     return record

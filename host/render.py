@@ -302,20 +302,21 @@ def decisions_table(decisions, graph) -> Table:
 
 
 def traffic_table(record: dict, judged_now=()) -> Table:
-    """A database's joins judged by simulated DRAM traffic (host/judge.py), one row per join."""
+    """A database's joins judged by simulated DRAM traffic (host/judge.py): per join, the whole model's
+    bytes per inference with it joined and with its minis (every other join as in the baseline)."""
     now = f", {len(judged_now)} judged now" if judged_now else ""
-    table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches (DRAM bytes per call, "
-                        f"LL {record.get('cache', '?')}, {record.get('target', '?')} build{now})", title_justify="left")
+    table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches: the model's DRAM KB per inference "
+                        f"(LL {record.get('cache', '?')}, {record.get('target', '?')} build{now}; baseline "
+                        f"{record.get('baseline_bytes', 0) / 1e3:.0f} KB)", title_justify="left")
     table.add_column("join")
-    table.add_column("joined KB", justify="right")
-    table.add_column("minis KB", justify="right")
-    table.add_column("joined ÷ minis", justify="right")
+    table.add_column("joined", justify="right")
+    table.add_column("as minis", justify="right")
+    table.add_column("joined − minis", justify="right")
     table.add_column("built")
     for name, j in sorted(record.get("joins", {}).items()):
         joined, minis = j["joined_bytes"], j["minis_bytes"]
-        table.add_row(name, f"{joined / 1e3:.1f}",
-                      f"{minis / 1e3:.1f}", f"{joined / minis:.2f}" if minis else "-",
-                      "joined" if joined <= minis else "[yellow]minis[/yellow]")
+        table.add_row(name, f"{joined / 1e3:.1f}", f"{minis / 1e3:.1f}", f"{(joined - minis) / 1e3:+.1f}",
+                      "joined" if joined < minis else "[yellow]minis[/yellow]" if joined > minis else "either")
     return table
 
 

@@ -43,8 +43,8 @@ class Choice:
     minis_ms: float | None
     paired: bool  # True: the numbers were measured together (see the module doc)
     reason: str = ""
-    joined_bytes: int | None = None  # traffic rule: simulated DRAM bytes per call of the join ...
-    minis_bytes: int | None = None  # ... and of its minis together
+    joined_bytes: int | None = None  # traffic rule: the model's simulated DRAM bytes with the join built ...
+    minis_bytes: int | None = None  # ... and with its minis
 
 
 #: How ``compile --db`` builds a subgraph the reformer split (``--joins``): rule → what decides.
@@ -52,8 +52,8 @@ JOIN_RULES = {
     "latency": "the joined kernel, unless it is slower than its minis together (timed together, see above)",
     "joined": "the joined kernel, whenever it has a verified schedule",
     "minis": "its mini-subgraphs, whenever they all have verified schedules",
-    "traffic:GEOMETRY": "whichever moves fewer simulated DRAM bytes per call in that phone cache "
-                        "(judged under valgrind on this machine: host/judge.py)",
+    "traffic:GEOMETRY": "the way the whole model moves fewer simulated DRAM bytes in that phone's caches "
+                        "(judged under valgrind on this machine, one join flipped at a time: host/judge.py)",
 }
 TRAFFIC = "traffic:"
 
@@ -130,12 +130,13 @@ def choose_by(rule: str, joined: str, minis: list[str], verified: dict, traffic:
     record = current_traffic(joined, minis, verified, traffic or {})
     if record is None:
         raise ValueError(f"{joined} has no current traffic judgement for {rule[len(TRAFFIC):]}")
-    fewer = record["joined_bytes"] <= record["minis_bytes"]
+    joined_bytes, minis_bytes = record["joined_bytes"], record["minis_bytes"]  # the model's, per inference
+    fewer = joined_bytes < minis_bytes or (joined_bytes == minis_bytes and by_latency.build == "joined")
     return Choice("joined" if fewer else "minis", by_latency.joined_ms, by_latency.minis_ms, by_latency.paired,
-                  "" if fewer else f"moves more simulated DRAM bytes than its minis "
-                  f"({record['joined_bytes'] / 1e3:.0f} vs {record['minis_bytes'] / 1e3:.0f} KB per call, "
+                  "" if fewer else f"the model moves no fewer simulated DRAM bytes with it joined "
+                  f"({joined_bytes / 1e3:.0f} vs {minis_bytes / 1e3:.0f} KB per inference, "
                   f"{rule[len(TRAFFIC):]} at {record.get('cache', '?')})",
-                  record["joined_bytes"], record["minis_bytes"])
+                  joined_bytes, minis_bytes)
 
 
 def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,

@@ -62,6 +62,7 @@ class CompileRequest:
     db: Path | None = None  # a tuning database: apply its verified schedules
     keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
     joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
+    join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
 
 
 def package_versions() -> dict[str, str]:
@@ -132,7 +133,7 @@ def compile_model(
     if request.db is not None and request.partition == "ago":
         from toolchain import tuning
 
-        plan, unfused = tuning.unfuse_slower(plan, request.db, request.joins)
+        plan, unfused = tuning.unfuse_slower(plan, request.db, request.joins, dict(request.join_builds))
     partition.check(graph, plan)
     partition_record = {
         "method": plan.method,

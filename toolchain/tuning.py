@@ -1558,15 +1558,19 @@ def compare(db_dir: Path, other: Path) -> dict:
 # ----------------------------------------------------------------------------- applying a database
 
 
-def unfuse_slower(plan, db_dir: Path, joins: str = "latency"):
+def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, str] | None = None):
     """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
     subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
     latencies, one call each), or has no verified schedule while they all do, is built as those
     minis — fusing must pay for itself, on measurement. ``joins`` names another rule of
-    :data:`toolchain.pairing.JOIN_RULES` (e.g. ``traffic:a76``: the database's traffic judgements decide).
+    :data:`toolchain.pairing.JOIN_RULES` (e.g. ``traffic:a76``: the database's traffic judgements decide);
+    ``builds`` ({join task: "joined" | "minis"}) overrules it for the joins it names (host/judge.py's trial builds).
     Returns (plan, one record per subgraph unfused: its ops, both latencies, and why). A database without
     the session's layout, or made for another partition (another threshold), changes nothing."""
-    check_rule(joins)
+    try:
+        check_rule(joins)
+    except ValueError as exc:
+        raise TuningError(str(exc)) from None
     db = TuneDB(db_dir)
     layout = db.layout
     if not layout.get("split_of"):
@@ -1582,7 +1586,11 @@ def unfuse_slower(plan, db_dir: Path, joins: str = "latency"):
         name = layout["group_tasks"][index]
         minis = [tuple(m) for m in layout["split_of"].get(str(index), [])]
         try:
-            choice = choose_by(joins, name, layout.get("minis", {}).get(name, []), verified, traffic)
+            if name in (builds or {}):
+                choice = replace(choose(name, layout.get("minis", {}).get(name, []), verified), build=builds[name],
+                                 reason="built as its minis on request")
+            else:
+                choice = choose_by(joins, name, layout.get("minis", {}).get(name, []), verified, traffic)
         except ValueError as exc:
             raise TuningError(f"{exc} in {db_dir}: `agoc compile --db {db_dir} --joins {joins[len(TRAFFIC):]}` "
                               "judges the joins first") from None

@@ -132,7 +132,12 @@ def test_the_traffic_rule_builds_the_side_that_moves_fewer_bytes_while_its_judge
     assert (fewer.build, fewer.joined_bytes, fewer.minis_bytes, fewer.reason) == ("joined", 100_000, 300_000, "")
     more = pairing.choose_by("traffic:a76", "J", minis, verified, _traffic(verified, minis, 400_000, 300_000))
     assert more.build == "minis" and more.joined_ms == 0.15 and more.minis_ms == pytest.approx(0.2)
-    assert more.reason == "moves more simulated DRAM bytes than its minis (400 vs 300 KB per call, a76 at 2MiB)"
+    assert more.reason == ("the model moves no fewer simulated DRAM bytes with it joined (400 vs 300 KB per inference, "
+                           "a76 at 2MiB)")
+    tie = _traffic(verified, minis, 300_000, 300_000)  # a tie: the latency rule's way
+    assert pairing.choose_by("traffic:a76", "J", minis, verified, tie).build == "joined"
+    slow = _verified(0.5, [0.1, 0.1])  # by latency: the minis
+    assert pairing.choose_by("traffic:a76", "J", minis, slow, _traffic(slow, minis, 300_000, 300_000)).build == "minis"
     stale = _traffic(verified, minis, 400_000, 300_000)
     verified["m0"]["latency_ms"] = 0.05  # a mini got a new schedule since it was judged
     with pytest.raises(ValueError, match="J has no current traffic judgement for a76"):
@@ -169,7 +174,7 @@ def test_compile_builds_each_join_as_its_traffic_judgement_says(dwsep_split, tmp
     built, unfused = tuning.unfuse_slower(plan, tmp_path, "traffic:a76")
     assert built.groups == split.plan.groups
     assert unfused[0]["joined_bytes"] == 500_000 and unfused[0]["minis_bytes"] == 200_000
-    assert "moves more simulated DRAM bytes" in unfused[0]["reason"]
+    assert "the model moves no fewer simulated DRAM bytes with it joined" in unfused[0]["reason"]
     with pytest.raises(tuning.TuningError, match="no current traffic judgement for a55"):
         tuning.unfuse_slower(plan, tmp_path, "traffic:a55")  # judged per geometry
     assert tuning.unfuse_slower(plan, tmp_path, "minis")[0].groups == split.plan.groups
