@@ -441,6 +441,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 joins = judged.get("joins", {})
                 record["joins"] = {"rule": variant.joins, "cache": judged.get("cache"), "judged": len(joins),
                                    "baseline_bytes": judged.get("baseline_bytes"),
+                                   "final_bytes": judged.get("final_bytes"),
                                    "minis": sum(j["joined_bytes"] > j["minis_bytes"] for j in joins.values()),
                                    "seconds": round(time.perf_counter() - started, 1)}
         elif variant.tuned:

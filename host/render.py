@@ -307,7 +307,8 @@ def traffic_table(record: dict, judged_now=()) -> Table:
     now = f", {len(judged_now)} judged now" if judged_now else ""
     table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches: the model's DRAM KB per inference "
                         f"(LL {record.get('cache', '?')}, {record.get('target', '?')} build{now}; baseline "
-                        f"{record.get('baseline_bytes', 0) / 1e3:.0f} KB)", title_justify="left")
+                        f"{record.get('baseline_bytes', 0) / 1e3:.0f} KB, kept {record.get('final_bytes', 0) / 1e3:.0f} KB; "
+                        "each join judged with the flips kept before it)", title_justify="left")
     table.add_column("join")
     table.add_column("joined", justify="right")
     table.add_column("as minis", justify="right")

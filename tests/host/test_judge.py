@@ -58,6 +58,7 @@ def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(p
     # the intermediate (144 × 28 × 28 floats) stays inside the one kernel: the model moves less with it
     assert 0 < measured["joined_bytes"] < measured["minis_bytes"]
     assert record["baseline_bytes"] == measured["joined_bytes"]  # by latency (1 ms vs 2 ms) the join is built
+    assert record["final_bytes"] == record["baseline_bytes"] and record["method"] == judge.METHOD
     assert tuning.TuneDB(db).traffic["a76"] == json.loads(json.dumps(record))  # kept in the database
     # the baseline and the one flipped build, both checked; their kernels name the tasks they were scheduled with
     tasks = {build: {k.get("task") for k in load_artifact(tmp_path / "judged" / build).manifest.kernels
@@ -65,6 +66,9 @@ def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(p
     assert tasks == {"baseline": {joined}, "flip-1": set(minis)}
     assert judge.pending_joins(db, "a76") == [] and judge.pending_joins(db, "a55") == [joined]
     assert judge.judge_joins(model, PAIR[0], {}, db, "a76") == record  # current: nothing rebuilt
+    tuning.TuneDB(db).save_traffic("a76", {**record, "method": "per kernel"})  # judged another way: again
+    assert judge.pending_joins(db, "a76") == [joined]
+    tuning.TuneDB(db).save_traffic("a76", record)
 
     done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "-o", tmp_path / "a76")
     assert done.exit_code == 0, done.output
