@@ -283,7 +283,8 @@ def _judge(proto, label: str, overrides: dict, db: Path, geometry: str) -> None:
             record = judge.judge_joins(proto, label, overrides, db, geometry, on_stage=lambda s: status.update(s))
     else:
         record = TuneDB(db).traffic.get(geometry, {})
-    console.print(render.traffic_table(record, pending))
+    if record.get("joins"):  # a database without joins (tuned without the reformer): nothing to judge
+        console.print(render.traffic_table(record, pending))
 
 
 @app.command()

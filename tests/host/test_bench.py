@@ -315,3 +315,20 @@ def test_a_tuned_variant_records_how_its_search_did_on_the_kernels_the_baseline_
     assert results["tvm-ago-tuned"]["tuning"]["same_kernels"] == {
         "vs": "tvm-stock-tuned", "kernels": 2, "geomean": pytest.approx(2 ** 0.5)}
     assert "tuning" not in results["tvm-ago-ni"] and "same_kernels" not in results["tvm-stock-tuned"]["tuning"]
+
+
+def test_a_variant_built_from_another_variants_database_matches_its_partition_and_tunes_nothing(tmp_path):
+    """tvm-ago-a76 / tvm-ago-locality-a76 (compile --joins a76 on another variant's database): the
+    database they name is a tuned variant cut the same way (else compile --db would refuse its groups),
+    and they spend no trials of their own."""
+    shared = [v for v in bench.VARIANTS if v.db_of]
+    assert {v.name for v in shared} >= {"tvm-ago-a76", "tvm-ago-locality-a76"}
+    for v in shared:
+        owner = bench.VARIANTS_BY_NAME[v.db_of]
+        assert owner.tuned and not owner.db_of and v.tuned
+        assert (owner.partition, owner.keep_inside, owner.intensive, owner.reformer) == (
+            v.partition, v.keep_inside, v.intensive, v.reformer)
+        case = Case("mnasnet", (1, 3, 112, 112))
+        assert bench._variant_db(case, v, tmp_path) == tmp_path / case.label / f"{v.db_of}.db"
+        assert bench._join_rule(v) == f"traffic:{v.joins}"
+    assert bench._join_rule(bench.VARIANTS_BY_NAME["tvm-ago-tuned"]) == "latency"
