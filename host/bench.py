@@ -407,7 +407,9 @@ def _variant_db(case: Case, variant: Variant, work_dir: Path) -> Path:
 
 def _join_rule(variant: Variant) -> str:
     """The variant's ``joins`` as a rule of toolchain.pairing.JOIN_RULES (a geometry: ``traffic:NAME``)."""
-    return variant.joins if variant.joins in ("latency", "joined", "minis") else f"traffic:{variant.joins}"
+    from toolchain.pairing import rule_for
+
+    return rule_for(variant.joins)
 
 
 def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settings, work_dir: Path,

@@ -260,13 +260,13 @@ def _join_rule(joins: str, db: Optional[Path]) -> str:
 
     if joins != "latency" and db is None:
         raise UnsupportedModelError("--joins decides between a tuned join and its tuned minis: it needs --db")
-    if joins in ("latency", "joined", "minis"):
-        return joins
-    names = [g.name for g in proxy.GEOMETRIES]
-    if joins not in names:
+    from toolchain.pairing import TRAFFIC, rule_for
+
+    rule, names = rule_for(joins), [g.name for g in proxy.GEOMETRIES]
+    if rule.startswith(TRAFFIC) and joins not in names:
         raise UnsupportedModelError(f"unknown --joins '{joins}': latency, joined, minis, or a cache geometry "
                                     f"({', '.join(names)})")
-    return f"traffic:{joins}"
+    return rule
 
 
 def _judge(proto, label: str, overrides: dict, db: Path, geometry: str) -> None:

@@ -60,13 +60,6 @@ def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
     return out
 
 
-def _key(db_dir: Path, joins: dict[str, list[str]]) -> dict:
-    from toolchain import pairing, tuning
-
-    verified = tuning.TuneDB(db_dir).verified
-    return {joined: pairing.pairing_key(joined, minis, verified) for joined, minis in joins.items()}
-
-
 def pending_joins(db_dir: Path, geometry: str) -> list[str]:
     """The joins to judge in ``geometry``: every judgeable one when any lacks a current judgement (a
     judgement is a whole-model total: it depends on every kernel), else none."""
@@ -86,7 +79,8 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     :func:`pending_joins` says so, and store the judgements in the database; returns that geometry's
     record: ``{"geometry", "method", "cache", "target", "judged", "baseline_bytes", "final_bytes", "joins":
     {join: {"joined_bytes", "minis_bytes", "cache", "of"}}}`` — the bytes are the whole model's per inference
-    with the join built that way (the joins judged before it as kept); ``final_bytes``: the build kept. The builds go to ``work_dir`` (default: a temporary directory)."""
+    with the join built that way (the joins judged before it as kept); ``final_bytes``: the build kept.
+    The builds go to ``work_dir`` (default: a temporary directory)."""
     from host import proxy
     from host.devices import LocalDevice
     from toolchain import pairing, tuning

@@ -108,6 +108,12 @@ def check_rule(rule: str) -> str:
     raise ValueError(f"unknown join rule '{rule}'; one of: {', '.join(JOIN_RULES)}")
 
 
+def rule_for(joins: str) -> str:
+    """``compile --joins`` / a suite variant's ``joins`` as a rule: a plain rule as it is, a geometry
+    name as ``traffic:NAME``."""
+    return joins if joins in JOIN_RULES else TRAFFIC + joins
+
+
 def current_traffic(joined: str, minis: list[str], verified: dict, traffic: dict) -> dict | None:
     """The traffic judgement of ``joined`` (``traffic``: one geometry's joins, as host/judge.py stores
     them) when it was made from the schedules kept now, else None."""

@@ -157,8 +157,7 @@ def compile_model(
         from toolchain import tuning
 
         on_stage("applying tuned schedules")
-        tasks = tuning.kernel_tasks(mod, request.db)
-        mod, applied = tuning.apply_verified(mod, request.db, request.target)
+        mod, applied, tasks = tuning.apply_verified(mod, request.db, request.target)
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
         kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
             dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))

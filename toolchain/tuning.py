@@ -1588,7 +1588,7 @@ def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, 
         try:
             if name in (builds or {}):
                 choice = replace(choose(name, layout.get("minis", {}).get(name, []), verified), build=builds[name],
-                                 reason="built as its minis on request")
+                                 reason=f"built {builds[name]} on request")
             else:
                 choice = choose_by(joins, name, layout.get("minis", {}).get(name, []), verified, traffic)
         except ValueError as exc:
@@ -1605,26 +1605,10 @@ def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, 
     return replace(plan, groups=tuple(groups)), unfused
 
 
-def kernel_tasks(fused_mod, db_dir: Path) -> dict[str, str]:
-    """Each kernel of the fused module (by name) → the task of ``db_dir`` it is (same structural hash)."""
-    db = TuneDB(db_dir)
-    by_hash = {task_hash(t.name): t.name for t in db.tasks}
-    out = {}
-    for name, func in group_kernels(_as_tuned(fused_mod, db)):
-        task = by_hash.get(kernel_hash(func))
-        if task is not None:
-            out[name] = task
-    return out
-
-
-def _as_tuned(fused_mod, db: TuneDB):
-    """The fused module's kernels as the session tuned them: weights marked layout-free when it pre-packed."""
-    return build.mark_weights(fused_mod) if _settings_but_trials((db.session or {}).get("settings", {}))["prepack"] else fused_mod
-
-
 def apply_verified(fused_mod, db_dir: Path, spec):
     """Schedule the fused module's kernels with the verified records of ``db_dir`` (others stay default);
-    a database tuned with ``prepack`` also gets its rewritten weights folded (build.prepack_weights)."""
+    a database tuned with ``prepack`` also gets its rewritten weights folded (build.prepack_weights).
+    Returns (module, how many kernels got a schedule, each kernel's name → the task it is in ``db_dir``)."""
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
@@ -1632,14 +1616,18 @@ def apply_verified(fused_mod, db_dir: Path, spec):
     if db.session is None:
         raise TuningError(f"{db_dir} is not a tuning database; create one with `agoc tune`")
     prepack = _settings_but_trials(db.session.get("settings", {}))["prepack"]
-    fused_mod = _as_tuned(fused_mod, db)
+    if prepack:  # the kernels as the session tuned them (same structural hash)
+        fused_mod = build.mark_weights(fused_mod)
     verified = db.verified
     by_hash = {task_hash(t.name): t.name for t in db.tasks}
     memory = ms.database.MemoryDatabase()
     applied = 0
+    tasks: dict[str, str] = {}
     seen: set[str] = set()
-    for _, func in group_kernels(fused_mod):
+    for name, func in group_kernels(fused_mod):
         digest = kernel_hash(func)
+        if digest in by_hash:
+            tasks[name] = by_hash[digest]
         if digest in seen:
             continue
         seen.add(digest)
@@ -1656,4 +1644,4 @@ def apply_verified(fused_mod, db_dir: Path, spec):
         applied += 1
     with spec.tvm(), memory:
         out = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
-    return (build.prepack_weights(out, spec) if prepack else out), applied
+    return (build.prepack_weights(out, spec) if prepack else out), applied, tasks

@@ -70,7 +70,7 @@ def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_
 
     model, fused = cnn
     _prepacked_db(fused, tmp_path)
-    out, applied = tuning.apply_verified(fused, tmp_path, SPEC)
+    out, applied, _ = tuning.apply_verified(fused, tmp_path, SPEC)
     assert applied == 1
     assert "layout_rewrite_preproc" not in out.script()
     assert _param_shapes(out) - _param_shapes(fused)  # the weight, stored in the schedule's order
@@ -92,7 +92,7 @@ def test_a_database_tuned_without_prepack_compiles_with_the_weights_as_they_are(
     db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
                      "settings": tuning.TuneSettings(prepack=False).to_json()})
     db.save_tasks([tuning.Task(tuning.task_name(name, func), "kernel", (), None, 1.0, 16)])
-    out, applied = tuning.apply_verified(fused, tmp_path, SPEC)
+    out, applied, _ = tuning.apply_verified(fused, tmp_path, SPEC)
     assert applied == 0 and _param_shapes(out) == _param_shapes(fused)
     assert not any(f.attrs and "layout_free_buffers" in f.attrs for f in out.functions.values()
                    if hasattr(f, "attrs") and type(f).__name__ == "PrimFunc")
