@@ -35,6 +35,8 @@ from typing import Callable
 
 import numpy as np
 
+from host import cache_regime
+
 log = logging.getLogger(__name__)
 
 SCHEMA = "agoc.bench/1"
@@ -109,6 +111,7 @@ class Settings:
     transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
     population: int = 128  # every tuned variant's search population per batch (TuneSettings)
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
+    cache: str = "cold"  # what every timed call finds in cache (host.cache_regime.REGIMES); results without: shared
 
 
 FULL = dict(rounds=10, calls_per_round=10, warmup=5, gap_s=0.3)
@@ -254,7 +257,8 @@ class Worker:
 
     def __init__(self, members: dict[str, tuple[Variant, Path]], settings: Settings):
         engines = [{"name": name, "engine": v.engine, "artifact": str(path)} for name, (v, path) in members.items()]
-        config = {"engines": engines, "threads": settings.threads, "warmup": settings.warmup}
+        config = {"engines": engines, "threads": settings.threads, "warmup": settings.warmup,
+                  "cache": settings.cache}
         env = dict(os.environ, TVM_NUM_THREADS=str(settings.threads), OMP_NUM_THREADS=str(settings.threads))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "host.bench_worker", json.dumps(config)],
@@ -268,6 +272,8 @@ class Worker:
         # a variant that did not load: its reason; the whole process failing fails every member
         self.errors = {name: self.hello["error"] for name in members} if "error" in self.hello else self.hello["errors"]
         self.names = [name for name in members if name not in self.errors]
+        # how the timed calls were prepared (host.cache_regime): flushes and untimed calls, all runs
+        self.cache = {"regime": self.hello.get("cache"), "flushes": 0, "rehearsals": 0}
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -282,6 +288,8 @@ class Worker:
         reply = self._read()
         if "error" in reply:
             raise RuntimeError(reply["error"])
+        self.cache["flushes"] += reply.get("flushes", 0)
+        self.cache["rehearsals"] += reply.get("rehearsals", 0)
         return reply["samples_ms"]
 
     def close(self) -> dict:
@@ -649,7 +657,7 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
         for worker in workers:
             peak = worker.close().get("peak_rss_mb")
             for name in worker.names:
-                results[name]["worker"]["peak_rss_mb"] = peak
+                results[name]["worker"].update(peak_rss_mb=peak, cache=dict(worker.cache))
 
     for name in samples:
         if name in failures:
@@ -714,7 +722,8 @@ def run_suite(
             },
             "protocol": "one worker process per engine kind (onnxruntime; all TVM variants, which share one "
             "thread pool and are called in turn, one call each per pass), one worker active at a time, random "
-            "order per round, gap_s between workers; speed-ups are per-round median ratios",
+            "order per round, gap_s between workers; speed-ups are per-round median ratios; before each timed "
+            "call: " + cache_regime.regime(settings.cache).meaning + f" (cache regime '{settings.cache}')",
         },
         "results": [],
     }

@@ -5,9 +5,11 @@ loads its engines, warms each up, prints ``{"ready": ..., "load_ms": {name: ms},
 "model_rss_mb": {name: MiB the model added}, "errors": {name: reason}}`` and then answers one JSON line per command read
 from stdin:
 
-* ``{"cmd": "run", "n": K, "order": [names]}`` → ``{"samples_ms": {name: [K per-call latencies]}}``:
-  K passes, each calling every engine once in ``order``;
-* ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ...}`` (the process's, all its engines) and exit.
+* ``{"cmd": "run", "n": K, "order": [names]}`` → ``{"samples_ms": {name: [K per-call latencies]},
+  "flushes": F, "rehearsals": R}``: K passes, each calling every engine once in ``order``, each timed
+  call prepared as the cache regime says (F cache flushes, R untimed calls of the same engine);
+* ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ..., "flush_mb": ...}`` (the process's, all its engines; the
+  flusher's buffers left out) and exit.
 
 Why a process per engine *kind* (design §5): after each call TVM's pool
 threads spin for ≈130 ms, and an engine with another thread pool timed in that
@@ -19,7 +21,11 @@ from one process to the next, 1.8× apart), only calls this close together
 see the same machine, and their ratio is stable (±2 % where separate processes
 gave ±25 %).
 
-Config keys: ``threads``, ``warmup`` and ``engines``: a list of ``{"name",
+What a timed call finds in cache is the config's ``cache`` regime
+(:mod:`host.cache_regime`: ``cold``, every core's caches overwritten before
+each timed call, the default; ``warm``; ``shared``).
+
+Config keys: ``threads``, ``warmup``, ``cache`` and ``engines``: a list of ``{"name",
 "engine"`` (``tvm`` | ``onnxruntime``) ``, "artifact"`` (directory: the library
 and the sample inputs)``}``.
 """
@@ -103,20 +109,39 @@ def main(argv: list[str]) -> int:
             load_ms[entry["name"]] = (time.perf_counter() - started) * 1e3
         except Exception as exc:  # reported to the orchestrator, which records the variant as failed
             errors[entry["name"]] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-    _reply({"ready": True, "load_ms": load_ms, "model_rss_mb": rss_mb, "errors": errors})
+    from host.cache_regime import DEFAULT, Flusher, regime
+
+    cache = regime(config.get("cache", DEFAULT))
+    flusher = None  # made at the first run: a worker that only loads (memory alone) needs none
+    _reply({"ready": True, "load_ms": load_ms, "model_rss_mb": rss_mb, "errors": errors, "cache": cache.name})
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "run":
+            if cache.flush and flusher is None:
+                peak_before_flusher = _status_mb("VmHWM")
+                flusher = Flusher()
             order = [name for name in command.get("order", calls) if name in calls]
             samples: dict[str, list[float]] = {name: [] for name in order}
+            flushes = rehearsals = 0
             for _ in range(int(command["n"])):
                 for name in order:
+                    if flusher is not None:
+                        flusher.flush()
+                        flushes += 1
+                    if cache.rehearse:
+                        calls[name]()
+                        rehearsals += 1
                     t0 = time.perf_counter_ns()
                     calls[name]()
                     samples[name].append((time.perf_counter_ns() - t0) / 1e6)
-            _reply({"samples_ms": samples})
+            _reply({"samples_ms": samples, "flushes": flushes, "rehearsals": rehearsals})
         elif command["cmd"] == "quit":
-            _reply({"peak_rss_mb": _status_mb("VmHWM")})
+            # the flusher's buffers are the benchmark's, not the engines': left out of the peak
+            flush_mb = flusher.bytes_per_cpu * len(flusher.cpus) / 2**20 if flusher else 0.0
+            peak = _status_mb("VmHWM")
+            if peak is not None and flusher is not None:
+                peak = max(peak_before_flusher or 0.0, peak - flush_mb)
+            _reply({"peak_rss_mb": peak, "flush_mb": flush_mb})
             return 0
     return 0
 

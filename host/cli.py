@@ -790,6 +790,15 @@ def targets():
     console.print(table)
 
 
+def _cache_regime(name: str) -> str:
+    from host.cache_regime import regime
+
+    try:
+        return regime(name).name
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from None
+
+
 @app.command("bench-suite")
 @_guard
 def bench_suite(
@@ -812,6 +821,9 @@ def bench_suite(
     population: int = typer.Option(128, help="Search population per batch, for every tuned variant "
                                    "(see agoc tune --help)."),
     layout: str = _layout_option(),
+    cache: str = typer.Option("cold", "--cache", help="What each timed call finds in cache: cold (every core's "
+                              "caches overwritten first: weights from memory, as on a phone), warm (an untimed "
+                              "call of the same engine first) or shared (nothing: what the engines before it left)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(
@@ -853,7 +865,7 @@ def bench_suite(
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
                        prepack=not no_prepack, transfer=transfer, layout=layout,
-                       population=population)
+                       population=population, cache=_cache_regime(cache))
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 

@@ -88,7 +88,9 @@ def bench_table(document: dict) -> Table:
     from host.bench import summary_rows
 
     baselines = document["context"]["baselines"]
-    table = Table(title=f"bench '{document['suite']}' ({document['context']['threads']} threads)", title_justify="left")
+    cache = document["context"].get("settings", {}).get("cache", "shared")  # results before the setting: shared
+    table = Table(title=f"bench '{document['suite']}' ({document['context']['threads']} threads, caches {cache} "
+                  "before each call)", title_justify="left")
     for col in ("case", "variant", "kernels", "trials", "median ms", "p10–p90 ms", "max abs err"):
         table.add_column(col, justify="right" if col != "case" and col != "variant" else "left")
     for base in baselines:
