@@ -5,9 +5,10 @@ ablation) is a new :class:`Variant` row, not a new script.
 
 Measurement protocol (design §5): each engine kind runs in its own worker
 process (:mod:`host.bench_worker`): onnxruntime in one, every TVM variant in
-another, where they share TVM's thread pool and are called in turn, one call
-each per pass (on a host whose cores come and go, only calls this close
-together see the same machine). Workers are driven one at a time, in a random
+another, where they share TVM's thread pool and are timed within the same
+round, a block of calls each (on a host whose cores come and go, only calls
+this close together see the same machine; what each call finds in cache is the
+settings' cache regime, :mod:`host.cache_regime`). Workers are driven one at a time, in a random
 order per round (seeded), with a gap between them so no engine is timed while
 another one's threads still spin. Per variant we keep every per-call sample
 (median, p10, p90 over all of them) and the per-round medians, from which the
@@ -253,7 +254,7 @@ def ratio_stats(numerators: list[float], denominators: list[float]) -> dict:
 
 
 class Worker:
-    """A :mod:`host.bench_worker` process timing the variants of one engine kind, call by call in turn."""
+    """A :mod:`host.bench_worker` process timing the variants of one engine kind, close together."""
 
     def __init__(self, members: dict[str, tuple[Variant, Path]], settings: Settings):
         engines = [{"name": name, "engine": v.engine, "artifact": str(path)} for name, (v, path) in members.items()]
@@ -282,7 +283,8 @@ class Worker:
         return json.loads(line)
 
     def run(self, n: int, order: list[str]) -> dict[str, list[float]]:
-        """``n`` passes over ``order``, one call of each variant per pass: samples per variant."""
+        """``n`` timed calls of each variant in ``order`` (back to back per variant, or in passes: the
+        cache regime's way): samples per variant."""
         self.proc.stdin.write(json.dumps({"cmd": "run", "n": n, "order": order}) + "\n")
         self.proc.stdin.flush()
         reply = self._read()
@@ -544,7 +546,8 @@ def proxy_baselines(suite: Suite) -> tuple[str, ...]:
 
 def _measure(workers: list[Worker], settings: Settings, rng: random.Random, on_event):
     """Interleaved rounds: every live worker once per round, in a random order, with a gap between
-    workers; inside a worker its variants are called in turn, in a random order per round.
+    workers; inside a worker its variants are timed in a random order per round (the cache regime says
+    whether as blocks of calls or one call each per pass).
 
     Returns (samples per variant, per-round medians per variant, failure reason per variant).
     """
@@ -721,9 +724,9 @@ def run_suite(
                 "figures per inference (host/proxy.py)",
             },
             "protocol": "one worker process per engine kind (onnxruntime; all TVM variants, which share one "
-            "thread pool and are called in turn, one call each per pass), one worker active at a time, random "
-            "order per round, gap_s between workers; speed-ups are per-round median ratios; before each timed "
-            "call: " + cache_regime.regime(settings.cache).meaning + f" (cache regime '{settings.cache}')",
+            "thread pool), one worker active at a time, random order per round, gap_s between workers; speed-ups "
+            "are per-round median ratios; within a round: " + cache_regime.regime(settings.cache).meaning
+            + f" (cache regime '{settings.cache}')",
         },
         "results": [],
     }

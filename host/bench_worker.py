@@ -6,8 +6,9 @@ loads its engines, warms each up, prints ``{"ready": ..., "load_ms": {name: ms},
 from stdin:
 
 * ``{"cmd": "run", "n": K, "order": [names]}`` → ``{"samples_ms": {name: [K per-call latencies]},
-  "flushes": F, "rehearsals": R}``: K passes, each calling every engine once in ``order``, each timed
-  call prepared as the cache regime says (F cache flushes, R untimed calls of the same engine);
+  "flushes": F, "rehearsals": R}``: K timed calls of every engine in ``order``, as the cache regime
+  says: K back to back per engine after one untimed call (R of those), or K passes calling each engine
+  once; F cache flushes before timed calls;
 * ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ..., "flush_mb": ...}`` (the process's, all its engines; the
   flusher's buffers left out) and exit.
 
@@ -15,15 +16,16 @@ Why a process per engine *kind* (design §5): after each call TVM's pool
 threads spin for ≈130 ms, and an engine with another thread pool timed in that
 window in the same process runs at one-core speed; onnxruntime therefore gets
 a process of its own. Several TVM artifacts share one pool, so they share one
-worker and are timed call by call in turn: on a host whose second core comes
-and goes (a VM beside noisy neighbours: the same artifact runs 2.0–3.5 ms
-from one process to the next, 1.8× apart), only calls this close together
-see the same machine, and their ratio is stable (±2 % where separate processes
-gave ±25 %).
+worker and are timed within one command, close together: on a host whose
+second core comes and goes (a VM beside noisy neighbours: the same artifact
+runs 2.0–3.5 ms from one process to the next, 1.8× apart), only calls this
+close together see the same machine, and their ratio is stable (±2 % where
+separate processes gave ±25 %).
 
 What a timed call finds in cache is the config's ``cache`` regime
-(:mod:`host.cache_regime`: ``cold``, every core's caches overwritten before
-each timed call, the default; ``warm``; ``shared``).
+(:mod:`host.cache_regime`: ``cold``, each engine's calls back to back with every
+core's caches overwritten before each, the default; ``warm``; ``shared``, one
+call each per pass).
 
 Config keys: ``threads``, ``warmup``, ``cache`` and ``engines``: a list of ``{"name",
 "engine"`` (``tvm`` | ``onnxruntime``) ``, "artifact"`` (directory: the library
@@ -121,19 +123,22 @@ def main(argv: list[str]) -> int:
                 peak_before_flusher = _status_mb("VmHWM")
                 flusher = Flusher()
             order = [name for name in command.get("order", calls) if name in calls]
+            n = int(command["n"])
+            # blocks: A A A B B B (each after one untimed call); passes: A B A B A B
+            sequence = ([(name, i == 0) for name in order for i in range(n)] if cache.blocks
+                        else [(name, False) for _ in range(n) for name in order])
             samples: dict[str, list[float]] = {name: [] for name in order}
             flushes = rehearsals = 0
-            for _ in range(int(command["n"])):
-                for name in order:
-                    if flusher is not None:
-                        flusher.flush()
-                        flushes += 1
-                    if cache.rehearse:
-                        calls[name]()
-                        rehearsals += 1
-                    t0 = time.perf_counter_ns()
+            for name, first in sequence:
+                if first:
                     calls[name]()
-                    samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+                    rehearsals += 1
+                if flusher is not None:
+                    flusher.flush()
+                    flushes += 1
+                t0 = time.perf_counter_ns()
+                calls[name]()
+                samples[name].append((time.perf_counter_ns() - t0) / 1e6)
             _reply({"samples_ms": samples, "flushes": flushes, "rehearsals": rehearsals})
         elif command["cmd"] == "quit":
             # the flusher's buffers are the benchmark's, not the engines': left out of the peak

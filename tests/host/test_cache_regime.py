@@ -56,17 +56,58 @@ def test_the_flusher_writes_every_buffer_from_a_thread_pinned_to_each_cpu():
     assert not any(t.is_alive() for t in flusher._threads)
 
 
-@pytest.mark.parametrize("name, flushes, rehearsals", [("cold", 1, 0), ("warm", 0, 1), ("shared", 0, 0)])
-def test_the_suite_prepares_every_timed_call_of_every_engine_as_its_regime_says(tmp_path, name, flushes, rehearsals):
+class _Recorder:
+    """Stands in for an engine: records the order of its calls (timed or not) in a shared log."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __call__(self):
+        self.log.append(self.name)
+
+
+@pytest.mark.parametrize("name", ["cold", "warm", "shared"])
+def test_the_worker_calls_its_engines_in_the_regimes_order(monkeypatch, capsys, name):
+    """cold and warm: each engine's calls back to back after one untimed call (cold: a flush before each
+    timed call); shared: one call each per pass."""
+    import io
+    import json
+    import sys
+
+    from host import bench_worker
+
+    log = []
+    monkeypatch.setattr(bench_worker, "_load", lambda entry, threads, warmup: (_Recorder(entry["name"], log), 0.0))
+    monkeypatch.setattr(cache_regime.Flusher, "__init__", lambda self: setattr(self, "cpus", [0]) or
+                        setattr(self, "bytes_per_cpu", 1))
+    monkeypatch.setattr(cache_regime.Flusher, "flush", lambda self: log.append("flush"))
+    commands = [{"cmd": "run", "n": 2, "order": ["a", "b"]}, {"cmd": "quit"}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
+    config = {"threads": 1, "warmup": 0, "cache": name,
+              "engines": [{"name": "a", "engine": "tvm", "artifact": "-"}, {"name": "b", "engine": "tvm", "artifact": "-"}]}
+    assert bench_worker.main(["worker", json.dumps(config)]) == 0
+    replies = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert replies[0]["cache"] == name
+    expected = {"cold": ["a", "flush", "a", "flush", "a", "b", "flush", "b", "flush", "b"],
+                "warm": ["a", "a", "a", "b", "b", "b"],
+                "shared": ["a", "b", "a", "b"]}[name]
+    assert log == expected
+    run = replies[1]
+    assert {k: len(v) for k, v in run["samples_ms"].items()} == {"a": 2, "b": 2}
+    assert run["flushes"] == expected.count("flush") and run["rehearsals"] == (2 if name != "shared" else 0)
+
+
+@pytest.mark.parametrize("name, flushes, rehearsals", [("cold", 2, 1), ("warm", 0, 1), ("shared", 0, 0)])
+def test_the_suite_records_how_every_engines_calls_were_prepared(tmp_path, name, flushes, rehearsals):
     settings = tiny_settings(rounds=2, calls_per_round=2, cache=name)
     doc = bench.run_suite(bench.SUITES["tiny"], [Case("tiny-dwsep", (1, 8, 16, 16))], settings, tmp_path,
                           variants=["tvm-stock", "tvm-ago", "onnxruntime"])
     assert doc["context"]["settings"]["cache"] == name
     assert f"cache regime '{name}'" in doc["context"]["protocol"]
     variants = doc["results"][0]["variants"]
-    tvm_calls, ort_calls = 2 * 2 * 2, 2 * 2  # rounds × calls × the worker's engines
-    for variant, calls in (("tvm-stock", tvm_calls), ("tvm-ago", tvm_calls), ("onnxruntime", ort_calls)):
+    # per round and engine: flushes (one per timed call) and rehearsals (one per block); × rounds × engines
+    for variant, engines in (("tvm-stock", 2), ("tvm-ago", 2), ("onnxruntime", 1)):
         assert variants[variant]["status"] == "ok"
-        assert variants[variant]["worker"]["cache"] == {"regime": name, "flushes": flushes * calls,
-                                                        "rehearsals": rehearsals * calls}
+        assert variants[variant]["worker"]["cache"] == {"regime": name, "flushes": flushes * 2 * engines,
+                                                        "rehearsals": rehearsals * 2 * engines}
         assert variants[variant]["worker"]["peak_rss_mb"] > 0
