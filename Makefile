@@ -14,13 +14,14 @@ DEMO   ?= build/demo
 SYSTEM_TOOLS := aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user adb:adb dot:graphviz cmake:cmake \
                 valgrind:valgrind
 
-# benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2
+# benchmark knobs: make bench-host MODELS="mobilenet-v2,mnasnet" SHAPES=112 QUICK=1 THREADS=2 CACHE=warm
 MODELS  ?=
 SHAPES  ?=
 QUICK   ?=
 THREADS ?=
+CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
-             $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS))
+             $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
 .PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
 
@@ -114,7 +115,8 @@ bench-e2e: setup
 PROXY    ?= a76
 VARIANTS ?= tvm-stock,tvm-ago,tvm-stock-tuned,tvm-ago-tuned,tvm-ago-ni,tvm-ago-nr,onnxruntime
 LOCALITY_MODELS ?= mobilenet-v2,mnasnet
-LOCALITY_ARGS = --proxy $(PROXY) --variants "$(VARIANTS)" $(if $(QUICK),--trials 16) $(if $(THREADS),--threads $(THREADS))
+LOCALITY_ARGS = --proxy $(PROXY) --variants "$(VARIANTS)" $(if $(QUICK),--trials 16) $(if $(THREADS),--threads $(THREADS)) \
+                $(if $(CACHE),--cache $(CACHE))
 
 bench-locality: setup
 	$(MAKE) --no-print-directory runner TARGET=host

@@ -137,10 +137,11 @@ def partition_bench_table(document: dict) -> Table:
 
 
 def geomean_table(rows: list[dict], runs: int) -> Table:
-    """Speed-ups over the models (``bench.geomean_speedups``): per variant and baseline the geometric mean,
+    """Speed-ups over the models (``bench.geomean_speedups``): per variant, baseline and cache regime the
+    geometric mean,
     and each case's speed-up (the median over the runs that measured it, their range when several did)."""
     table = Table(title=f"geomean speed-up over the cases ({runs} run{'s' if runs != 1 else ''})", title_justify="left")
-    for col in ("variant", "vs", "geomean", "per case"):
+    for col in ("variant", "vs", "caches", "geomean", "per case"):
         table.add_column(col, justify="right" if col == "geomean" else "left")
     for row in rows:
         cases = []
@@ -149,7 +150,8 @@ def geomean_table(rows: list[dict], runs: int) -> Table:
                 if len(case["runs"]) > 1 else ""
             cases.append(f"{label} {case['median']:.2f}×{spread}")
         g = row["geomean"]
-        table.add_row(row["variant"], row["baseline"], f"[{'green' if g >= 1 else 'red'}]{g:.2f}×[/]", "; ".join(cases))
+        table.add_row(row["variant"], row["baseline"], row.get("cache", "shared"),
+                      f"[{'green' if g >= 1 else 'red'}]{g:.2f}×[/]", "; ".join(cases))
     return table
 
 

@@ -261,6 +261,13 @@ def test_geomean_over_models_takes_each_models_median_over_runs():
     assert bench.geomean_speedups([_run()]) == []
 
 
+def test_runs_in_different_cache_regimes_are_never_pooled():
+    cold = _run(("mobilenet-v2@1x3x112x112", 1.2))
+    cold["context"]["settings"] = {"cache": "cold"}
+    rows = bench.geomean_speedups([_run(("mobilenet-v2@1x3x112x112", 0.8)), cold])  # the first: before the setting
+    assert {row["cache"]: row["geomean"] for row in rows} == {"shared": pytest.approx(0.8), "cold": pytest.approx(1.2)}
+
+
 def test_bench_report_of_several_runs_prints_the_geomean_over_their_cases(cli, tmp_path):
     paths = []
     for i, cases in enumerate([[("mobilenet-v2@1x3x112x112", 0.5), ("mnasnet@1x3x112x112", 2.0)],
