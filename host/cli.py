@@ -821,9 +821,10 @@ def bench_suite(
     population: int = typer.Option(128, help="Search population per batch, for every tuned variant "
                                    "(see agoc tune --help)."),
     layout: str = _layout_option(),
-    cache: str = typer.Option("cold", "--cache", help="What each timed call finds in cache: cold (every core's "
-                              "caches overwritten first: weights from memory, as on a phone), warm (an untimed "
-                              "call of the same engine first) or shared (nothing: what the engines before it left)."),
+    cache: str = typer.Option("cold", "--cache", help="What each timed call finds in cache: cold (each engine's "
+                              "calls back to back, every core's caches overwritten before each: weights from "
+                              "memory, as on a phone), warm (back to back, nothing between) or shared (engines "
+                              "in turn, nothing between: the old protocol)."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON and PNG go."),
     work_dir: Path = typer.Option(Path("build/bench"), help="Where the compiled artifacts go."),
     proxy: Optional[str] = typer.Option(

@@ -85,10 +85,10 @@ def verify_table(report: VerifyReport) -> Table:
 
 
 def bench_table(document: dict) -> Table:
-    from host.bench import summary_rows
+    from host.bench import cache_of, summary_rows
 
     baselines = document["context"]["baselines"]
-    cache = document["context"].get("settings", {}).get("cache", "shared")  # results before the setting: shared
+    cache = cache_of(document)
     table = Table(title=f"bench '{document['suite']}' ({document['context']['threads']} threads, caches {cache} "
                   "before each call)", title_justify="left")
     for col in ("case", "variant", "kernels", "trials", "median ms", "p10–p90 ms", "max abs err"):
@@ -138,8 +138,8 @@ def partition_bench_table(document: dict) -> Table:
 
 def geomean_table(rows: list[dict], runs: int) -> Table:
     """Speed-ups over the models (``bench.geomean_speedups``): per variant, baseline and cache regime the
-    geometric mean,
-    and each case's speed-up (the median over the runs that measured it, their range when several did)."""
+    geometric mean, and each case's speed-up (the median over the runs that measured it, their range when
+    several did)."""
     table = Table(title=f"geomean speed-up over the cases ({runs} run{'s' if runs != 1 else ''})", title_justify="left")
     for col in ("variant", "vs", "caches", "geomean", "per case"):
         table.add_column(col, justify="right" if col == "geomean" else "left")
