@@ -318,7 +318,7 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 
 
 # the fast builder and the database reader live with the tuner (toolchain.tuning)
-from toolchain.tuning import fast_build, trial_latencies  # noqa: E402
+from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies  # noqa: E402
 
 
 def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER, seed: int = DEFAULT_SEED) -> list[float]:
@@ -334,7 +334,7 @@ def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_IT
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=BUILD_TIMEOUT_S)
     runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     ms.tune_tir(

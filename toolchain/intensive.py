@@ -822,7 +822,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     from tvm.s_tir import meta_schedule as ms
 
     from toolchain.timing import Timing, local_runner
-    from toolchain.tuning import fast_build, trial_latencies
+    from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies
     from toolchain import schedule_check
 
     os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
@@ -834,7 +834,7 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     mod = tvm.IRModule({"main": func})
     target = spec.tvm()
     choice = make_space_generator(func, target, intensive, include_default, spec.num_cores, check)
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=60)
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=BUILD_TIMEOUT_S)
     runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     before = dict(schedule_check.STATS)

@@ -160,6 +160,14 @@ def as_built(mod):
     return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
 
 
+#: seconds a candidate may take to build (LocalBuilder's per-candidate timeout). Every e2e database at
+#: 112×112 (~10,000 trials, 2 build workers) built a batch of 16 in at most 40 s, most in 2 s; a class of
+#: intensive-join candidates takes minutes: a 56-lane vectorised transpose (strided reads from NHWC)
+#: under explicit unroll 512 built in 343 s (0.3 s without that vector, 6.9 s at unroll 64) and cost
+#: the pairs suite 8 minutes for one batch at the old 120 s (bench/RESULTS.md, twenty-seventh session).
+BUILD_TIMEOUT_S = 30
+
+
 def fast_build(mod, target, _params=None):
     """``LocalBuilder`` ``f_build`` without the stock builder's ``tvm.s_tir.tensor_intrin`` import (≈11 s/batch)."""
     from tvm.driver import build as tvm_build
@@ -736,7 +744,8 @@ def _builder(spec, measure: "Measure | None", max_workers: int):
     from tvm.s_tir import meta_schedule as ms
 
     export = measure.export if measure is not None else None
-    return ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers, timeout_sec=120)
+    return ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers,
+                                      timeout_sec=BUILD_TIMEOUT_S)
 
 
 def _runner(settings: TuneSettings, runner=None):
