@@ -8,8 +8,8 @@ process (:mod:`host.bench_worker`): onnxruntime in one, every TVM variant in
 another, where they share TVM's thread pool and are timed within the same
 round, a block of calls each (on a host whose cores come and go, only calls
 this close together see the same machine; what each call finds in cache is the
-settings' cache regime, :mod:`host.cache_regime`). Workers are driven one at a time, in a random
-order per round (seeded), with a gap between them so no engine is timed while
+settings' cache regime, :mod:`host.cache_regime`). Workers are driven one at a
+time, in a random order per round (seeded), with a gap between them so no engine is timed while
 another one's threads still spin. Per variant we keep every per-call sample
 (median, p10, p90 over all of them) and the per-round medians, from which the
 speed-up over each baseline is taken round by round (median and p10 of the

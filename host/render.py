@@ -150,7 +150,7 @@ def geomean_table(rows: list[dict], runs: int) -> Table:
                 if len(case["runs"]) > 1 else ""
             cases.append(f"{label} {case['median']:.2f}×{spread}")
         g = row["geomean"]
-        table.add_row(row["variant"], row["baseline"], row.get("cache", "shared"),
+        table.add_row(row["variant"], row["baseline"], row["cache"],
                       f"[{'green' if g >= 1 else 'red'}]{g:.2f}×[/]", "; ".join(cases))
     return table
 

@@ -78,9 +78,14 @@ def test_the_worker_calls_its_engines_in_the_regimes_order(monkeypatch, capsys, 
 
     log = []
     monkeypatch.setattr(bench_worker, "_load", lambda entry, threads, warmup: (_Recorder(entry["name"], log), 0.0))
-    monkeypatch.setattr(cache_regime.Flusher, "__init__", lambda self: setattr(self, "cpus", [0]) or
-                        setattr(self, "bytes_per_cpu", 1))
-    monkeypatch.setattr(cache_regime.Flusher, "flush", lambda self: log.append("flush"))
+
+    class LoggedFlusher:
+        cpus, bytes_per_cpu = [0], 1
+
+        def flush(self):
+            log.append("flush")
+
+    monkeypatch.setattr(cache_regime, "Flusher", LoggedFlusher)
     commands = [{"cmd": "run", "n": 2, "order": ["a", "b"]}, {"cmd": "quit"}]
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
     config = {"threads": 1, "warmup": 0, "cache": name,
