@@ -112,6 +112,7 @@ class Settings:
     transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
     population: int = 128  # every tuned variant's search population per batch (TuneSettings)
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
+    pad_channels: bool = True  # every TVM variant pads output channels (toolchain.padding)
     cache: str = "cold"  # what every timed call finds in cache (host.cache_regime.REGIMES); results without: shared
 
 
@@ -347,7 +348,8 @@ def _case_model(case: Case, settings: Settings):
     import models as zoo
     from toolchain.targets import resolve_target
 
-    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout)
+    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout,
+                                                         pad_channels=settings.pad_channels)
 
 
 def _legalized(model, spec):
@@ -525,7 +527,8 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
         geo = proxy.geometry(settings.proxy)
         artifact = load_artifact(artifact_dir)
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
-            spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout)
+            spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout,
+                                  pad_channels=settings.pad_channels)
             threshold = _threshold(suite)
             db = _variant_db(case, variant, work_dir) if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,

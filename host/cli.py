@@ -171,6 +171,13 @@ def _layout_option():
                         "and vectorised, the default) or NCHW (ONNX's own).")
 
 
+def _pad_channels_option():
+    return typer.Option(True, "--pad-channels/--no-pad-channels",
+                        help="Convs and matmuls with many output channels that the target's vector width does not "
+                        "divide (e.g. a 1000-class classifier) compute a few zero channels more, so that their "
+                        "kernels vectorise in whole registers (toolchain/padding.py).")
+
+
 @app.command()
 @_guard
 def compile(
@@ -183,6 +190,7 @@ def compile(
     mcpu: Optional[str] = typer.Option(None, help="LLVM CPU name (default: the preset's; detected for host)."),
     num_cores: Optional[int] = typer.Option(None, help="Cores the kernels may use (default: preset's)."),
     layout: str = _layout_option(),
+    pad_channels: bool = _pad_channels_option(),
     partition: str = typer.Option("ago", help="How ops are grouped into kernels: ago (AGO clustering) or stock (TVM FuseOps)."),
     threshold: Optional[float] = typer.Option(None, help="AGO's subgraph weight threshold Td (default: shipped with the weight fit)."),
     keep_inside: int = _keep_inside_option(),
@@ -217,10 +225,11 @@ def compile(
         partition, threshold = session["settings"]["partition"], session["settings"]["threshold"]
         keep_inside = session["settings"].get("keep_inside", 0)
         layout = TuneDB(db).activation_layout
+        pad_channels = TuneDB(db).channel_padding
     else:
         keep_inside = _keep_inside(keep_inside)
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout)
+    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout, pad_channels=pad_channels)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
@@ -228,6 +237,7 @@ def compile(
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
+        f"{'' if spec.pad_channels else ', channels not padded'}"
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
         f"{f', keeping tensors of {keep_inside // 1024} KiB or more inside' if partition == 'ago' and keep_inside else ''}"
         "[/dim]",
@@ -550,6 +560,7 @@ def tune(
         "kernels with the same blocks, re-fitted to its loops (0: from scratch)."),
     seed: int = typer.Option(0, help="Search seed."),
     layout: str = _layout_option(),
+    pad_channels: bool = _pad_channels_option(),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
     from toolchain import tuning
@@ -608,7 +619,7 @@ def tune(
     cores = None
     if devices and devices[0].kind != "local":
         cores = devices[0].describe().get("cores")
-    spec = resolve_target(target, num_cores=cores, layout=layout)
+    spec = resolve_target(target, num_cores=cores, layout=layout, pad_channels=pad_channels)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     where = "this machine" if local_only else (
         f"tracker {tracker} key {key}" if farm else ", ".join(d.name for d in devices) + " over RPC")
@@ -618,7 +629,8 @@ def tune(
         f"split {split_fraction:g}, {per_iter}/batch from a population of {population}, scheduler {scheduler}"
         f"{f' (warm-up {warmup})' if scheduler == 'latency' else ''}, weights {'warm' if warm_weights else 'cold'}"
         f"{', not prepacked' if no_prepack else ', prepacked'}"
-        f"{f', seeds from up to {transfer} similar kernels' if transfer else ', every search from scratch'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"{f', seeds from up to {transfer} similar kernels' if transfer else ', every search from scratch'}"
+        f"{'' if pad_channels else ', channels not padded'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -737,6 +749,7 @@ def partition_cmd(
     png: Optional[Path] = typer.Option(None, "--png", help="Render the partitioned graph to PNG (needs graphviz `dot`)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {model, ago: {...}, stock: {...}}."),
     layout: str = _layout_option(),
+    pad_channels: bool = _pad_channels_option(),
 ):
     """Partition MODEL with AGO and with stock TVM; print subgraphs and AGO's statistics side by side."""
     from host import graphviz
@@ -748,7 +761,7 @@ def partition_cmd(
     trivial_cut = partition.TRIVIAL_CUT if trivial_cut is None else trivial_cut
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
-    spec = resolve_target("host", layout=layout)
+    spec = resolve_target("host", layout=layout, pad_channels=pad_channels)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     graph = op_graph(mod)
     plans = {
@@ -821,6 +834,7 @@ def bench_suite(
     population: int = typer.Option(128, help="Search population per batch, for every tuned variant "
                                    "(see agoc tune --help)."),
     layout: str = _layout_option(),
+    pad_channels: bool = _pad_channels_option(),
     cache: str = typer.Option("cold", "--cache", help="What each timed call finds in cache: cold (each engine's "
                               "calls back to back, every core's caches overwritten before each: weights from "
                               "memory, as on a phone), warm (back to back, nothing between) or shared (engines "
@@ -865,7 +879,7 @@ def bench_suite(
     settings = bench.default_settings(quick, threads, seed, bench.SUITES[suite])
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
-                       prepack=not no_prepack, transfer=transfer, layout=layout,
+                       prepack=not no_prepack, transfer=transfer, layout=layout, pad_channels=pad_channels,
                        population=population, cache=_cache_regime(cache))
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod

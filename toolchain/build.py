@@ -13,7 +13,7 @@ import collections
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import relayout
+from toolchain import padding, relayout
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -63,7 +63,8 @@ NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
 def legalize(mod, spec: TargetSpec):
-    """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded; in ``spec.layout``."""
+    """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded; in ``spec.layout``, output channels
+    padded where ``spec.pad_channels`` (toolchain/padding.py)."""
     import tvm
     from tvm import relax
 
@@ -79,12 +80,15 @@ def legalize(mod, spec: TargetSpec):
     ]
     try:
         with spec.tvm():
+            padded = []
+            if spec.pad_channels:  # before the layout changes: the pass reads NCHW convs, OIHW weights
+                mod, padded = padding.pad_output_channels(mod)
             if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
                 mod = relayout.sink_transposes(relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)))
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
-    return unique_binding_names(out) if nhwc else out
+    return unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
 
 
 def unique_binding_names(mod):

@@ -105,10 +105,16 @@ def compile_model(
     if request.db is not None:
         from toolchain import tuning
 
-        made = tuning.TuneDB(request.db).activation_layout
+        tuned = tuning.TuneDB(request.db)
+        made = tuned.activation_layout
         if made != request.target.layout:
             raise UnsupportedModelError(
                 f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
+        if tuned.channel_padding != request.target.pad_channels:
+            flag = "--pad-channels" if tuned.channel_padding else "--no-pad-channels"
+            raise UnsupportedModelError(
+                f"{request.db} was tuned {'with' if tuned.channel_padding else 'without'} padded output channels; "
+                f"compile with {flag} (its kernels are not these)")
     on_stage("checking model")
     onnx_import.check_supported(model)
     overrides = dict(request.input_shapes)

@@ -595,21 +595,26 @@ class TuneDB:
         existing = self.session
         if existing is not None:
             existing["layout"] = self.activation_layout
-            session = {**session, "layout": session.get("layout", "NCHW")}
+            existing["pad_channels"] = self.channel_padding
+            session = {**session, "layout": session.get("layout", "NCHW"),
+                       "pad_channels": session.get("pad_channels", False)}
             unknown = sorted(set(existing["settings"]) - set(TuneSettings().to_json()))
             if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
                 raise TuningError(
                     f"{self.root} was tuned by a newer agoc, with settings this one does not know "
                     f"({', '.join(unknown)}); upgrade agoc, or use another --db")
-            for key in ("model_sha256", "target", "layout", "settings"):
+            for key in ("model_sha256", "target", "layout", "pad_channels", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((_settings_but_trials(existing[key]), _settings_but_trials(session[key]))
                             if key == "settings" else (existing[key], session[key]))
                 if old != now:
+                    same = {"layout": f" (--layout {existing[key]})",
+                            "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})"}
                     raise TuningError(
                         f"{self.root} holds a session for a different {key.replace('_', ' ')} "
                         f"({_short(existing[key])} vs {_short(session[key])}); use another --db or the same settings"
+                        f"{same.get(key, '')}"
                     )
             if existing == session:
                 return
@@ -625,6 +630,12 @@ class TuneDB:
         """The activation layout the session's kernels were tuned in (a database made before the layout
         was recorded: NCHW, ONNX's own)."""
         return (self.session or {}).get("layout", "NCHW")
+
+    @property
+    def channel_padding(self) -> bool:
+        """Whether the session's kernels compute padded output channels (``--pad-channels``,
+        toolchain/padding.py; a database made before the setting: no)."""
+        return bool((self.session or {}).get("pad_channels", False))
 
     @property
     def tasks(self) -> list[Task]:
@@ -1316,7 +1327,7 @@ def tune_model(
     db = TuneDB(db_dir)
     db.open_session(
         {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
-         "settings": settings.to_json()}
+         "pad_channels": spec.pad_channels, "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)

@@ -1,0 +1,83 @@
+"""Output channels padded to whole vectors (toolchain/padding.py): which ops, and the same results."""
+
+import pytest
+
+from host.devices import LocalDevice
+from models.builder import GraphBuilder
+from toolchain import build, onnx_import, padding, tuning
+from toolchain.errors import UnsupportedModelError
+from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.targets import find_compiler, resolve_target
+from toolchain.verify import verify_artifact
+
+
+def test_channels_the_vector_width_divides_or_that_are_few_are_left_alone():
+    assert padding.padded_channels(1000) == (1024, padding.RULES[0])  # 2.4 % more: four registers
+    assert padding.padded_channels(520) == (528, padding.RULES[1])  # 576 would be 11 % more: one register
+    assert padding.padded_channels(1500) == (1536, padding.RULES[0])
+    for channels in (2000, 1024, 1008, 64, 232, 58, 3):  # divided by 16, or under every rule's minimum
+        assert padding.padded_channels(channels) == (channels, None)
+    assert padding.padded_channels(1000, lanes=8) == (1000, None)
+
+
+def head_model():
+    """A 1×1 conv to 520 channels (→ 528) with bias and ReLU, a depthwise conv on them (one group per
+    channel: never padded), global pooling, then a 520 → 1000 classifier (Gemm, transB: → 1024)."""
+    g = GraphBuilder("padded-head", seed=5)
+    x = g.conv(g.input("input", (1, 16, 5, 5)), 16, 520, 1, name="expand", act="relu")
+    x = g.conv(x, 520, 520, 3, name="dw", groups=520, act="relu")
+    x = g.global_pool_flatten(x, name="pool")
+    return g.finish(g.gemm(x, 520, 1000, name="fc", output="logits"), (1, 1000))
+
+
+def weight_rows(mod) -> list[int]:
+    """Leading dims of every constant weight the legalized model's kernels take (2-D and 4-D)."""
+    import tvm
+    from tvm import relax
+
+    rows = []
+
+    def visit(expr):
+        if isinstance(expr, tvm.ir.Constant) and len(getattr(expr.value, "shape", ())) in (2, 4):
+            rows.append(int(expr.value.shape[0]))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return rows
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_the_padded_conv_and_classifier_compute_padded_channels(layout):
+    proto = head_model()
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    padded, done = padding.pad_output_channels(mod)
+    assert sorted((d.op, d.channels, d.padded) for d in done) == [("conv2d", 520, 528), ("matmul", 1000, 1024)]
+    rows = weight_rows(build.legalize(mod, resolve_target("host", layout=layout)))
+    assert 528 in rows and 520 in rows  # the expand conv's weight padded; the depthwise one (520 groups) not
+    assert not {528} & set(weight_rows(build.legalize(mod, resolve_target("host", layout=layout, pad_channels=False))))
+
+
+@pytest.mark.parametrize("partition,layout", [("ago", "NHWC"), ("stock", "NHWC"), ("ago", "NCHW")])
+def test_a_model_with_padded_channels_matches_onnxruntime(partition, layout, tmp_path):
+    spec = resolve_target("host", layout=layout)
+    artifact = compile_model(CompileRequest(head_model(), "padded-head", spec, partition=partition),
+                             find_compiler(spec), tmp_path / "a")
+    assert artifact.manifest.target["pad_channels"] is True
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
+
+
+def test_a_database_keeps_the_channels_it_was_tuned_with(tmp_path):
+    """Padded and unpadded kernels are different kernels: a database made before the setting (its
+    kernels unpadded) resumes only without padding, and compiles only without it."""
+    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
+           "settings": tuning.TuneSettings(trials=8).to_json()}
+    db = tuning.TuneDB(tmp_path)
+    db.open_session(old)
+    assert db.channel_padding is False
+    with pytest.raises(tuning.TuningError, match="different pad channels.*--no-pad-channels"):
+        db.open_session({**old, "pad_channels": True})
+    db.open_session({**old, "pad_channels": False})
+    spec = resolve_target("host")  # padded by default
+    with pytest.raises(UnsupportedModelError, match="without padded output channels; compile with --no-pad-channels"):
+        compile_model(CompileRequest(head_model(), "padded-head", spec, db=tmp_path), find_compiler(spec),
+                      tmp_path / "a")

@@ -1,0 +1,144 @@
+"""Output channels padded to a multiple of the vector width (``--pad-channels``, on by default).
+
+A conv's or matmul's output channels are the loop an NHWC kernel vectorises, and MetaSchedule splits a
+loop only into exact factors. 1000 (every ImageNet classifier here) is 2^3 × 5^3: on AVX-512 its
+innermost tile can be 8 lanes (half a register) or 20, 40, 50 — and a vector of a length that is not a
+power of two compiles to code several times slower (40 or 48 lanes: 1.3–1.4 ms where 32 lanes take
+0.15, SqueezeNet's classifier conv written by hand; bench/RESULTS.md, twenty-eighth session). Tuned
+alike (128 trials, cold weights), the same conv with 1024 output channels ran 1.58× faster than with
+1000 (1008: 1.26×), for 2.4 % more arithmetic.
+
+So before legalizing, a conv (one group) or a matmul whose weight is a constant and whose output
+channels are not a multiple of :data:`LANES` computes into a padded channel count — the weight padded
+with zero filters — and a ``strided_slice`` takes the real channels back; the slice is an injective op,
+which fuses into the kernel's epilogue like the bias add after it. Whether and how far to pad is
+:data:`RULES` (a table, first match wins), each rule with the measurement it rests on. The model
+computes the same tensor (tests/toolchain/test_padding.py runs both).
+
+The padding does not depend on the target: a tuning database's kernels are the padded ones, and the
+phone-cache proxy builds them again for AVX2 (whose 8 lanes divide 1000) from the same database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+#: float32 lanes of the widest vector agoc builds for (AVX-512); a multiple of NEON's 4 and AVX2's 8
+LANES = 16
+
+
+@dataclass(frozen=True)
+class PadRule:
+    """Output channels of at least ``min_channels`` that :data:`LANES` does not divide are padded to the
+    next multiple of ``multiple`` × :data:`LANES`, when that adds at most ``max_waste`` of the work."""
+
+    min_channels: int
+    multiple: int  # of LANES
+    max_waste: float
+    why: str
+
+
+#: First rule whose padding fits its ``max_waste`` applies; none: the op is left alone.
+RULES: tuple[PadRule, ...] = (
+    PadRule(512, 4, 0.05, "1000 → 1024 on AVX-512 (64 = four registers): SqueezeNet's classifier conv "
+                          "tuned 1.58× faster (bench/RESULTS.md, twenty-eighth session)"),
+    PadRule(512, 1, 0.05, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
+)
+
+
+def padded_channels(channels: int, rules: tuple[PadRule, ...] = RULES, lanes: int = LANES) -> tuple[int, PadRule | None]:
+    """(channels to compute, the rule that chose them) — ``(channels, None)`` when left alone."""
+    if channels % lanes == 0:
+        return channels, None
+    for rule in rules:
+        step = rule.multiple * lanes
+        padded = -(-channels // step) * step
+        if channels >= rule.min_channels and padded / channels - 1 <= rule.max_waste:
+            return padded, rule
+    return channels, None
+
+
+@dataclass(frozen=True)
+class Padded:
+    """One op the pass padded (what the compile record lists)."""
+
+    op: str  # relax op name
+    channels: int
+    padded: int
+    why: str
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "channels": self.channels, "padded": self.padded, "why": self.why}
+
+
+def _static_shape(expr) -> tuple[int, ...] | None:
+    from toolchain.relayout import _shape
+
+    return _shape(expr)
+
+
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """``array`` with zero rows appended along axis 0 up to ``rows``."""
+    pad = np.zeros((rows - array.shape[0], *array.shape[1:]), dtype=array.dtype)
+    return np.concatenate([array, pad], axis=0)
+
+
+def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
+    """``(mod, [Padded])``: ``mod`` (imported, before any layout conversion: NCHW convs with OIHW
+    weights) with every conv / matmul :func:`padded_channels` pads computing the padded channels,
+    then sliced back. Ops it cannot read (symbolic shapes, other layouts, weights computed at run time)
+    are left alone."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    done: list[Padded] = []
+
+    def constant(expr) -> np.ndarray | None:
+        value = expr.value if isinstance(expr, tvm.ir.Constant) else None
+        return value.numpy() if hasattr(value, "numpy") else None
+
+    def conv(root, matched):
+        x, w = matched[conv_x], constant(matched[conv_w])
+        attrs = root.attrs
+        if (w is None or w.ndim != 4 or int(attrs.groups) != 1 or attrs.data_layout != "NCHW"
+                or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW" or _static_shape(root) is None):
+            return root
+        channels = w.shape[0]
+        padded, rule = padded_channels(channels, rules)
+        if rule is None:
+            return root
+        wide = relax.op.nn.conv2d(x, relax.const(_pad_rows(w, padded)), strides=attrs.strides,
+                                  padding=attrs.padding, dilation=attrs.dilation, groups=1, data_layout="NCHW",
+                                  kernel_layout="OIHW", out_layout="NCHW", out_dtype=attrs.out_dtype)
+        done.append(Padded("conv2d", channels, padded, rule.why))
+        return relax.op.strided_slice(wide, axes=[1], begin=[0], end=[channels])
+
+    def matmul(root, matched):
+        x, w = matched[mm_x], constant(matched[mm_w])
+        axes = matched[mm_t].attrs.axes
+        shape = _static_shape(root)
+        if w is None or w.ndim != 2 or (axes is not None and [int(a) for a in axes] != [1, 0]) or shape is None:
+            return root
+        channels = w.shape[0]  # the weight as stored: (N, K), transposed into the matmul
+        padded, rule = padded_channels(channels, rules)
+        if rule is None:
+            return root
+        wide = relax.op.matmul(x, relax.op.permute_dims(relax.const(_pad_rows(w, padded))))
+        done.append(Padded("matmul", channels, padded, rule.why))
+        return relax.op.strided_slice(wide, axes=[len(shape) - 1], begin=[0], end=[channels])
+
+    conv_x, conv_w = wildcard(), is_const()
+    mm_x, mm_w = wildcard(), is_const()
+    mm_t = is_op("relax.permute_dims")(mm_w)
+    gv = mod.get_global_var("main")
+    func = rewrite_call(is_op("relax.nn.conv2d")(conv_x, conv_w), conv, mod[gv])
+    func = rewrite_call(is_op("relax.matmul")(mm_x, mm_t), matmul, func)
+    if not done:
+        return mod, []
+    out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    out[gv] = func
+    return relax.transform.Normalize()(out), done
