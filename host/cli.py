@@ -173,8 +173,8 @@ def _layout_option():
 
 def _pad_channels_option():
     return typer.Option(True, "--pad-channels/--no-pad-channels",
-                        help="Convs and matmuls with many output channels that the target's vector width does not "
-                        "divide (e.g. a 1000-class classifier) compute a few zero channels more, so that their "
+                        help="Convs and matmuls with 512 or more output channels that 16 does not divide (e.g. a "
+                        "1000-class classifier) compute up to 5 % more zero channels, sliced off, so that their "
                         "kernels vectorise in whole registers (toolchain/padding.py).")
 
 

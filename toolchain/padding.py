@@ -8,8 +8,10 @@ power of two compiles to code several times slower (40 or 48 lanes: 1.3–1.4 ms
 alike (128 trials, cold weights), the same conv with 1024 output channels ran 1.58× faster than with
 1000 (1008: 1.26×), for 2.4 % more arithmetic.
 
-So before legalizing, a conv (one group) or a matmul whose weight is a constant and whose output
-channels are not a multiple of :data:`LANES` computes into a padded channel count — the weight padded
+So before legalizing, a conv (one group) or a matmul whose weight is a constant, whose output
+channels are not a multiple of :data:`LANES` and which computes enough rows to be compute-bound
+(:data:`MIN_ROWS`; a classifier matmul on one row streams its weights) computes into a padded
+channel count — the weight padded
 with zero filters — and a ``strided_slice`` takes the real channels back; the slice is an injective op,
 which fuses into the kernel's epilogue like the bias add after it. Whether and how far to pad is
 :data:`RULES` (a table, first match wins), each rule with the measurement it rests on. The model
@@ -21,6 +23,7 @@ phone-cache proxy builds them again for AVX2 (whose 8 lanes divide 1000) from th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,30 +36,40 @@ LANES = 16
 @dataclass(frozen=True)
 class PadRule:
     """Output channels of at least ``min_channels`` that :data:`LANES` does not divide are padded to the
-    next multiple of ``multiple`` × :data:`LANES`, when that adds at most ``max_waste`` of the work."""
+    next multiple of ``multiple`` × :data:`LANES`, when that adds at most ``max_waste`` of the work and
+    the op computes at least ``min_rows`` outputs per channel (a conv's N × H × W, a matmul's rows)."""
 
     min_channels: int
     multiple: int  # of LANES
     max_waste: float
+    min_rows: int
     why: str
 
 
+#: Below this many rows a kernel streams its weights (2 FLOP per weight and row): the vector width
+#: hardly matters and the padding's extra weight bytes are the cost. MnasNet-B1's classifier matmul
+#: (one row, 1280 → 1000, 5 MB of weights) padded to 1024 timed no faster (0.120 ms against 0.097 in
+#: its database; e2e level or 5 % slower); SqueezeNet's classifier conv (36 rows) 1.58× faster.
+MIN_ROWS = 16
+
 #: First rule whose padding fits its ``max_waste`` applies; none: the op is left alone.
 RULES: tuple[PadRule, ...] = (
-    PadRule(512, 4, 0.05, "1000 → 1024 on AVX-512 (64 = four registers): SqueezeNet's classifier conv "
-                          "tuned 1.58× faster (bench/RESULTS.md, twenty-eighth session)"),
-    PadRule(512, 1, 0.05, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
+    PadRule(512, 4, 0.05, MIN_ROWS, "1000 → 1024 on AVX-512 (64 = four registers): SqueezeNet's classifier "
+                                    "conv tuned 1.58× faster (bench/RESULTS.md, twenty-eighth session)"),
+    PadRule(512, 1, 0.05, MIN_ROWS, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
 )
 
 
-def padded_channels(channels: int, rules: tuple[PadRule, ...] = RULES, lanes: int = LANES) -> tuple[int, PadRule | None]:
-    """(channels to compute, the rule that chose them) — ``(channels, None)`` when left alone."""
+def padded_channels(channels: int, rows: int, rules: tuple[PadRule, ...] = RULES,
+                    lanes: int = LANES) -> tuple[int, PadRule | None]:
+    """(channels to compute, the rule that chose them) for an op computing ``rows`` outputs per channel —
+    ``(channels, None)`` when left alone."""
     if channels % lanes == 0:
         return channels, None
     for rule in rules:
         step = rule.multiple * lanes
         padded = -(-channels // step) * step
-        if channels >= rule.min_channels and padded / channels - 1 <= rule.max_waste:
+        if channels >= rule.min_channels and rows >= rule.min_rows and padded / channels - 1 <= rule.max_waste:
             return padded, rule
     return channels, None
 
@@ -107,8 +120,8 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         if (w is None or w.ndim != 4 or int(attrs.groups) != 1 or attrs.data_layout != "NCHW"
                 or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW" or _static_shape(root) is None):
             return root
-        channels = w.shape[0]
-        padded, rule = padded_channels(channels, rules)
+        channels, shape = w.shape[0], _static_shape(root)
+        padded, rule = padded_channels(channels, shape[0] * shape[2] * shape[3], rules)
         if rule is None:
             return root
         wide = relax.op.nn.conv2d(x, relax.const(_pad_rows(w, padded)), strides=attrs.strides,
@@ -118,13 +131,18 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         return relax.op.strided_slice(wide, axes=[1], begin=[0], end=[channels])
 
     def matmul(root, matched):
-        x, w = matched[mm_x], constant(matched[mm_w])
-        axes = matched[mm_t].attrs.axes
-        shape = _static_shape(root)
-        if w is None or w.ndim != 2 or (axes is not None and [int(a) for a in axes] != [1, 0]) or shape is None:
+        x, shape = matched[mm_x], _static_shape(root)
+        if mm_t in matched:  # Gemm with transB: the weight stored (N, K), transposed into the matmul
+            w, axes = constant(matched[mm_tw]), matched[mm_t].attrs.axes
+            if axes is not None and [int(a) for a in axes] != [1, 0]:
+                return root
+        else:  # MatMul with a (K, N) weight
+            w = constant(matched[mm_w])
+            w = w.T if w is not None and w.ndim == 2 else None
+        if w is None or w.ndim != 2 or shape is None:
             return root
-        channels = w.shape[0]  # the weight as stored: (N, K), transposed into the matmul
-        padded, rule = padded_channels(channels, rules)
+        channels = w.shape[0]
+        padded, rule = padded_channels(channels, math.prod(shape[:-1]), rules)
         if rule is None:
             return root
         wide = relax.op.matmul(x, relax.op.permute_dims(relax.const(_pad_rows(w, padded))))
@@ -132,11 +150,11 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         return relax.op.strided_slice(wide, axes=[len(shape) - 1], begin=[0], end=[channels])
 
     conv_x, conv_w = wildcard(), is_const()
-    mm_x, mm_w = wildcard(), is_const()
-    mm_t = is_op("relax.permute_dims")(mm_w)
+    mm_x, mm_w, mm_tw = wildcard(), is_const(), is_const()
+    mm_t = is_op("relax.permute_dims")(mm_tw)
     gv = mod.get_global_var("main")
     func = rewrite_call(is_op("relax.nn.conv2d")(conv_x, conv_w), conv, mod[gv])
-    func = rewrite_call(is_op("relax.matmul")(mm_x, mm_t), matmul, func)
+    func = rewrite_call(is_op("relax.matmul")(mm_x, mm_t | mm_w), matmul, func)
     if not done:
         return mod, []
     out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)

@@ -12,37 +12,45 @@ from toolchain.verify import verify_artifact
 
 
 def test_channels_the_vector_width_divides_or_that_are_few_are_left_alone():
-    assert padding.padded_channels(1000) == (1024, padding.RULES[0])  # 2.4 % more: four registers
-    assert padding.padded_channels(520) == (528, padding.RULES[1])  # 576 would be 11 % more: one register
-    assert padding.padded_channels(1500) == (1536, padding.RULES[0])
+    rows = padding.MIN_ROWS
+    assert padding.padded_channels(1000, rows) == (1024, padding.RULES[0])  # 2.4 % more: four registers
+    assert padding.padded_channels(520, rows) == (528, padding.RULES[1])  # 576 would be 11 % more: one register
+    assert padding.padded_channels(1500, rows) == (1536, padding.RULES[0])
     for channels in (2000, 1024, 1008, 64, 232, 58, 3):  # divided by 16, or under every rule's minimum
-        assert padding.padded_channels(channels) == (channels, None)
-    assert padding.padded_channels(1000, lanes=8) == (1000, None)
+        assert padding.padded_channels(channels, rows) == (channels, None)
+    assert padding.padded_channels(1000, rows - 1) == (1000, None)  # a GEMV streams its weights: left alone
+    assert padding.padded_channels(1000, rows, lanes=8) == (1000, None)
 
 
 def head_model():
-    """A 1×1 conv to 520 channels (→ 528) with bias and ReLU, a depthwise conv on them (one group per
-    channel: never padded), global pooling, then a 520 → 1000 classifier (Gemm, transB: → 1024)."""
+    """A 1×1 conv to 520 channels (→ 528: 25 rows) with bias and ReLU, a depthwise conv on them (one
+    group per channel: never padded); then the 520 channels of the 25 positions as 25 rows into a
+    1000-class Gemm (transB: → 1024) and a MatMul (→ 1024), and pooled into one row for a Gemm (left
+    alone: one row), all three added."""
     g = GraphBuilder("padded-head", seed=5)
     x = g.conv(g.input("input", (1, 16, 5, 5)), 16, 520, 1, name="expand", act="relu")
     x = g.conv(x, 520, 520, 3, name="dw", groups=520, act="relu")
-    x = g.global_pool_flatten(x, name="pool")
-    return g.finish(g.gemm(x, 520, 1000, name="fc", output="logits"), (1, 1000))
+    rows = g.transpose(g.reshape(x, (520, 25), name="flat"), (1, 0), name="rows")
+    a = g.gemm(rows, 520, 1000, name="fc_t")
+    b = g.linear(rows, 520, 1000, name="fc")
+    c = g.gemm(g.global_pool_flatten(x, name="pool"), 520, 1000, name="fc_pooled")
+    out = g.op("Add", [g.add(a, b, name="ab"), c], "abc", outputs=["logits"])
+    return g.finish(out, (25, 1000))
 
 
-def weight_rows(mod) -> list[int]:
-    """Leading dims of every constant weight the legalized model's kernels take (2-D and 4-D)."""
+def weight_shapes(mod) -> list[tuple[int, ...]]:
+    """Shapes of every 2-D and 4-D constant the legalized model's kernels take (its weights)."""
     import tvm
     from tvm import relax
 
-    rows = []
+    shapes = []
 
     def visit(expr):
         if isinstance(expr, tvm.ir.Constant) and len(getattr(expr.value, "shape", ())) in (2, 4):
-            rows.append(int(expr.value.shape[0]))
+            shapes.append(tuple(int(d) for d in expr.value.shape))
 
     relax.analysis.post_order_visit(mod["main"], visit)
-    return rows
+    return shapes
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -50,10 +58,17 @@ def test_the_padded_conv_and_classifier_compute_padded_channels(layout):
     proto = head_model()
     mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
     padded, done = padding.pad_output_channels(mod)
-    assert sorted((d.op, d.channels, d.padded) for d in done) == [("conv2d", 520, 528), ("matmul", 1000, 1024)]
-    rows = weight_rows(build.legalize(mod, resolve_target("host", layout=layout)))
-    assert 528 in rows and 520 in rows  # the expand conv's weight padded; the depthwise one (520 groups) not
-    assert not {528} & set(weight_rows(build.legalize(mod, resolve_target("host", layout=layout, pad_channels=False))))
+    assert sorted((d.op, d.channels, d.padded) for d in done) == [
+        ("conv2d", 520, 528), ("matmul", 1000, 1024), ("matmul", 1000, 1024)]
+    def count(shapes, channels):
+        return sum(channels in shape for shape in shapes)
+
+    padded = weight_shapes(build.legalize(mod, resolve_target("host", layout=layout)))
+    # the expand conv's weight and two classifiers' padded; the depthwise conv's (520 groups) and the
+    # pooled classifier's (one row) not
+    assert (count(padded, 528), count(padded, 1024), count(padded, 1000)) == (1, 2, 1)
+    plain = weight_shapes(build.legalize(mod, resolve_target("host", layout=layout, pad_channels=False)))
+    assert (count(plain, 528), count(plain, 1024), count(plain, 1000)) == (0, 0, 3)
 
 
 @pytest.mark.parametrize("partition,layout", [("ago", "NHWC"), ("stock", "NHWC"), ("ago", "NCHW")])
