@@ -11,11 +11,11 @@ alike (128 trials, cold weights), the same conv with 1024 output channels ran 1.
 So before legalizing, a conv (one group) or a matmul whose weight is a constant, whose output
 channels are not a multiple of :data:`LANES` and which computes enough rows to be compute-bound
 (:data:`MIN_ROWS`; a classifier matmul on one row streams its weights) computes into a padded
-channel count — the weight padded
-with zero filters — and a ``strided_slice`` takes the real channels back; the slice is an injective op,
-which fuses into the kernel's epilogue like the bias add after it. Whether and how far to pad is
-:data:`RULES` (a table, first match wins), each rule with the measurement it rests on. The model
-computes the same tensor (tests/toolchain/test_padding.py runs both).
+channel count — the weight padded with zero filters — and a ``strided_slice`` takes the real
+channels back; the slice is an injective op, which fuses into the kernel's epilogue like the bias add
+after it. Whether and how far to pad is :data:`RULES` (a table, first match wins), each rule with the
+measurement it rests on. The model computes the same tensor (tests/toolchain/test_padding.py runs
+both).
 
 The padding does not depend on the target: a tuning database's kernels are the padded ones, and the
 phone-cache proxy builds them again for AVX2 (whose 8 lanes divide 1000) from the same database.

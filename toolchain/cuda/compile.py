@@ -62,6 +62,7 @@ class _HostSpec:
 
     preset = "legalize"
     layout = "NCHW"  # training graphs are fused as imported
+    pad_channels = False  # ... and keep their channel counts (toolchain/padding.py is for inference kernels)
 
     def tvm(self):
         import tvm
