@@ -88,7 +88,8 @@ def legalize(mod, spec: TargetSpec):
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
-    return unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
+    out = unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
+    return out.with_attr(padding.APPLIED_ATTR, len(padded)) if padded else out
 
 
 def unique_binding_names(mod):

@@ -76,15 +76,23 @@ def padded_channels(channels: int, rows: int, rules: tuple[PadRule, ...] = RULES
 
 @dataclass(frozen=True)
 class Padded:
-    """One op the pass padded (what the compile record lists)."""
+    """One op the pass padded, and the rule's reason."""
 
-    op: str  # relax op name
+    op: str  # "conv2d" or "matmul"
     channels: int
     padded: int
     why: str
 
-    def to_json(self) -> dict:
-        return {"op": self.op, "channels": self.channels, "padded": self.padded, "why": self.why}
+
+#: module attribute :func:`toolchain.build.legalize` sets: how many ops it padded
+APPLIED_ATTR = "agoc_padded_channels"
+
+
+def applied(mod) -> bool:
+    """Whether a legalized module computes padded channels (its kernels differ from the unpadded
+    model's). A model with nothing to pad is the same either way: a database tuned without padding
+    serves it with or without."""
+    return bool(int((mod.attrs or {}).get(APPLIED_ATTR, 0) or 0)) if mod.attrs is not None else False
 
 
 def _static_shape(expr) -> tuple[int, ...] | None:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import onnx
 
-from toolchain import __version__, build, onnx_import, partition
+from toolchain import __version__, build, onnx_import, padding, partition
 from toolchain.artifact import (
     LIBRARY,
     MANIFEST,
@@ -105,16 +105,10 @@ def compile_model(
     if request.db is not None:
         from toolchain import tuning
 
-        tuned = tuning.TuneDB(request.db)
-        made = tuned.activation_layout
+        made = tuning.TuneDB(request.db).activation_layout
         if made != request.target.layout:
             raise UnsupportedModelError(
                 f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
-        if tuned.channel_padding != request.target.pad_channels:
-            flag = "--pad-channels" if tuned.channel_padding else "--no-pad-channels"
-            raise UnsupportedModelError(
-                f"{request.db} was tuned {'with' if tuned.channel_padding else 'without'} padded output channels; "
-                f"compile with {flag} (its kernels are not these)")
     on_stage("checking model")
     onnx_import.check_supported(model)
     overrides = dict(request.input_shapes)
@@ -127,6 +121,11 @@ def compile_model(
     on_stage("legalizing")
     mod = build.legalize(mod, request.target)
     _dump(request.dump_dir, "02_legalized.py", mod)
+    tuned = tuning.TuneDB(request.db).channel_padding if request.db is not None else None
+    if tuned is not None and tuned != padding.applied(mod):  # a model with nothing to pad is the same either way
+        raise UnsupportedModelError(
+            f"{request.db} was tuned {'with' if tuned else 'without'} padded output channels; compile with "
+            f"{'--pad-channels' if tuned else '--no-pad-channels'} (its kernels are not these)")
 
     on_stage(f"partitioning ({request.partition})")
     if request.partition not in PARTITION_METHODS:

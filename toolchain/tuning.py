@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from toolchain import build, fusion, partition, reform, transfer
+from toolchain import build, fusion, padding, partition, reform, transfer
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.pairing import TRAFFIC, check_rule, choose, choose_by, minis_ms as _minis_ms, pair_joins, time_join
@@ -633,8 +633,8 @@ class TuneDB:
 
     @property
     def channel_padding(self) -> bool:
-        """Whether the session's kernels compute padded output channels (``--pad-channels``,
-        toolchain/padding.py; a database made before the setting: no)."""
+        """Whether the session's kernels compute padded output channels (``--pad-channels`` on a model
+        with something to pad, toolchain/padding.py; a database made before the setting: no)."""
         return bool((self.session or {}).get("pad_channels", False))
 
     @property
@@ -1327,7 +1327,7 @@ def tune_model(
     db = TuneDB(db_dir)
     db.open_session(
         {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
-         "pad_channels": spec.pad_channels, "settings": settings.to_json()}
+         "pad_channels": padding.applied(mod), "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)

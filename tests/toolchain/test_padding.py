@@ -2,6 +2,7 @@
 
 import pytest
 
+import models
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
 from toolchain import build, onnx_import, padding, tuning
@@ -83,7 +84,8 @@ def test_a_model_with_padded_channels_matches_onnxruntime(partition, layout, tmp
 
 def test_a_database_keeps_the_channels_it_was_tuned_with(tmp_path):
     """Padded and unpadded kernels are different kernels: a database made before the setting (its
-    kernels unpadded) resumes only without padding, and compiles only without it."""
+    kernels unpadded) resumes only without padding, and compiles only without it — where the model has
+    something to pad (the session records what the padding did, not the flag)."""
     old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
            "settings": tuning.TuneSettings(trials=8).to_json()}
     db = tuning.TuneDB(tmp_path)
@@ -96,3 +98,8 @@ def test_a_database_keeps_the_channels_it_was_tuned_with(tmp_path):
     with pytest.raises(UnsupportedModelError, match="without padded output channels; compile with --no-pad-channels"):
         compile_model(CompileRequest(head_model(), "padded-head", spec, db=tmp_path), find_compiler(spec),
                       tmp_path / "a")
+    # a model with nothing to pad is the same either way: the database serves it padded or not
+    plain = models.build("tiny-cnn")
+    assert not padding.applied(build.legalize(onnx_import.to_relax(plain, onnx_import.resolve_inputs(plain, {})), spec))
+    assert padding.applied(build.legalize(onnx_import.to_relax(head_model(), onnx_import.resolve_inputs(
+        head_model(), {})), spec))

@@ -53,7 +53,6 @@ def _prepacked_db(fused, db_dir):
     assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
     db = tuning.TuneDB(db_dir)
     db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-                     "pad_channels": SPEC.pad_channels,
                      "settings": tuning.TuneSettings().to_json()})
     task = tuning.task_name(name, func)
     db.save_tasks([tuning.Task(task, "kernel", (), None, 1.0, 16)])
@@ -91,7 +90,6 @@ def test_a_database_tuned_without_prepack_compiles_with_the_weights_as_they_are(
     name, func = tuning.group_kernels(fused)[0]
     db = tuning.TuneDB(tmp_path)
     db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-                     "pad_channels": SPEC.pad_channels,
                      "settings": tuning.TuneSettings(prepack=False).to_json()})
     db.save_tasks([tuning.Task(tuning.task_name(name, func), "kernel", (), None, 1.0, 16)])
     out, applied, _ = tuning.apply_verified(fused, tmp_path, SPEC)
