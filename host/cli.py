@@ -174,8 +174,8 @@ def _layout_option():
 def _pad_channels_option():
     return typer.Option(True, "--pad-channels/--no-pad-channels",
                         help="Convs and matmuls with 512 or more output channels that 16 does not divide (e.g. a "
-                        "1000-class classifier) compute up to 5 % more zero channels, sliced off, so that their "
-                        "kernels vectorise in whole registers (toolchain/padding.py).")
+                        "1000-class classifier conv) and 16 or more rows compute up to 5 % more zero channels, "
+                        "sliced off, so that their kernels vectorise in whole registers (toolchain/padding.py).")
 
 
 @app.command()
