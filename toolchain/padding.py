@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toolchain.relayout import _shape as static_shape
+
 
 #: float32 lanes of the widest vector agoc builds for (AVX-512); a multiple of NEON's 4 and AVX2's 8
 LANES = 16
@@ -92,13 +94,7 @@ def applied(mod) -> bool:
     """Whether a legalized module computes padded channels (its kernels differ from the unpadded
     model's). A model with nothing to pad is the same either way: a database tuned without padding
     serves it with or without."""
-    return bool(int((mod.attrs or {}).get(APPLIED_ATTR, 0) or 0)) if mod.attrs is not None else False
-
-
-def _static_shape(expr) -> tuple[int, ...] | None:
-    from toolchain.relayout import _shape
-
-    return _shape(expr)
+    return mod.attrs is not None and int(mod.attrs.get(APPLIED_ATTR, 0)) > 0
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
@@ -125,10 +121,11 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
     def conv(root, matched):
         x, w = matched[conv_x], constant(matched[conv_w])
         attrs = root.attrs
+        shape = static_shape(root)
         if (w is None or w.ndim != 4 or int(attrs.groups) != 1 or attrs.data_layout != "NCHW"
-                or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW" or _static_shape(root) is None):
+                or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW" or shape is None):
             return root
-        channels, shape = w.shape[0], _static_shape(root)
+        channels = w.shape[0]
         padded, rule = padded_channels(channels, shape[0] * shape[2] * shape[3], rules)
         if rule is None:
             return root
@@ -139,7 +136,7 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         return relax.op.strided_slice(wide, axes=[1], begin=[0], end=[channels])
 
     def matmul(root, matched):
-        x, shape = matched[mm_x], _static_shape(root)
+        x, shape = matched[mm_x], static_shape(root)
         if mm_t in matched:  # Gemm with transB: the weight stored (N, K), transposed into the matmul
             w, axes = constant(matched[mm_tw]), matched[mm_t].attrs.axes
             if axes is not None and [int(a) for a in axes] != [1, 0]:

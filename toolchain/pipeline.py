@@ -102,10 +102,12 @@ def compile_model(
     _prepare_out_dir(out_dir)
     model = request.model
 
+    tuned = None  # the tuning database the build applies
     if request.db is not None:
         from toolchain import tuning
 
-        made = tuning.TuneDB(request.db).activation_layout
+        tuned = tuning.TuneDB(request.db)
+        made = tuned.activation_layout
         if made != request.target.layout:
             raise UnsupportedModelError(
                 f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
@@ -121,11 +123,11 @@ def compile_model(
     on_stage("legalizing")
     mod = build.legalize(mod, request.target)
     _dump(request.dump_dir, "02_legalized.py", mod)
-    tuned = tuning.TuneDB(request.db).channel_padding if request.db is not None else None
-    if tuned is not None and tuned != padding.applied(mod):  # a model with nothing to pad is the same either way
+    if tuned is not None and tuned.channel_padding != padding.applied(mod):  # nothing to pad: the same either way
+        was = tuned.channel_padding
         raise UnsupportedModelError(
-            f"{request.db} was tuned {'with' if tuned else 'without'} padded output channels; compile with "
-            f"{'--pad-channels' if tuned else '--no-pad-channels'} (its kernels are not these)")
+            f"{request.db} was tuned {'with' if was else 'without'} padded output channels; compile with "
+            f"{'--pad-channels' if was else '--no-pad-channels'} (its kernels are not these)")
 
     on_stage(f"partitioning ({request.partition})")
     if request.partition not in PARTITION_METHODS:
