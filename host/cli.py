@@ -547,7 +547,9 @@ def tune(
     population: int = typer.Option(128, help="Candidates the search's cost model scores and evolves before each "
                                    "batch (MetaSchedule's evolutionary search; smaller: faster batches)."),
     scheduler: str = typer.Option("weight", help="How the budget is spread over the kernels: weight (planned "
-                                  "by AGO weight) or latency (a first batch each, then rounds where they save most)."),
+                                  "by AGO weight), latency (a first batch each, then rounds where they save most) or "
+                                  "roofline (three quarters by weight, the last quarter in rounds to the kernels "
+                                  "furthest above their roofline floor)."),
     warmup: int = typer.Option(8, help="--scheduler latency: every kernel's first batch."),
     no_prepack: bool = typer.Option(
         False, "--no-prepack", help="Keep every weight in the model's layout (by default a schedule may store "
@@ -651,6 +653,7 @@ def tune(
                 f"{phases['mini']} minis), {total} trials"
                 f"{f' (more than --trials {trials}: at least one batch of {settings.unit} per task)' if total > trials else ''}"
                 f"{f', {first} of them a first batch per task' if scheduler == 'latency' else ''}"
+                f"{f', {first} of them planned by weight, the rest in rounds' if scheduler == 'roofline' else ''}"
                 "[/dim]", soft_wrap=True)
             state["bar"] = progress.add_task("tuning", total=total)
         elif kind == "round":
@@ -825,8 +828,8 @@ def bench_suite(
     calls: Optional[int] = typer.Option(None, help="Timed calls per engine per round (default 10, quick 3)."),
     seed: int = typer.Option(0, help="Seed of the per-round engine order and of tuning."),
     trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
-    scheduler: str = typer.Option("weight", help="How every tuned variant spreads its budget: weight or latency "
-                                  "(see agoc tune --help)."),
+    scheduler: str = typer.Option("weight", help="How every tuned variant spreads its budget: weight, latency "
+                                  "or roofline (see agoc tune --help)."),
     no_prepack: bool = typer.Option(False, "--no-prepack", help="Tune every variant with weights in the model's "
                                     "layout (see agoc tune --help)."),
     transfer: int = typer.Option(2, "--transfer", help="Seeds from similar kernels per search, for every tuned "

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from toolchain import build, fusion, padding, partition, reform, transfer
+from toolchain import build, fusion, padding, partition, reform, roofline, transfer
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.pairing import TRAFFIC, check_rule, choose, choose_by, minis_ms as _minis_ms, pair_joins, time_join
@@ -127,7 +127,14 @@ SCHEDULERS = {
               "what the plan cannot place (the last kernels' unspent trials) goes round by round as with latency",
     "latency": "a first batch of --warmup per task, then rounds of --per-iter to the task whose next round "
                "is expected to save the most model time (its share of the model × expected gain, Ansor-style)",
+    "roofline": "three quarters of the budget planned by weight, the last quarter in rounds of --per-iter to "
+                "the task whose time in the model is furthest above its roofline floor (its work and bytes at "
+                "the best rates the session measured) × the share of that gap a round is expected to close",
 }
+
+#: ``roofline``: the share of the budget that goes round by round (the rest is planned by weight, so
+#: every task has its batches before any round is decided on measured times)
+ROUND_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -472,8 +479,10 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
     # join: the composed seed alone never reaches the intensive-fusion structure. A mini identical to a
     # kernel or to an earlier join's mini is tuned once, there: it is not charged again.
     floors = [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
-    # "latency": the plan is the first batches only; the rest of the budget goes round by round
-    first_pass = settings.trials if settings.scheduler != "latency" else 0
+    # "latency": the plan is the first batches only; the rest of the budget goes round by round;
+    # "roofline": the plan is all but ROUND_SHARE of the budget
+    first_pass = {"latency": 0, "roofline": int(settings.trials * (1 - ROUND_SHARE))}.get(settings.scheduler,
+                                                                                            settings.trials)
     # a kernel's share of the model's time is its weight (one call) times its calls (as Ansor's task
     # scheduler weighs a task by how often the model runs it)
     budgets = _budgets([t.weight * t.calls for t in final.values()], first_pass, settings.unit, floors)
@@ -516,8 +525,8 @@ def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
 
 def session_trials(first_pass: int, settings: TuneSettings) -> int:
     """Trials a session spends at most, its plan taking ``first_pass``: the plan ("weight"), or the
-    whole budget ("latency"; more where the first batches alone need more)."""
-    return max(first_pass, settings.trials) if settings.scheduler == "latency" else first_pass
+    whole budget ("latency", "roofline"; more where the plan's floors alone need more)."""
+    return max(first_pass, settings.trials) if settings.scheduler in ("latency", "roofline") else first_pass
 
 
 def planned_trials(mod, spec, settings: TuneSettings) -> int:
@@ -1286,16 +1295,38 @@ def expected_gain(latencies: list[float], per_iter: int) -> float:
     return (recent + prior) / 2
 
 
+def roofline_gain(latencies: list[float], per_iter: int, floor_s: float) -> float:
+    """``roofline``: the share of a task's time its next round is expected to save — its gap (the share of
+    its best time above its roofline floor, ``floor_s``) × the share of that gap a round is expected to
+    close: the mean of the prior (:data:`PRIOR_GAIN`, falling with trials) and what its last round closed.
+    A task at its floor gains nothing, however slow; one far above it keeps its rounds while they pay."""
+    now = min(latencies, default=math.inf)
+    if not math.inf > now > floor_s:
+        return 0.0
+    gap = (now - floor_s) / now
+    prior = PRIOR_GAIN * per_iter / (len(latencies) + per_iter)
+    if len(latencies) <= per_iter:
+        return gap * prior
+    before = min(latencies[:-per_iter])
+    closed = (before - now) / (before - floor_s) if math.inf > before > floor_s else prior
+    return gap * (prior + closed) / 2
+
+
+def task_ms(name: str, verified: dict, progress: dict) -> float | None:
+    """A task's latency for one call: verified, else the best it measured, else None."""
+    entry = verified.get(name, {})
+    if entry.get("status") == "verified":
+        return entry["latency_ms"]
+    best = progress.get(name, {}).get("best_ms")
+    return best if best is not None and best < math.inf else None
+
+
 def model_times(plan: TaskPlan, verified: dict, progress: dict) -> dict[str, float]:
     """Each task's time in one run of the model (ms, every call): only tasks the model is built with
     now count — a split subgraph's join or its minis, as :func:`toolchain.pairing.choose` decides.
     A task's time is its verified latency, else the best it measured; a task with neither is left out."""
     def ms(name: str) -> float | None:
-        entry = verified.get(name, {})
-        if entry.get("status") == "verified":
-            return entry["latency_ms"]
-        best = progress.get(name, {}).get("best_ms")
-        return best if best is not None and best < math.inf else None
+        return task_ms(name, verified, progress)
 
     out: dict[str, float] = {}
     for name in plan.group_tasks:  # one entry per subgraph instance: calls count themselves
@@ -1481,6 +1512,7 @@ def tune_model(
     out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
     hashes = {name: _workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
     total = session_trials(first, settings)
+    costs: dict = {}  # roofline: each task's work and bytes, counted at the first round
     while True:
         lats = trial_latencies_of(db.ms_dir, plan.funcs, hashes)
         left = total - sum(len(v) for v in lats.values())
@@ -1489,7 +1521,13 @@ def tune_model(
                  and not verified.get(n, {}).get("search_error")}
         if left <= 0 or not times:
             break
-        gains = {n: t * expected_gain(lats[n], settings.per_iter) for n, t in times.items()}
+        if settings.scheduler == "roofline":  # the gap to each task's floor at the session's best rates
+            costs = costs or {n: roofline.cost(f) for n, f in plan.funcs.items()}
+            peaks = roofline.peaks(costs, {n: task_ms(n, verified, progress) for n in plan.funcs})
+            floors = {n: roofline.floor_ms(costs[n], peaks) / 1e3 if peaks else 0.0 for n in times}
+            gains = {n: t * roofline_gain(lats[n], settings.per_iter, floors[n]) for n, t in times.items()}
+        else:
+            gains = {n: t * expected_gain(lats[n], settings.per_iter) for n, t in times.items()}
         name = max(gains, key=gains.get)
         task, done = tasks_by_name[name], len(lats[name])
         target = done + min(settings.per_iter, left)

@@ -204,6 +204,9 @@ def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_
     settings = tiny_settings(trials=16, layout="NCHW")
     budget = bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], settings)
     assert budget == 64  # 3 kernels × one batch of 16, and a quarter more to spread by weight, whole batches
+    # the roofline scheduler plans by weight as well (its rounds come out of the same budget)
+    assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"],
+                              replace(settings, scheduler="roofline")) == 64
     roomy = tiny_settings(trials=160, layout="NCHW")
     assert bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], roomy) == 160
     # the latency scheduler: a first batch of 8 per task (AGO: 1 kernel per subgraph; stock: 3 kernels),

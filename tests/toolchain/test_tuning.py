@@ -933,6 +933,45 @@ def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dws
     assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == [4, 4, 4, 84]
 
 
+def test_roofline_gain_is_the_gap_times_what_a_round_is_expected_to_close():
+    assert tuning.roofline_gain([1e-3] * 8, 8, floor_s=1e-3) == 0.0  # at its floor: nothing to gain, however slow
+    assert tuning.roofline_gain([], 8, floor_s=0.0) == 0.0  # nothing measured
+    # half its time above the floor, one round so far: the gap × the prior
+    assert tuning.roofline_gain([2e-3] * 8, 8, floor_s=1e-3) == pytest.approx(0.5 * 0.5 * 8 / 16)
+    flat = tuning.roofline_gain([2e-3] * 24, 8, floor_s=1e-3)  # its last round closed nothing
+    assert flat == pytest.approx(0.5 * (0.5 * 8 / 32) / 2)
+    closing = tuning.roofline_gain([3e-3] * 16 + [2e-3] * 8, 8, floor_s=1e-3)  # it closed half its gap
+    assert closing == pytest.approx(0.5 * (0.5 * 8 / 32 + 0.5) / 2) and closing > flat
+
+
+def test_the_roofline_scheduler_sends_its_rounds_to_the_task_furthest_above_its_floor(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """Three quarters of the budget planned by weight, the rest in rounds: the slowest mini is at the
+    session's best work rate (no gap) and the fastest at its best byte rate, so every round goes to the
+    one in between — where the latency scheduler would have sent them to the slowest."""
+    from toolchain import roofline
+
+    mod, graph, *_ = dwsep_split
+    trials = fake_search
+    settings = tuning.TuneSettings(trials=128, per_iter=8, scheduler="roofline", threshold=1e9)
+    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    minis = [t for t in plan.tasks if t.phase == "mini"]
+    (joined,) = [t for t in plan.tasks if t.phase == "joined"]
+    assert tuning.first_pass_trials(mod, SPEC, settings) == 96 and tuning.planned_trials(mod, SPEC, settings) == 128
+    costs = {plan.funcs[t.name].script(): roofline.Cost(work, 1) for t, work in zip((*minis, joined), (400, 20, 50, 470))}
+    monkeypatch.setattr(roofline, "cost", lambda func: costs[func.script()])
+    for t, speed in zip(minis, (4.0, 2.0, 1.0)):  # work rates 100 / 10 / 50 per ms; bytes 0.25 / 0.5 / 1
+        trials.speed_ms[plan.funcs[t.name].script()] = speed
+    trials.speed_ms[plan.funcs[joined.name].script()] = 9.0  # slower than its minis: built as them
+    events = []
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    rounds = [i["task"] for k, i in events if k == "round"]
+    assert rounds and set(rounds) == {minis[1].name}  # floor max(20/100, 1/1) = 1 ms of its 2
+    assert sum(len(v) for v in trials.values()) == 128  # the whole budget spent
+    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resumed: nothing left to do
+    assert sum(len(v) for v in trials.values()) == 128
+
+
 def test_a_database_keeps_its_scheduler_and_a_bad_one_is_refused(tmp_path, cli):
     old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
            "settings": {k: v for k, v in tuning.TuneSettings(trials=8).to_json().items()

@@ -1,0 +1,68 @@
+"""A kernel's roofline floor: the least time its work and its bytes allow at the best throughputs the
+session has measured on this target (``--scheduler roofline``'s forward estimate, as Ansor's task
+scheduler estimates what a task could reach from the best throughput of tasks like it).
+
+Counted from the kernel's PrimFunc alone, so the same for every partition of a model:
+
+* work: the iteration points of every block (a conv's multiply-add counts one, its padding copy one
+  per element) — arithmetic intensity without a per-op FLOP table;
+* bytes: its arguments' sizes — what it must read and write at least once (weights, inputs, outputs);
+  a fused intermediate is no argument, so a join's floor counts less traffic than its minis'.
+
+The peaks are the largest work / latency and bytes / latency among the session's measured tasks: no
+hardware table, the target's own measurements. A kernel at a peak has no gap; a kernel 2× off both is
+half gap. Optimistic by design (the byte peak may come from a kernel whose activations stayed in cache),
+so the gap says where the search has most to find, not what it will find.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cost:
+    work: int  # iteration points of the kernel's blocks
+    bytes: int  # its arguments' bytes
+
+
+@dataclass(frozen=True)
+class Peaks:
+    work_per_ms: float
+    bytes_per_ms: float
+
+
+def cost(func) -> Cost:
+    """The work and the argument bytes of a PrimFunc."""
+    import tvm
+
+    from toolchain.opgraph import block_nests
+
+    work = sum(math.prod(e for _, e, _ in b.iters) for b in block_nests(func))
+    nbytes = 0
+    for param in func.params:  # in TVM 0.27 a PrimFunc param carries its buffer type
+        ty = getattr(param, "ty", None)
+        if ty is None or not hasattr(ty, "shape"):
+            continue
+        dtype = tvm.runtime.DataType(str(ty.dtype))
+        nbytes += math.prod(int(d) for d in ty.shape) * dtype.bits * dtype.lanes // 8
+    return Cost(work, nbytes)
+
+
+def peaks(costs: dict[str, Cost], latency_ms: dict[str, float]) -> Peaks | None:
+    """The best work and byte rates among the tasks with a measured latency (None: none measured)."""
+    timed = [(costs[n], t) for n, t in latency_ms.items() if n in costs and t and t > 0]
+    if not timed:
+        return None
+    return Peaks(max(c.work / t for c, t in timed), max(c.bytes / t for c, t in timed))
+
+
+def floor_ms(c: Cost, p: Peaks) -> float:
+    """The least time ``c`` takes at the peaks: the slower of its work and its traffic."""
+    return max(c.work / p.work_per_ms, c.bytes / p.bytes_per_ms)
+
+
+def gap_share(c: Cost, p: Peaks, ms: float) -> float:
+    """The share of ``ms`` (a latency of the kernel) above its floor, in [0, 1)."""
+    return max(0.0, 1.0 - floor_ms(c, p) / ms) if ms > 0 else 0.0
