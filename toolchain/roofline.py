@@ -62,7 +62,3 @@ def floor_ms(c: Cost, p: Peaks) -> float:
     """The least time ``c`` takes at the peaks: the slower of its work and its traffic."""
     return max(c.work / p.work_per_ms, c.bytes / p.bytes_per_ms)
 
-
-def gap_share(c: Cost, p: Peaks, ms: float) -> float:
-    """The share of ``ms`` (a latency of the kernel) above its floor, in [0, 1)."""
-    return max(0.0, 1.0 - floor_ms(c, p) / ms) if ms > 0 else 0.0

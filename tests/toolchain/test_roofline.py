@@ -30,6 +30,5 @@ def test_floor_is_the_slower_of_work_and_traffic_at_the_best_rates():
     peaks = roofline.peaks(costs, {"compute": 1.0, "memory": 2.0, "slow": 4.0, "unknown": 1.0})
     assert peaks == roofline.Peaks(work_per_ms=1000.0, bytes_per_ms=500.0)
     assert roofline.floor_ms(costs["slow"], peaks) == pytest.approx(0.2)  # traffic-bound: 100 / 500
-    assert roofline.gap_share(costs["slow"], peaks, 4.0) == pytest.approx(0.95)
-    assert roofline.gap_share(costs["compute"], peaks, 1.0) == 0.0  # it sets the work peak
+    assert roofline.floor_ms(costs["compute"], peaks) == pytest.approx(1.0)  # it sets the work peak: no gap
     assert roofline.peaks(costs, {"slow": None}) is None  # nothing measured: no floor yet
