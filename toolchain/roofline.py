@@ -50,7 +50,7 @@ def cost(func) -> Cost:
     return Cost(work, nbytes)
 
 
-def peaks(costs: dict[str, Cost], latency_ms: dict[str, float]) -> Peaks | None:
+def peaks(costs: dict[str, Cost], latency_ms: dict[str, float | None]) -> Peaks | None:
     """The best work and byte rates among the tasks with a measured latency (None: none measured)."""
     timed = [(costs[n], t) for n, t in latency_ms.items() if n in costs and t and t > 0]
     if not timed:

@@ -1284,32 +1284,32 @@ def unspent(plan: TaskPlan, joined: Task, spent: dict[str, int]) -> int:
 PRIOR_GAIN = 0.5
 
 
-def expected_gain(latencies: list[float], per_iter: int) -> float:
-    """The share of a task's time its next round is expected to save: the mean of what its last
-    ``per_iter`` trials brought (the search as it goes now) and the prior (:data:`PRIOR_GAIN`)."""
+def _share_closed(latencies: list[float], per_iter: int, floor_s: float) -> float:
+    """The share of the distance from a task's best time down to ``floor_s`` its next round is expected
+    to close: the mean of what its last ``per_iter`` trials closed (the search as it goes now) and the
+    prior (:data:`PRIOR_GAIN`, falling with trials); the prior alone before it has two rounds."""
     prior = PRIOR_GAIN * per_iter / (len(latencies) + per_iter)
     if len(latencies) <= per_iter:
         return prior
     before, now = min(latencies[:-per_iter]), min(latencies)
-    recent = (before - now) / before if math.inf > before > 0 else prior
-    return (recent + prior) / 2
+    closed = (before - now) / (before - floor_s) if math.inf > before > floor_s else prior
+    return (closed + prior) / 2
+
+
+def expected_gain(latencies: list[float], per_iter: int) -> float:
+    """The share of a task's time its next round is expected to save (the latency scheduler: no floor)."""
+    return _share_closed(latencies, per_iter, 0.0)
 
 
 def roofline_gain(latencies: list[float], per_iter: int, floor_s: float) -> float:
     """``roofline``: the share of a task's time its next round is expected to save — its gap (the share of
     its best time above its roofline floor, ``floor_s``) × the share of that gap a round is expected to
-    close: the mean of the prior (:data:`PRIOR_GAIN`, falling with trials) and what its last round closed.
-    A task at its floor gains nothing, however slow; one far above it keeps its rounds while they pay."""
+    close (:func:`_share_closed`). A task at its floor gains nothing, however slow; one far above it keeps
+    its rounds while they pay."""
     now = min(latencies, default=math.inf)
     if not math.inf > now > floor_s:
         return 0.0
-    gap = (now - floor_s) / now
-    prior = PRIOR_GAIN * per_iter / (len(latencies) + per_iter)
-    if len(latencies) <= per_iter:
-        return gap * prior
-    before = min(latencies[:-per_iter])
-    closed = (before - now) / (before - floor_s) if math.inf > before > floor_s else prior
-    return gap * (prior + closed) / 2
+    return (now - floor_s) / now * _share_closed(latencies, per_iter, floor_s)
 
 
 def task_ms(name: str, verified: dict, progress: dict) -> float | None:
@@ -1325,15 +1325,12 @@ def model_times(plan: TaskPlan, verified: dict, progress: dict) -> dict[str, flo
     """Each task's time in one run of the model (ms, every call): only tasks the model is built with
     now count — a split subgraph's join or its minis, as :func:`toolchain.pairing.choose` decides.
     A task's time is its verified latency, else the best it measured; a task with neither is left out."""
-    def ms(name: str) -> float | None:
-        return task_ms(name, verified, progress)
-
     out: dict[str, float] = {}
     for name in plan.group_tasks:  # one entry per subgraph instance: calls count themselves
         minis = [n for n, _ in plan.compositions.get(name, [])]
         parts = [name] if not minis or choose(name, minis, verified).build == "joined" else minis
         for part in parts:
-            t = ms(part)
+            t = task_ms(part, verified, progress)
             if t is not None:
                 out[part] = out.get(part, 0.0) + t
     return out
