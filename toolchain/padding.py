@@ -17,6 +17,16 @@ after it. Whether and how far to pad is :data:`RULES` (a table, first match wins
 measurement it rests on. The model computes the same tensor (tests/toolchain/test_padding.py runs
 both).
 
+**Chains into a depthwise conv** (:data:`CHAIN_RULES`). A depthwise conv vectorises only over its
+channels, so one with 72 or 120 (MnasNet-B1's expanded channels) or 58 / 116 (ShuffleNet-V2's
+branches) runs in 8-, 4- or 2-lane vectors. Where a conv's output channels reach a depthwise conv
+through per-channel ops (bias, activation), the conv computes padded channels, the per-channel
+constants are padded with their last channel's values (whatever the padded channels hold stays
+finite), the depthwise conv gets zero filters for them, and the conv that consumes the chain reads
+them with zero weights — the padded channels never leave the chain, and no slice is needed. Any
+other use of a padded tensor (a residual add, a concat, the model's output) reads it through a
+``strided_slice`` of the real channels. :func:`pad_channel_chains`.
+
 The padding does not depend on the target: a tuning database's kernels are the padded ones, and the
 phone-cache proxy builds them again for AVX2 (whose 8 lanes divide 1000) from the same database.
 """
@@ -59,6 +69,13 @@ RULES: tuple[PadRule, ...] = (
     PadRule(512, 4, 0.05, MIN_ROWS, "1000 → 1024 on AVX-512 (64 = four registers): SqueezeNet's classifier "
                                     "conv tuned 1.58× faster (bench/RESULTS.md, twenty-eighth session)"),
     PadRule(512, 1, 0.05, MIN_ROWS, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
+)
+
+#: For a conv whose output reaches a depthwise conv (:func:`pad_channel_chains`); first match wins.
+CHAIN_RULES: tuple[PadRule, ...] = (
+    PadRule(32, 1, 0.125, MIN_ROWS, "72 → 80 and 120 → 128 (one AVX-512 register): MnasNet-B1's MBConv "
+                                    "blocks tuned alike, the depthwise conv 1.9× / 2.4× faster, the block "
+                                    "1.12× / 1.7× (bench/RESULTS.md, thirtieth session)"),
 )
 
 
@@ -160,8 +177,223 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
     gv = mod.get_global_var("main")
     func = rewrite_call(is_op("relax.nn.conv2d")(conv_x, conv_w), conv, mod[gv])
     func = rewrite_call(is_op("relax.matmul")(mm_x, mm_t | mm_w), matmul, func)
-    if not done:
+    if done:
+        out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+        out[gv] = func
+        mod = relax.transform.Normalize()(out)
+    mod, chains = pad_channel_chains(mod)
+    return mod, done + chains
+
+
+#: ops that compute each channel from the same channel alone: a padded channel axis passes through them
+#: (the binary ones when the other operand is a per-channel or scalar constant, or padded alike)
+CARRY_UNARY = frozenset({"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.nn.silu", "relax.tanh",
+                         "relax.nn.gelu", "relax.nn.leakyrelu", "relax.nn.relu6"})
+CARRY_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                          "relax.minimum"})
+
+
+def _per_channel(value: np.ndarray, channels: int) -> bool:
+    """Whether ``value`` broadcast against an NCHW tensor of ``channels`` channels is one value per
+    channel, or one for all."""
+    dims = (1,) * (4 - value.ndim) + value.shape if value.ndim <= 4 else None
+    return dims is not None and dims[0] == dims[2] == dims[3] == 1 and dims[1] in (1, channels)
+
+
+def _pad_channel_axis(value: np.ndarray, padded: int) -> np.ndarray:
+    """A per-channel constant (:func:`_per_channel`) with its last channel repeated up to ``padded``."""
+    axis = value.ndim - 3
+    if axis < 0 or value.shape[axis] == 1:
+        return value
+    widths = [(0, 0)] * value.ndim
+    widths[axis] = (0, padded - value.shape[axis])
+    return np.pad(value, widths, mode="edge")
+
+
+def _conv_weight(call) -> np.ndarray | None:
+    """The OIHW constant weight of an NCHW conv2d call, or None."""
+    import tvm
+
+    attrs, w = call.attrs, call.args[1]
+    if (attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW"
+            or not isinstance(w, tvm.ir.Constant)):
+        return None
+    value = w.value.numpy()
+    return value if value.ndim == 4 else None
+
+
+def _conv(x, weight: np.ndarray, like, groups: int):
+    """conv2d of ``x`` by ``weight`` with ``like``'s attributes but ``groups``."""
+    from tvm import relax
+
+    a = like.attrs
+    return relax.op.nn.conv2d(x, relax.const(weight), strides=a.strides, padding=a.padding, dilation=a.dilation,
+                              groups=groups, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",
+                              out_dtype=a.out_dtype)
+
+
+def _op_name(expr) -> str | None:
+    import tvm
+    from tvm import relax
+
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
+def _carries(call, var, channels: int) -> bool:
+    """Whether ``call`` computes each channel of ``var`` (NCHW, ``channels`` channels) from that channel
+    alone, so ``var`` padded makes its result padded alike (before knowing what else is padded: a binary
+    op's other operand must be a constant)."""
+    import tvm
+
+    name = _op_name(call)
+    if name in CARRY_UNARY:
+        return call.args[0].same_as(var)
+    if name in CARRY_BINARY:
+        others = [a for a in call.args if not a.same_as(var)]
+        return (len(others) == 1 and isinstance(others[0], tvm.ir.Constant)
+                and _per_channel(others[0].value.numpy(), channels))
+    return False
+
+
+def _is_depthwise(call, var, channels: int) -> bool:
+    if _op_name(call) != "relax.nn.conv2d" or not call.args[0].same_as(var):
+        return False
+    w = _conv_weight(call)
+    return w is not None and int(call.attrs.groups) == channels == w.shape[0] and w.shape[1] == 1
+
+
+def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
+    """{conv binding var: (channels, padded, rule)} for every conv (one group, constant weight, NCHW)
+    whose output reaches a depthwise conv through ops that carry its channels, and a rule pads."""
+    from tvm import relax
+
+    bindings = [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
+    users: dict = {}
+    for b in bindings:
+        for arg in getattr(b.value, "args", ()):
+            if isinstance(arg, relax.Var):
+                users.setdefault(arg, []).append(b)
+
+    def reaches_depthwise(var, channels: int) -> bool:
+        for b in users.get(var, ()):
+            if _is_depthwise(b.value, var, channels):
+                return True
+            if (isinstance(b.var, relax.DataflowVar) and _carries(b.value, var, channels)
+                    and reaches_depthwise(b.var, channels)):
+                return True
+        return False
+
+    plan = {}
+    for b in bindings:
+        if _op_name(b.value) != "relax.nn.conv2d" or int(b.value.attrs.groups) != 1:
+            continue
+        w, shape = _conv_weight(b.value), static_shape(b.value)
+        if w is None or shape is None or not isinstance(b.var, relax.DataflowVar):
+            continue
+        padded, rule = padded_channels(w.shape[0], shape[0] * shape[2] * shape[3], rules)
+        if rule is not None and reaches_depthwise(b.var, w.shape[0]):
+            plan[b.var] = (w.shape[0], padded, rule)
+    return plan
+
+
+def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
+    """``(mod, [Padded])``: ``mod`` (NCHW, before legalizing) with every conv :func:`_chain_plan` picks
+    computing padded output channels, carried through the per-channel ops and depthwise convs after it
+    into the convs that consume them (their weights' input channels padded with zeros); anything else
+    that reads a padded tensor reads a ``strided_slice`` of its real channels. ``mod`` itself when nothing
+    is padded."""
+    import tvm
+    from tvm import relax
+
+    gv = mod.get_global_var("main")
+    folded = relax.transform.FoldConstant()(mod)  # the biases: reshapes of constants, as imported
+    plan = _chain_plan(folded[gv], rules)
+    if not plan:
         return mod, []
-    out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
-    out[gv] = func
-    return relax.transform.Normalize()(out), done
+
+    @relax.expr_functor.mutator
+    class Chains(relax.PyExprMutator):
+        def __init__(self, module):
+            super().__init__(module)
+            self.padded: dict = {}  # original var -> (its padded replacement, channels, padded channels)
+            self.sliced: set = set()
+
+        def padded_arg(self, arg):
+            return self.padded.get(arg) if isinstance(arg, relax.Var) else None
+
+        def rewrite(self, var, call):
+            """(new value, (channels, padded) or None) where ``call`` reads or makes padded channels;
+            None where it is left as it is."""
+            name = _op_name(call)
+            if not isinstance(var, relax.DataflowVar) or name is None:
+                return None
+            if name == "relax.nn.conv2d":
+                return self.rewrite_conv(var, call)
+            arg = self.padded_arg(call.args[0]) if call.args else None
+            if name in CARRY_UNARY and arg is not None:
+                return relax.Call(call.op, [arg[0], *call.args[1:]], call.attrs, call.ty_args), arg[1:]
+            if name in CARRY_BINARY and len(call.args) == 2:
+                ins = [self.padded_arg(a) for a in call.args]
+                known = [i for i in ins if i is not None]
+                if not known or any(i[1:] != known[0][1:] for i in known):
+                    return None
+                channels, wide = known[0][1:]
+                args = []
+                for a, i in zip(call.args, ins):
+                    if i is not None:
+                        args.append(i[0])
+                    elif isinstance(a, tvm.ir.Constant) and _per_channel(a.value.numpy(), channels):
+                        args.append(relax.const(_pad_channel_axis(a.value.numpy(), wide)))
+                    else:
+                        return None
+                return relax.Call(call.op, args, call.attrs, call.ty_args), (channels, wide)
+            return None
+
+        def rewrite_conv(self, var, call):
+            w = _conv_weight(call)
+            if w is None:
+                return None
+            groups, arg = int(call.attrs.groups), self.padded_arg(call.args[0])
+            if arg is not None:
+                x, channels, wide = arg
+                if groups == channels == w.shape[0] and w.shape[1] == 1:  # depthwise: zero filters
+                    return _conv(x, _pad_rows(w, wide), call, wide), (channels, wide)
+                if groups != 1:
+                    return None
+                w = np.pad(w, [(0, 0), (0, wide - w.shape[1]), (0, 0), (0, 0)])  # zero weights for them
+            elif var not in plan:
+                return None
+            else:
+                x = self.visit_expr(call.args[0])
+            if var in plan:
+                channels, wide, _ = plan[var]
+                return _conv(x, _pad_rows(w, wide), call, 1), (channels, wide)
+            return _conv(x, w, call, 1), None
+
+        def visit_var_binding_(self, binding):
+            var = binding.var
+            new = self.rewrite(var, binding.value)
+            if new is not None:
+                value, carried = new
+                out = self.builder_.emit(value, name_hint=var.name)
+                if carried is None:
+                    self.set_var_remap(var, out)
+                else:
+                    self.padded[var] = (out, *carried)
+                return
+            for arg in getattr(binding.value, "args", ()):  # any other use reads the real channels
+                got = self.padded_arg(arg)
+                if got is not None and arg not in self.sliced:
+                    real = relax.op.strided_slice(got[0], axes=[1], begin=[0], end=[got[1]])
+                    self.set_var_remap(arg, self.builder_.emit(real, name_hint=f"{arg.name}_real"))
+                    self.sliced.add(arg)
+            value = self.visit_expr(binding.value)
+            kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+            new_var = kind(var.name, var.ty)
+            self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+            self.set_var_remap(var, new_var)
+
+    out = type(folded)(dict(folded.functions), attrs=folded.attrs, global_infos=folded.global_infos)
+    out[gv] = Chains(folded).visit_expr(folded[gv])
+    done = [Padded("conv2d", c, p, rule.why) for c, p, rule in plan.values()]
+    return relax.transform.Normalize()(relax.transform.DeadCodeElimination()(out)), done
