@@ -270,9 +270,8 @@ def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
     bindings = [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
     users: dict = {}
     for b in bindings:
-        for arg in getattr(b.value, "args", ()):
-            if isinstance(arg, relax.Var):
-                users.setdefault(arg, []).append(b)
+        for var in relax.analysis.free_vars(b.value):  # inside tuples too (a concat's)
+            users.setdefault(var, []).append(b)
 
     def reaches_depthwise(var, channels: int) -> bool:
         for b in users.get(var, ()):
@@ -381,7 +380,7 @@ def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
                 else:
                     self.padded[var] = (out, *carried)
                 return
-            for arg in getattr(binding.value, "args", ()):  # any other use reads the real channels
+            for arg in relax.analysis.free_vars(binding.value):  # any other use reads the real channels
                 got = self.padded_arg(arg)
                 if got is not None and arg not in self.sliced:
                     real = relax.op.strided_slice(got[0], axes=[1], begin=[0], end=[got[1]])

@@ -21,6 +21,70 @@ def test_channels_the_vector_width_divides_or_that_are_few_are_left_alone():
         assert padding.padded_channels(channels, rows) == (channels, None)
     assert padding.padded_channels(1000, rows - 1) == (1000, None)  # a GEMV streams its weights: left alone
     assert padding.padded_channels(1000, rows, lanes=8) == (1000, None)
+    chain = padding.CHAIN_RULES  # a conv's output channels on their way into a depthwise conv
+    for channels, padded in ((72, 80), (120, 128), (58, 64), (116, 128), (232, 240)):
+        assert padding.padded_channels(channels, rows, chain) == (padded, chain[0])
+    for channels in (24, 40, 16, 144):  # 33 % / 20 % more work, or whole registers already
+        assert padding.padded_channels(channels, rows, chain) == (channels, None)
+
+
+def chain_model():
+    """An MBConv-like chain (1×1 conv 24 → 72 + ReLU, 3×3 depthwise 72 + ReLU, 1×1 conv 72 → 24) whose
+    depthwise output is also concatenated with a 1×1 conv's 72 channels that reach no depthwise conv;
+    a 1×1 conv of the concat is added to the chain's end."""
+    g = GraphBuilder("padded-chain", seed=7)
+    x = g.input("input", (1, 24, 6, 6))
+    e = g.conv(x, 24, 72, 1, name="expand", act="relu")
+    d = g.conv(e, 72, 72, 3, name="dw", groups=72, act="relu")
+    a = g.conv(d, 72, 24, 1, name="project")
+    side = g.conv(x, 24, 72, 1, name="side", act="relu")
+    b = g.conv(g.concat([d, side], name="cat"), 144, 24, 1, name="mix")
+    return g.finish(g.op("Add", [a, b], "sum", outputs=["output"]), (1, 24, 6, 6))
+
+
+def test_a_chain_into_a_depthwise_conv_carries_its_padded_channels_to_the_conv_that_consumes_them():
+    import tvm
+
+    proto = chain_model()
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    out, done = padding.pad_output_channels(mod)
+    assert [(d.op, d.channels, d.padded) for d in done] == [("conv2d", 72, 80)]  # expand; side reaches no dw
+    shapes = weight_shapes(out)
+    # expand's filters and bias, the depthwise filters and bias, project's input channels: padded with
+    # the chain; side's and mix's weights as they were
+    assert {(80, 24, 1, 1), (1, 80, 1, 1), (80, 1, 3, 3), (24, 80, 1, 1)} <= set(shapes)
+    assert {(72, 24, 1, 1), (24, 144, 1, 1)} <= set(shapes)
+    assert (72, 1, 3, 3) not in shapes and (24, 72, 1, 1) not in shapes
+    script = out["main"].script()
+    assert script.count("R.strided_slice") == 1  # the concat reads the depthwise output's 72 channels
+    padded_bias = [c.value.numpy() for c in _constants(out)
+                   if tuple(getattr(c.value, "shape", ())) == (1, 80, 1, 1)]
+    assert len(padded_bias) == 2
+    for bias in padded_bias:  # the padded channels repeat the last real one: finite whatever follows
+        assert (bias[:, 72:] == bias[:, 71:72]).all()
+    assert tvm.relax.analysis.check_well_formed(out)  # every use bound: the slice emitted before the concat
+    # nothing to pad: the module is returned as it came
+    plain = models.build("tiny-cnn")
+    plain_mod = onnx_import.to_relax(plain, onnx_import.resolve_inputs(plain, {}))
+    assert padding.pad_channel_chains(plain_mod)[0] is plain_mod
+
+
+def _constants(mod):
+    import tvm
+    from tvm import relax
+
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(e, tvm.ir.Constant) else None)
+    return found
+
+
+@pytest.mark.parametrize("partition,layout", [("ago", "NHWC"), ("stock", "NHWC"), ("ago", "NCHW")])
+def test_a_model_with_a_padded_chain_matches_onnxruntime(partition, layout, tmp_path):
+    spec = resolve_target("host", layout=layout)
+    artifact = compile_model(CompileRequest(chain_model(), "padded-chain", spec, partition=partition),
+                             find_compiler(spec), tmp_path / "a")
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
 
 
 def head_model():
