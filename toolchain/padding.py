@@ -75,7 +75,7 @@ RULES: tuple[PadRule, ...] = (
 CHAIN_RULES: tuple[PadRule, ...] = (
     PadRule(32, 1, 0.125, MIN_ROWS, "72 → 80 and 120 → 128 (one AVX-512 register): MnasNet-B1's MBConv "
                                     "blocks tuned alike, the depthwise conv 1.9× / 2.4× faster, the block "
-                                    "1.12× / 1.7× (bench/RESULTS.md, thirtieth session)"),
+                                    "1.12× / 1.57× (bench/RESULTS.md, thirtieth session)"),
 )
 
 
