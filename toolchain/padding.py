@@ -73,9 +73,10 @@ RULES: tuple[PadRule, ...] = (
 
 #: For a conv whose output reaches a depthwise conv (:func:`pad_channel_chains`); first match wins.
 CHAIN_RULES: tuple[PadRule, ...] = (
-    PadRule(32, 1, 0.125, MIN_ROWS, "72 → 80 and 120 → 128 (one AVX-512 register): MnasNet-B1's MBConv "
-                                    "blocks tuned alike, the depthwise conv 1.9× / 2.4× faster, the block "
-                                    "1.12× / 1.57× (bench/RESULTS.md, thirtieth session)"),
+    PadRule(32, 1, 0.125, MIN_ROWS, "58 → 64, 116 → 128, 232 → 240 (whole AVX-512 registers): ShuffleNet-V2 "
+                                    "@112 1.09–1.16× faster, stock and AGO builds timed together with the "
+                                    "unpadded ones; MnasNet-B1's 72 → 80, 120 → 128 inside the unpadded "
+                                    "draws' spread (bench/RESULTS.md, thirtieth session)"),
 )
 
 
