@@ -620,10 +620,11 @@ class TuneDB:
                 if old != now:
                     same = {"layout": f" (--layout {existing[key]})",
                             "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})"}
+                    differ = (_setting_changes(old, now) if key == "settings"
+                              else f"{_short(existing[key])} vs {_short(session[key])}")
                     raise TuningError(
                         f"{self.root} holds a session for a different {key.replace('_', ' ')} "
-                        f"({_short(existing[key])} vs {_short(session[key])}); use another --db or the same settings"
-                        f"{same.get(key, '')}"
+                        f"({differ}); use another --db or the same settings{same.get(key, '')}"
                     )
             if existing == session:
                 return
@@ -695,6 +696,12 @@ class TuneDB:
 
         self.ms_dir.mkdir(parents=True, exist_ok=True)
         return ms.database.JSONDatabase(work_dir=str(self.ms_dir))
+
+
+def _setting_changes(old: dict, now: dict) -> str:
+    """The settings two sessions disagree on, as ``name: database's → this run's``."""
+    return ", ".join(f"{k}: {_short(old.get(k))} → {_short(now.get(k))}"
+                     for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k))
 
 
 def _short(value) -> str:

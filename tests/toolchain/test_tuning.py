@@ -1023,8 +1023,8 @@ def test_the_search_population_reaches_metaschedule_and_may_change_on_resume(dws
     db.open_session(session)
     db.open_session({**session, "settings": tuning.TuneSettings(population=128).to_json()})  # no error
     assert db.session["settings"]["population"] == 128
-    with pytest.raises(tuning.TuningError, match="different settings"):  # a setting that does matter
-        db.open_session({**session, "settings": tuning.TuneSettings(per_iter=8).to_json()})
+    with pytest.raises(tuning.TuningError, match=r"different settings \(per_iter: \d+ → 8\)"):  # one that matters,
+        db.open_session({**session, "settings": tuning.TuneSettings(per_iter=8).to_json()})  # named
     newer = {**session, "settings": {**tuning.TuneSettings().to_json(), "search_depth": 3}}
     (tmp_path / "db" / "session.json").write_text(json.dumps(newer))  # as a newer agoc would leave it
     with pytest.raises(tuning.TuningError, match=r"tuned by a newer agoc, with settings this one does not know "
