@@ -7,6 +7,7 @@ traceback instead. Anything else is a bug: exit code 2.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -256,6 +257,11 @@ def compile(
         + (f", {m.tuning['applied']} tuned" if m.tuning else "")
         + f", {m.compile_seconds:.1f} s, target {spec.preset})"
     )
+    padded = collections.Counter(f"{p['channels']} → {p['padded']}" for p in (m.partition_info or {}).get("padded") or [])
+    if padded:
+        console.print(f"  {sum(padded.values())} conv/matmul op(s) compute padded output channels "
+                      f"({', '.join(f'{k} ×{n}' if n > 1 else k for k, n in padded.items())}; whole vectors; "
+                      f"manifest partition_info.padded)")
     unfused = (m.partition_info or {}).get("unfused") or []
     if unfused:
         why = ("the model moved no fewer simulated DRAM bytes with it joined" if rule.startswith("traffic:")

@@ -10,6 +10,7 @@ memory planning, codegen, link with the target's compiler).
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def legalize(mod, spec: TargetSpec):
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
     out = unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
-    return out.with_attr(padding.APPLIED_ATTR, len(padded)) if padded else out
+    if not padded:
+        return out
+    detail = json.dumps([d.to_json() for d in padded])
+    return out.with_attr(padding.APPLIED_ATTR, len(padded)).with_attr(padding.DETAIL_ATTR, detail)
 
 
 def unique_binding_names(mod):

@@ -103,9 +103,14 @@ class Padded:
     padded: int
     why: str
 
+    def to_json(self) -> dict:
+        return {"op": self.op, "channels": self.channels, "padded": self.padded, "why": self.why}
+
 
 #: module attribute :func:`toolchain.build.legalize` sets: how many ops it padded
 APPLIED_ATTR = "agoc_padded_channels"
+#: … and which, with the rule's reason (a JSON list of :meth:`Padded.to_json`)
+DETAIL_ATTR = "agoc_padded_ops"
 
 
 def applied(mod) -> bool:
@@ -113,6 +118,14 @@ def applied(mod) -> bool:
     model's). A model with nothing to pad is the same either way: a database tuned without padding
     serves it with or without."""
     return mod.attrs is not None and int(mod.attrs.get(APPLIED_ATTR, 0)) > 0
+
+
+def applied_ops(mod) -> list[dict]:
+    """What the padding did to a legalized module (:data:`DETAIL_ATTR`): [] where nothing."""
+    import json
+
+    detail = mod.attrs.get(DETAIL_ATTR) if mod.attrs is not None else None
+    return json.loads(str(detail)) if detail is not None else []
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:

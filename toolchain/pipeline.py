@@ -123,6 +123,7 @@ def compile_model(
     on_stage("legalizing")
     mod = build.legalize(mod, request.target)
     _dump(request.dump_dir, "02_legalized.py", mod)
+    padded_ops = padding.applied_ops(mod)
     if tuned is not None and tuned.channel_padding != padding.applied(mod):  # nothing to pad: the same either way
         was = tuned.channel_padding
         raise UnsupportedModelError(
@@ -150,6 +151,7 @@ def compile_model(
         "groups": [list(g) for g in plan.groups],
         **({"joins": request.joins} if request.db is not None and request.partition == "ago" else {}),
         "unfused": unfused,  # subgraphs built as their minis, and why (the joins rule above)
+        "padded": padded_ops,  # ops computing padded output channels, and why (toolchain/padding.py)
     }
 
     on_stage(f"fusing {len(plan.groups)} subgraphs")

@@ -83,6 +83,9 @@ def test_a_model_with_a_padded_chain_matches_onnxruntime(partition, layout, tmp_
     spec = resolve_target("host", layout=layout)
     artifact = compile_model(CompileRequest(chain_model(), "padded-chain", spec, partition=partition),
                              find_compiler(spec), tmp_path / "a")
+    assert [(p["op"], p["channels"], p["padded"]) for p in artifact.manifest.partition_info["padded"]] == [
+        ("conv2d", 72, 80)]  # recorded, with the rule's reason
+    assert "ShuffleNet" in artifact.manifest.partition_info["padded"][0]["why"]
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
 
