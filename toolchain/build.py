@@ -90,10 +90,7 @@ def legalize(mod, spec: TargetSpec):
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
     out = unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
-    if not padded:
-        return out
-    detail = json.dumps([d.to_json() for d in padded])
-    return out.with_attr(padding.APPLIED_ATTR, len(padded)).with_attr(padding.DETAIL_ATTR, detail)
+    return out.with_attr(padding.APPLIED_ATTR, json.dumps([d.to_json() for d in padded])) if padded else out
 
 
 def unique_binding_names(mod):

@@ -107,24 +107,23 @@ class Padded:
         return {"op": self.op, "channels": self.channels, "padded": self.padded, "why": self.why}
 
 
-#: module attribute :func:`toolchain.build.legalize` sets: how many ops it padded
-APPLIED_ATTR = "agoc_padded_channels"
-#: … and which, with the rule's reason (a JSON list of :meth:`Padded.to_json`)
-DETAIL_ATTR = "agoc_padded_ops"
+#: module attribute :func:`toolchain.build.legalize` sets where it padded: which ops, with the rule's
+#: reason (a JSON list of :meth:`Padded.to_json`)
+APPLIED_ATTR = "agoc_padded_ops"
 
 
 def applied(mod) -> bool:
     """Whether a legalized module computes padded channels (its kernels differ from the unpadded
     model's). A model with nothing to pad is the same either way: a database tuned without padding
     serves it with or without."""
-    return mod.attrs is not None and int(mod.attrs.get(APPLIED_ATTR, 0)) > 0
+    return bool(applied_ops(mod))
 
 
 def applied_ops(mod) -> list[dict]:
-    """What the padding did to a legalized module (:data:`DETAIL_ATTR`): [] where nothing."""
+    """What the padding did to a legalized module (:data:`APPLIED_ATTR`): [] where nothing."""
     import json
 
-    detail = mod.attrs.get(DETAIL_ATTR) if mod.attrs is not None else None
+    detail = mod.attrs.get(APPLIED_ATTR) if mod.attrs is not None else None
     return json.loads(str(detail)) if detail is not None else []
 
 
@@ -149,20 +148,15 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         value = expr.value if isinstance(expr, tvm.ir.Constant) else None
         return value.numpy() if hasattr(value, "numpy") else None
 
-    def conv(root, matched):
-        x, w = matched[conv_x], constant(matched[conv_w])
-        attrs = root.attrs
-        shape = static_shape(root)
-        if (w is None or w.ndim != 4 or int(attrs.groups) != 1 or attrs.data_layout != "NCHW"
-                or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW" or shape is None):
+    def conv(root, _matched):
+        w, shape = _conv_weight(root), static_shape(root)
+        if w is None or int(root.attrs.groups) != 1 or shape is None:
             return root
         channels = w.shape[0]
         padded, rule = padded_channels(channels, shape[0] * shape[2] * shape[3], rules)
         if rule is None:
             return root
-        wide = relax.op.nn.conv2d(x, relax.const(_pad_rows(w, padded)), strides=attrs.strides,
-                                  padding=attrs.padding, dilation=attrs.dilation, groups=1, data_layout="NCHW",
-                                  kernel_layout="OIHW", out_layout="NCHW", out_dtype=attrs.out_dtype)
+        wide = _conv(root.args[0], _pad_rows(w, padded), root, 1)
         done.append(Padded("conv2d", channels, padded, rule.why))
         return relax.op.strided_slice(wide, axes=[1], begin=[0], end=[channels])
 
@@ -367,17 +361,17 @@ def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
             if w is None:
                 return None
             groups, arg = int(call.attrs.groups), self.padded_arg(call.args[0])
-            if arg is not None:
+            if arg is None:
+                if var not in plan:
+                    return None
+                x = self.visit_expr(call.args[0])
+            else:
                 x, channels, wide = arg
                 if groups == channels == w.shape[0] and w.shape[1] == 1:  # depthwise: zero filters
                     return _conv(x, _pad_rows(w, wide), call, wide), (channels, wide)
                 if groups != 1:
                     return None
                 w = np.pad(w, [(0, 0), (0, wide - w.shape[1]), (0, 0), (0, 0)])  # zero weights for them
-            elif var not in plan:
-                return None
-            else:
-                x = self.visit_expr(call.args[0])
             if var in plan:
                 channels, wide, _ = plan[var]
                 return _conv(x, _pad_rows(w, wide), call, 1), (channels, wide)
