@@ -31,7 +31,8 @@ from onnx import TensorProto, helper, numpy_helper
 from models.registry import IR_VERSION, OPSET
 
 #: Weight gain per activation that follows the layer (He for ReLU-like units).
-_GAINS = {None: 1.0, "relu": math.sqrt(2.0), "relu6": math.sqrt(2.0), "silu": math.sqrt(2.0), "gelu": math.sqrt(2.0)}
+_GAINS = {None: 1.0, "relu": math.sqrt(2.0), "relu6": math.sqrt(2.0), "silu": math.sqrt(2.0), "gelu": math.sqrt(2.0),
+          "hardswish": math.sqrt(2.0)}
 
 
 def count_params(model: onnx.ModelProto) -> int:
@@ -114,7 +115,8 @@ class GraphBuilder:
     # ------------------------------------------------------------ activations
 
     def act(self, x: str, kind: str | None, name: str) -> str:
-        """``kind``: None, "relu", "relu6" (Clip 0..6), "silu" (x*sigmoid(x)) or "gelu" (erf form)."""
+        """``kind``: None, "relu", "relu6" (Clip 0..6), "silu" (x*sigmoid(x)), "gelu" (erf form) or
+        "hardswish" (ONNX HardSwish, x * relu6(x + 3) / 6)."""
         if kind is None:
             return x
         if kind == "relu":
@@ -122,6 +124,8 @@ class GraphBuilder:
         if kind == "relu6":
             lo, hi = self.const("relu6_min", 0.0), self.const("relu6_max", 6.0)
             return self.op("Clip", [x, lo, hi], f"{name}_relu6")
+        if kind == "hardswish":
+            return self.op("HardSwish", [x], f"{name}_hardswish")
         if kind == "silu":
             sig = self.op("Sigmoid", [x], f"{name}_sigmoid")
             return self.op("Mul", [x, sig], f"{name}_silu")

@@ -92,6 +92,20 @@ MODELS: tuple[ModelSpec, ...] = (
         ),
     ),
     ModelSpec(
+        name="mobilenet-v3-small",
+        description="MobileNet-V3-Small 1.0: hard-swish stem + 11 inverted-residual blocks (8 with squeeze-excite) + 1x1 conv 576 + FC 1024 + 1000-way FC",
+        builder="models.mobilenet_v3:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=2_542_856,
+        params_tolerance=0.01,
+        family="cnn",
+        source=(
+            "Howard et al. 2019 (arXiv:1905.02244) Table 2; torchvision mobilenet_v3_small (2,542,856 params incl. "
+            "BN gamma/beta). BN is folded into conv bias here: 2,536,800 = 2,542,856 - 6,056 BN channels (-0.24%); "
+            "the squeeze-excite convs keep their own bias."
+        ),
+    ),
+    ModelSpec(
         name="squeezenet-1.1",
         description="SqueezeNet 1.1: 3x3/2 conv + 8 Fire modules + 3 ceil-mode max pools + 1x1 conv classifier + global avg pool",
         builder="models.squeezenet:build",

@@ -159,6 +159,43 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _scalar(expr) -> float | None:
+    """A clip bound (``PrimValue`` / ``IntImm`` / ``FloatImm``) as a float; None where it is not a constant."""
+    value = expr
+    for _ in range(3):
+        if isinstance(value, (int, float)):
+            return float(value)
+        value = getattr(value, "value", None)
+    return None
+
+
+def clips_as_max_min(mod):
+    """``mod`` with every ``relax.clip(x, lo, hi)`` of constant bounds as ``minimum(maximum(x, lo), hi)``.
+
+    ``ConvertLayout`` has no layout rule for ``relax.clip``: in NHWC each one sat between a transpose
+    back to NCHW and one forward, in a kernel of its own. TVM's ONNX converter writes HardSwish
+    (``x * clip(x + 3, 0, 6) / 6``) and HardSigmoid with it — MobileNet-V3's every activation and
+    squeeze-excite gate. ``maximum`` / ``minimum`` follow their input's layout and compute the same
+    (``clip`` legalizes to ``max(min(x, hi), lo)``; bounds with ``lo ≤ hi``, as a converter writes them).
+    ONNX's own Clip is handled at import (:func:`toolchain.onnx_import._clip_as_relax_ops`)."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def rewrite(root, _matched):
+        x, low, high = root.args
+        bounds = _scalar(low), _scalar(high)
+        dtype = getattr(getattr(x, "ty", None), "dtype", None)
+        if None in bounds or not dtype or bounds[0] > bounds[1]:
+            return root
+        return relax.op.minimum(relax.op.maximum(x, relax.const(bounds[0], dtype)), relax.const(bounds[1], dtype))
+
+    out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = rewrite_call(is_op("relax.clip")(wildcard(), wildcard(), wildcard()), rewrite, func)
+    return out
+
+
 def sink_transposes(mod, rules: tuple[Rule, ...] = RULES, max_rounds: int = 8):
     """``mod`` with :data:`RULES` applied to ``main`` until nothing changes (dead bindings removed)."""
     import tvm_ffi

@@ -1,4 +1,4 @@
-"""The six benchmark networks of the zoo: valid ONNX, runnable, faithful, deterministic."""
+"""The seven benchmark networks of the zoo: valid ONNX, runnable, faithful, deterministic."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from onnx import TensorProto, numpy_helper
 from models import registry
 from models.builder import count_params
 
-ZOO = ("mobilenet-v2", "mnasnet", "squeezenet-1.1", "shufflenet-v2", "bert-tiny", "mobilevit")
+ZOO = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet-1.1", "shufflenet-v2", "bert-tiny", "mobilevit")
 
 #: Exact parameter counts of these builds (BN folded). The registry rows say how they relate to the papers.
 EXPECTED_PARAMS = {
     "mobilenet-v2": 3_487_816,
+    "mobilenet-v3-small": 2_536_800,
     "mnasnet": 4_364_352,
     "squeezenet-1.1": 1_235_496,
     "shufflenet-v2": 2_270_514,
@@ -35,6 +36,7 @@ BN_EVERYWHERE = ("mobilenet-v2", "mnasnet", "shufflenet-v2")
 ALLOWED_OPS = {
     "Conv", "Relu", "Clip", "Add", "Mul", "Sigmoid", "MatMul", "Gemm", "Reshape", "Transpose", "Concat", "Split",
     "MaxPool", "GlobalAveragePool", "Flatten", "Softmax", "LayerNormalization", "Gather", "Erf", "Div", "Tanh",
+    "HardSwish", "HardSigmoid",  # MobileNet-V3 only
     "Resize",  # MobileViT only: cvnets' bilinear resize of a 7x7 map to 8x8 (and back) for 2x2 patches
 }
 
@@ -181,6 +183,26 @@ def test_mobilenet_v2_architecture():
     assert inits[gemm.input[1]].shape == (1000, 1280)
     widths = [inits[n.input[1]].shape[0] for n in model.graph.node if n.op_type == "Conv" and "project" in n.name]
     assert widths == [16, 24, 24, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 160, 160, 160, 320]
+
+
+def test_mobilenet_v3_small_architecture():
+    model = _model("mobilenet-v3-small")
+    ops = _ops(model)
+    dws = _depthwise_convs(model)
+    assert [_attr(n, "kernel_shape")[0] for n in dws] == [3] * 3 + [5] * 8  # 11 blocks
+    assert [_attr(n, "strides")[0] for n in dws] == [2, 2, 1, 2, 1, 1, 1, 1, 2, 1, 1]
+    assert ops["GlobalAveragePool"] == 9 + 1 and ops["HardSigmoid"] == 9  # squeeze-excite in 9 blocks + the head
+    assert ops["HardSwish"] == 1 + 2 * 8 + 1 + 1  # stem, expand + dw of blocks 3-10, head conv, head FC
+    assert ops["Relu"] == 1 + 2 * 2 + 9  # block 0 (dw), blocks 1-2 (expand + dw), one per squeeze-excite
+    assert ops["Add"] == 6 + 1  # residuals (blocks 2, 4, 5, 7, 9, 10) + the head FC's bias
+    inits = _inits(model)
+    widths = [inits[n.input[1]].shape[0] for n in model.graph.node if n.op_type == "Conv" and "project" in n.name]
+    assert widths == [16, 24, 24, 40, 40, 40, 48, 48, 96, 96, 96]
+    squeeze = [inits[n.input[1]].shape[0] for n in model.graph.node if n.name.endswith("_se_fc1")]
+    assert squeeze == [8, 24, 64, 64, 32, 40, 72, 144, 144]  # torchvision's _make_divisible(expanded // 4, 8)
+    # torchvision's count: BN gamma+beta on the bias-free convs, the squeeze-excite convs' own bias
+    bn_bias = sum(inits[n.input[2]].size for n in model.graph.node if n.op_type == "Conv" and "_se_" not in n.name)
+    assert count_params(model) + bn_bias == registry.get("mobilenet-v3-small").published_params
 
 
 def test_mnasnet_architecture():

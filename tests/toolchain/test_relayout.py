@@ -1,9 +1,13 @@
-"""NHWC layout clean-up: ShuffleNet's split / concat / channel shuffle keep no layout transposes."""
+"""NHWC layout clean-up: ShuffleNet's split / concat / channel shuffle and MobileNet-V3's hard activations keep no
+layout transposes."""
+
+import re
 
 import pytest
 
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
+from models.mobilenet_v3 import _block
 from models.shufflenet_v2 import _unit
 from toolchain import onnx_import, relayout
 from toolchain.build import NHWC_LAYOUTS
@@ -78,5 +82,72 @@ def test_shuffle_units_in_nhwc_match_onnxruntime(partition, tmp_path):
         layout_kernels = [k["name"] for k in artifact.manifest.kernels
                           if k["name"].replace("fused_", "").rstrip("0123456789_") == "transpose"]
         assert len(layout_kernels) == 2, layout_kernels  # the input's and the output's (3 without the rules)
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
+
+
+def hard_activation_model():
+    """A hard-swish conv and two MobileNet-V3 blocks: hard-swish (``relax.clip`` inside), squeeze-excite with a
+    hard-sigmoid gate (``relax.clip`` too), a residual."""
+    n, c, h, w = SHAPE
+    g = GraphBuilder("hard-acts", seed=4)
+    x = g.conv(g.input("input", SHAPE), c, 16, 3, stride=2, name="stem", act="hardswish")
+    x = _block(g, x, 16, (3, 48, 24, True, "hardswish", 1), name="b0")
+    x = _block(g, x, 24, (5, 72, 24, True, "hardswish", 1), name="b1")
+    return g.finish(g.op("Identity", [x], "out", outputs=["output"]), (n, 24, h // 2, w // 2))
+
+
+def clips(mod) -> int:
+    from tvm import relax
+
+    count = 0
+
+    def visit(expr):
+        nonlocal count
+        count += isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.clip"
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return count
+
+
+def test_hard_activations_follow_the_layout():
+    import tvm
+    from tvm import relax
+
+    proto = hard_activation_model()
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    assert clips(mod) == 1 + 2 * 2 + 2  # stem; expand + dw of each block; each block's gate
+    rewritten = relayout.clips_as_max_min(mod)
+    assert clips(rewritten) == 0
+    with tvm.target.Target({"kind": "llvm"}):
+        before, after = (relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(m))
+                         for m in (mod, rewritten))
+    assert activation_transposes(before) > 10  # a transpose pair around every clip
+    assert activation_transposes(after) == 2  # the input's and the output's
+
+
+def test_a_clip_with_bounds_that_are_not_constants_is_kept():
+    from tvm import relax
+    from tvm import tirx as tir
+
+    x = relax.Var("x", relax.TensorType([1, 4], "float32"))
+    n = tir.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, relax.Var("s", relax.ShapeType([n]))]):
+        y = bb.emit(relax.op.clip(x, 0, n))
+        bb.emit_func_output(y)
+    assert clips(relayout.clips_as_max_min(bb.get())) == 1
+
+
+@pytest.mark.parametrize("partition", ["stock", "ago"])
+def test_hard_activations_in_nhwc_match_onnxruntime(partition, tmp_path):
+    spec = resolve_target("host", layout="NHWC")
+    artifact = compile_model(CompileRequest(hard_activation_model(), "hard-acts", spec, partition=partition),
+                             find_compiler(spec), tmp_path / "a")
+    names = [k["name"] for k in artifact.manifest.kernels]
+    assert not any("clip" in name for name in names), names
+    # no kernel of its own for an activation: what holds no conv or pool is the input's or output's transpose
+    others = [name for name in names if "conv2d" not in name and "mean" not in name]
+    assert len(others) <= 2 and all(re.fullmatch(r"(fused_)?transpose\d*", name) for name in others), names
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
