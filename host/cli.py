@@ -832,7 +832,10 @@ def bench_suite(
     threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: all cores)."),
     rounds: Optional[int] = typer.Option(None, help="Measurement rounds (default 10, quick 3)."),
     calls: Optional[int] = typer.Option(None, help="Timed calls per engine per round (default 10, quick 3)."),
-    seed: int = typer.Option(0, help="Seed of the per-round engine order and of tuning."),
+    seed: int = typer.Option(0, help="Seed of tuning and, unless --order-seed, of the per-round engine order."),
+    order_seed: Optional[int] = typer.Option(None, "--order-seed", help="Seed of the per-round engine order alone "
+                                             "(default: --seed): time a work dir again in another order without "
+                                             "re-tuning."),
     trials: Optional[int] = typer.Option(None, help="Tuning budget per tuned variant and model (default: the suite's)."),
     scheduler: str = typer.Option("weight", help="How every tuned variant spreads its budget: weight, latency "
                                   "or roofline (see agoc tune --help)."),
@@ -889,7 +892,7 @@ def bench_suite(
     settings = replace(settings, rounds=rounds or settings.rounds, calls_per_round=calls or settings.calls_per_round,
                        trials=settings.trials if trials is None else trials, proxy=proxy, scheduler=scheduler,
                        prepack=not no_prepack, transfer=transfer, layout=layout, pad_channels=pad_channels,
-                       population=population, cache=_cache_regime(cache))
+                       population=population, cache=_cache_regime(cache), order_seed=order_seed)
     if proxy is not None:  # fail before compiling anything
         from host import proxy as proxy_mod
 
@@ -901,7 +904,7 @@ def bench_suite(
     err_console.print(
         f"[dim]suite {suite}: {len(cases)} cases × {', '.join(chosen or bench.SUITES[suite].variants)}; "
         f"{settings.threads} threads, {settings.rounds} rounds × {settings.calls_per_round} calls, "
-        f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.seed}"
+        f"warm-up {settings.warmup}, gap {settings.gap_s}s, order seed {settings.order}"
         f"{f', at least {settings.trials} tuning trials per tuned variant (each model: an equal budget for its partitions)' if settings.trials else ''}"
         f"{f', phone-cache proxy {proxy}' if proxy else ''}[/dim]",
         soft_wrap=True,

@@ -182,6 +182,20 @@ def test_stats_and_ratios():
     assert r == {"median": 3.0, "p10": pytest.approx(2.2), "rounds": 3}
 
 
+def test_the_engine_order_has_a_seed_of_its_own(monkeypatch, tmp_path):
+    """--order-seed changes the per-round order only: the tuning settings (which a database must match
+    to be resumed) stay those of --seed."""
+    suite, variant = bench.SUITES["e2e"], bench.VARIANTS_BY_NAME["tvm-ago-tuned"]
+    plain, reordered = tiny_settings(seed=3), tiny_settings(seed=3, order_seed=8)
+    assert plain.order == 3 and reordered.order == 8
+    assert bench._tune_settings(variant, suite, reordered) == bench._tune_settings(variant, suite, plain)
+    assert bench._tune_settings(variant, suite, tiny_settings(seed=4)).seed == 4
+    seeds, real = [], bench.random.Random
+    monkeypatch.setattr(bench.random, "Random", lambda seed: seeds.append(seed) or real(seed))
+    document = bench.run_suite(bench.SUITES["tiny"], [], reordered, tmp_path)
+    assert seeds == [8] and document["context"]["settings"]["order_seed"] == 8
+
+
 def test_quick_cases_keep_the_smallest_shape_of_each_model():
     cases = bench.suite_cases(bench.SUITES["host"], quick=True)
     by_model = {c.model: c.shape for c in cases}
