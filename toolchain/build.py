@@ -85,7 +85,7 @@ def legalize(mod, spec: TargetSpec):
             if spec.pad_channels:  # before the layout changes: the pass reads NCHW convs, OIHW weights
                 mod, padded = padding.pad_output_channels(mod)
             if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
-                mod = relayout.clips_as_max_min(mod)
+                mod = relayout.follow_layout(mod)
                 mod = relayout.sink_transposes(relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)))
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:

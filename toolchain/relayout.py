@@ -19,6 +19,10 @@ both cancel:
 * ``concat``: a concat of tensors transposed alike is the transpose of their concat on the matching dim;
 * ``cancel``: two transposes in a row compose into one, or into nothing.
 
+Before ``ConvertLayout``, :func:`follow_layout` writes the elementwise ops it has no layout rule for
+(:data:`LAYOUT_BLIND_RULES`: ``clip`` from HardSwish / HardSigmoid, ``leakyrelu``) as ops it can carry a
+layout through, so they need no transposes at all.
+
 Every rewrite computes the same tensor (tests/toolchain/test_relayout.py runs both); what is left
 unused goes with dead-code elimination.
 """
@@ -169,30 +173,60 @@ def _scalar(expr) -> float | None:
     return None
 
 
-def clips_as_max_min(mod):
-    """``mod`` with every ``relax.clip(x, lo, hi)`` of constant bounds as ``minimum(maximum(x, lo), hi)``.
+def _clip_rewrite(root):
+    x, low, high = root.args
+    bounds = _scalar(low), _scalar(high)
+    dtype = getattr(getattr(x, "ty", None), "dtype", None)
+    if None in bounds or not dtype or bounds[0] > bounds[1]:
+        return root
+    from tvm import relax
 
-    ``ConvertLayout`` has no layout rule for ``relax.clip``: in NHWC each one sat between a transpose
-    back to NCHW and one forward, in a kernel of its own. TVM's ONNX converter writes HardSwish
-    (``x * clip(x + 3, 0, 6) / 6``) and HardSigmoid with it — MobileNet-V3's every activation and
-    squeeze-excite gate. ``maximum`` / ``minimum`` follow their input's layout and compute the same
-    (``clip`` legalizes to ``max(min(x, hi), lo)``; bounds with ``lo ≤ hi``, as a converter writes them).
-    ONNX's own Clip is handled at import (:func:`toolchain.onnx_import._clip_as_relax_ops`)."""
+    return relax.op.minimum(relax.op.maximum(x, relax.const(bounds[0], dtype)), relax.const(bounds[1], dtype))
+
+
+def _leaky_rewrite(root):
+    (x,) = root.args
+    alpha = float(root.attrs.alpha)
+    dtype = getattr(getattr(x, "ty", None), "dtype", None)
+    if not 0.0 <= alpha <= 1.0 or not dtype:  # max(x, αx) is leaky ReLU only for 0 ≤ α ≤ 1
+        return root
+    from tvm import relax
+
+    return relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, dtype)))
+
+
+@dataclass(frozen=True)
+class OpRule:
+    op: str  # the Relax op ConvertLayout has no layout rule for
+    arity: int
+    what: str
+    rewrite: Callable[[object], object]  # matched call -> new expr, or the call itself where the rule does not hold
+
+
+#: Elementwise ops that ``ConvertLayout`` cannot carry a layout through, as ops that it can. In NHWC each
+#: would otherwise sit between a transpose back to NCHW and one forward, in a kernel of its own. TVM's ONNX
+#: converter writes HardSwish (``x * clip(x + 3, 0, 6) / 6``) and HardSigmoid with ``clip`` — MobileNet-V3's
+#: every activation and squeeze-excite gate — and LeakyRelu (YOLO-style detectors) as ``nn.leakyrelu``.
+#: ONNX's own Clip is handled at import (:func:`toolchain.onnx_import._clip_as_relax_ops`).
+LAYOUT_BLIND_RULES: tuple[OpRule, ...] = (
+    OpRule("relax.clip", 3, "clip(x, lo, hi), constant bounds lo ≤ hi → minimum(maximum(x, lo), hi)", _clip_rewrite),
+    OpRule("relax.nn.leakyrelu", 1, "leakyrelu(x, α), 0 ≤ α ≤ 1 → maximum(x, x · α)", _leaky_rewrite),
+)
+
+
+def follow_layout(mod, rules: tuple[OpRule, ...] = LAYOUT_BLIND_RULES):
+    """``mod`` with the ops of :data:`LAYOUT_BLIND_RULES` written as ops that follow a layout; they compute
+    the same (``clip`` legalizes to ``max(min(x, hi), lo)``, ``leakyrelu`` to ``x > 0 ? x : x · α``)."""
     from tvm import relax
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
-
-    def rewrite(root, _matched):
-        x, low, high = root.args
-        bounds = _scalar(low), _scalar(high)
-        dtype = getattr(getattr(x, "ty", None), "dtype", None)
-        if None in bounds or not dtype or bounds[0] > bounds[1]:
-            return root
-        return relax.op.minimum(relax.op.maximum(x, relax.const(bounds[0], dtype)), relax.const(bounds[1], dtype))
 
     out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            out[gv] = rewrite_call(is_op("relax.clip")(wildcard(), wildcard(), wildcard()), rewrite, func)
+            for rule in rules:
+                pattern = is_op(rule.op)(*(wildcard() for _ in range(rule.arity)))
+                func = rewrite_call(pattern, lambda root, _matched, rule=rule: rule.rewrite(root), func)
+            out[gv] = func
     return out
 
 

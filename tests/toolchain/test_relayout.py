@@ -117,7 +117,7 @@ def test_hard_activations_follow_the_layout():
     proto = hard_activation_model()
     mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
     assert clips(mod) == 1 + 2 * 2 + 2  # stem; expand + dw of each block; each block's gate
-    rewritten = relayout.clips_as_max_min(mod)
+    rewritten = relayout.follow_layout(mod)
     assert clips(rewritten) == 0
     with tvm.target.Target({"kind": "llvm"}):
         before, after = (relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(m))
@@ -136,7 +136,7 @@ def test_a_clip_with_bounds_that_are_not_constants_is_kept():
     with bb.function("main", [x, relax.Var("s", relax.ShapeType([n]))]):
         y = bb.emit(relax.op.clip(x, 0, n))
         bb.emit_func_output(y)
-    assert clips(relayout.clips_as_max_min(bb.get())) == 1
+    assert clips(relayout.follow_layout(bb.get())) == 1
 
 
 @pytest.mark.parametrize("partition", ["stock", "ago"])
@@ -149,5 +149,46 @@ def test_hard_activations_in_nhwc_match_onnxruntime(partition, tmp_path):
     # no kernel of its own for an activation: what holds no conv or pool is the input's or output's transpose
     others = [name for name in names if "conv2d" not in name and "mean" not in name]
     assert len(others) <= 2 and all(re.fullmatch(r"(fused_)?transpose\d*", name) for name in others), names
+    report = verify_artifact(artifact, LocalDevice())
+    assert report.passed, report.to_json()
+
+
+def leaky_model(alpha: float):
+    g = GraphBuilder("leaky", seed=6)
+    x = g.conv(g.input("input", SHAPE), 8, 16, 3, name="c1")
+    x = g.op("LeakyRelu", [x], "leaky", alpha=alpha)
+    x = g.conv(x, 16, 8, 1, name="c2")
+    return g.finish(g.op("Identity", [x], "out", outputs=["output"]), SHAPE)
+
+
+def calls_of(mod, name: str) -> int:
+    from tvm import relax
+
+    count = 0
+
+    def visit(expr):
+        nonlocal count
+        count += isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == name
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return count
+
+
+@pytest.mark.parametrize("alpha, rewritten", [(0.1, True), (1.0, True), (0.0, True), (1.5, False), (-0.2, False)])
+def test_leaky_relu_follows_the_layout_where_max_is_the_same(alpha, rewritten):
+    proto = leaky_model(alpha)
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    out = relayout.follow_layout(mod)
+    assert calls_of(out, "relax.nn.leakyrelu") == (0 if rewritten else 1)
+    assert calls_of(out, "relax.maximum") == (1 if rewritten else 0)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1.5])
+def test_leaky_relu_in_nhwc_matches_onnxruntime(alpha, tmp_path):
+    spec = resolve_target("host", layout="NHWC")
+    artifact = compile_model(CompileRequest(leaky_model(alpha), "leaky", spec, partition="stock"),
+                             find_compiler(spec), tmp_path / "a")
+    if alpha <= 1:  # the input's and output's transposes only: the activation is fused into its conv
+        assert len(artifact.manifest.kernels) == 4, [k["name"] for k in artifact.manifest.kernels]
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
