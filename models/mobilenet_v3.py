@@ -2,7 +2,7 @@
 
 Architecture: Howard et al., "Searching for MobileNetV3" (ICCV 2019), Table 2, as implemented by
 torchvision ``mobilenet_v3_small``: a 3x3/2 stem conv (16, hard-swish), 11 inverted-residual blocks
-(:data:`BLOCKS`; ReLU in the first three, hard-swish after), eight of them with squeeze-and-excite
+(:data:`BLOCKS`; ReLU in the first three, hard-swish after), nine of them with squeeze-and-excite
 (global average pool → 1x1 conv → ReLU → 1x1 conv → hard-sigmoid → scale), a 1x1 conv to 576
 (hard-swish), global average pooling, a 1024-wide linear layer (hard-swish) and a 1000-way classifier.
 BatchNorm folded into each conv; the squeeze-and-excite convs have their own bias, as in torchvision.

@@ -93,7 +93,7 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="mobilenet-v3-small",
-        description="MobileNet-V3-Small 1.0: hard-swish stem + 11 inverted-residual blocks (8 with squeeze-excite) + 1x1 conv 576 + FC 1024 + 1000-way FC",
+        description="MobileNet-V3-Small 1.0: hard-swish stem + 11 inverted-residual blocks (9 with squeeze-excite) + 1x1 conv 576 + FC 1024 + 1000-way FC",
         builder="models.mobilenet_v3:build",
         shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
         published_params=2_542_856,

@@ -97,14 +97,14 @@ def hard_activation_model():
     return g.finish(g.op("Identity", [x], "out", outputs=["output"]), (n, 24, h // 2, w // 2))
 
 
-def clips(mod) -> int:
+def calls_of(mod, name: str) -> int:
     from tvm import relax
 
     count = 0
 
     def visit(expr):
         nonlocal count
-        count += isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.clip"
+        count += isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == name
 
     relax.analysis.post_order_visit(mod["main"], visit)
     return count
@@ -116,9 +116,9 @@ def test_hard_activations_follow_the_layout():
 
     proto = hard_activation_model()
     mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
-    assert clips(mod) == 1 + 2 * 2 + 2  # stem; expand + dw of each block; each block's gate
+    assert calls_of(mod, "relax.clip") == 1 + 2 * 2 + 2  # stem; expand + dw of each block; each block's gate
     rewritten = relayout.follow_layout(mod)
-    assert clips(rewritten) == 0
+    assert calls_of(rewritten, "relax.clip") == 0
     with tvm.target.Target({"kind": "llvm"}):
         before, after = (relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(m))
                          for m in (mod, rewritten))
@@ -136,7 +136,7 @@ def test_a_clip_with_bounds_that_are_not_constants_is_kept():
     with bb.function("main", [x, relax.Var("s", relax.ShapeType([n]))]):
         y = bb.emit(relax.op.clip(x, 0, n))
         bb.emit_func_output(y)
-    assert clips(relayout.follow_layout(bb.get())) == 1
+    assert calls_of(relayout.follow_layout(bb.get()), "relax.clip") == 1
 
 
 @pytest.mark.parametrize("partition", ["stock", "ago"])
@@ -159,19 +159,6 @@ def leaky_model(alpha: float):
     x = g.op("LeakyRelu", [x], "leaky", alpha=alpha)
     x = g.conv(x, 16, 8, 1, name="c2")
     return g.finish(g.op("Identity", [x], "out", outputs=["output"]), SHAPE)
-
-
-def calls_of(mod, name: str) -> int:
-    from tvm import relax
-
-    count = 0
-
-    def visit(expr):
-        nonlocal count
-        count += isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == name
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return count
 
 
 @pytest.mark.parametrize("alpha, rewritten", [(0.1, True), (1.0, True), (0.0, True), (1.5, False), (-0.2, False)])
