@@ -556,7 +556,8 @@ class RpcSession:
         deadline = time.monotonic() + self.wait_s
         while True:
             have = servers_for(tracker_summary(*self.tracker), self.key)
-            if have >= want:
+            # the tracker learns of a device a moment before its agent's status file says so
+            if have >= want and all(self.agent_status(n).get("state") in ("offered", "measuring") for n in self.agents):
                 self.servers = have
                 return
             dead = [n for n, p in self.agents.items() if p.poll() is not None]
