@@ -565,7 +565,7 @@ def tune(
         "micro-benchmark does) instead of flushed (as the model runs them: the default)."),
     transfer: int = typer.Option(
         2, "--transfer", help="Start each kernel's search from the verified schedules of up to this many "
-        "kernels with the same blocks, re-fitted to its loops (0: from scratch)."),
+        "kernels with the same blocks, or the same conv with another epilogue, re-fitted to its loops (0: from scratch)."),
     seed: int = typer.Option(0, help="Search seed."),
     layout: str = _layout_option(),
     pad_channels: bool = _pad_channels_option(),

@@ -38,6 +38,24 @@ def signature(func) -> tuple:
                  for b in block_nests(func))
 
 
+def epilogue(func) -> tuple[str, ...]:
+    """The names of a kernel's epilogue: the spatial blocks after its last reducing block (a conv's
+    bias, activation, residual add; the last one writes the output). Empty without a reducing block."""
+    nests = block_nests(func)
+    last = max((i for i, b in enumerate(nests) if b.reduce_extents), default=None)
+    return () if last is None else tuple(b.block for b in nests[last + 1:])
+
+
+def core_signature(func) -> tuple | None:
+    """The signature up to the epilogue (None without a reducing block): kernels alike here differ only
+    in what they compute on the result elementwise, which a schedule reaches through the output's one
+    consumer (MetaSchedule inlines the rest), never by name."""
+    if not any(b.reduce_extents for b in block_nests(func)):
+        return None
+    sig = signature(func)
+    return sig[: len(sig) - len(epilogue(func))]
+
+
 def extents(func) -> tuple[int, ...]:
     return tuple(e for b in block_nests(func) for _, e, _ in b.iters)
 
@@ -47,15 +65,32 @@ def distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for x, y in zip(a, b))
 
 
+def _core_extents(func) -> tuple[int, ...]:
+    ends = set(epilogue(func))
+    return tuple(e for b in block_nests(func) if b.block not in ends for _, e, _ in b.iters)
+
+
 def siblings(func, candidates: dict, k: int) -> list[str]:
-    """The ``k`` names of ``candidates`` ({name: PrimFunc}) with ``func``'s signature, nearest in loop
-    extents first (ties: in the order given)."""
+    """The ``k`` names of ``candidates`` ({name: PrimFunc}) to start ``func``'s search from, nearest in
+    loop extents first (ties: in the order given): kernels with ``func``'s signature and, where there
+    are any, kernels with its core signature and another epilogue (a pointwise conv with hard-swish
+    from one with bias only). With ``k`` ≥ 2 the nearest of each kind comes first: a fused epilogue's
+    own search draws from a much wider spread than the plain conv's (MobileNet-V3's hard-swish convs
+    ran 1.2–1.8× the same conv alone at 64 trials), so the plain conv's schedule is worth a trial even
+    where same-epilogue siblings exist."""
     if k <= 0:
         return []
-    sig, ext = signature(func), extents(func)
-    same = [(distance(ext, extents(f)), i, name) for i, (name, f) in enumerate(candidates.items())
-            if signature(f) == sig]
-    return [name for _, _, name in sorted(same)[:k]]
+    sig, core = signature(func), core_signature(func)
+    ext, core_ext = extents(func), _core_extents(func)
+    same, alike = [], []
+    for i, (name, f) in enumerate(candidates.items()):
+        if signature(f) == sig:
+            same.append((distance(ext, extents(f)), i, name))
+        elif core is not None and core_signature(f) == core and epilogue(f) and epilogue(func):
+            alike.append((distance(core_ext, _core_extents(f)), i, name))
+    same, alike = [n for *_, n in sorted(same)], [n for *_, n in sorted(alike)]
+    first = [*same[:1], *alike[:1]] if k >= 2 else (same or alike)[:1]
+    return (first + [n for n in same + alike if n not in first])[:k]
 
 
 def _divisors(n: int) -> list[int]:
@@ -79,17 +114,63 @@ def refit_tile(factors: list[int], extent: int, max_innermost: int = 0) -> list[
     return out
 
 
+def _lookups(trace_json, name: str) -> set[str]:
+    """The variables the trace's lookups of block ``name`` bind."""
+    return {o for inst in trace_json[0] if inst[0] in ("GetSBlock", "GetBlock") and inst[2] and inst[2][0] == name
+            for o in inst[3] if isinstance(o, str)}
+
+
+def uses_block(trace_json, name: str) -> bool:
+    """Whether any step of the trace acts on block ``name`` (beyond looking it up)."""
+    bound = _lookups(trace_json, name)
+    return any(isinstance(x, str) and x in bound for inst in trace_json[0] for x in inst[1] or [])
+
+
+def without_blocks(trace_json, names: set[str]):
+    """A search trace JSON with the blocks ``names`` and every step on them left out (an epilogue's
+    inlining, which the kernel it is replayed on does in its own steps first); the decisions follow
+    their steps."""
+    insts, decisions = trace_json
+    gone: set[str] = set()
+    keep: list[int] = []
+    for i, inst in enumerate(insts):
+        kind, inputs, attrs, outputs = (list(inst) + [[], [], []])[:4]
+        named = kind in ("GetSBlock", "GetBlock") and attrs and attrs[0] in names
+        if named or any(isinstance(x, str) and x in gone for x in inputs or []):
+            gone.update(o for o in outputs or [] if isinstance(o, str))
+            continue
+        keep.append(i)
+    index = {old: new for new, old in enumerate(keep)}
+    return [[insts[i] for i in keep], [[index[int(d[0])], *d[1:]] for d in decisions if int(d[0]) in index]]
+
+
 def transfer_schedule(src_mod, search_trace, dst_mod):
     """``search_trace`` (the search part of a verified schedule's trace JSON, postprocessing left out)
     of the kernel module ``src_mod`` replayed on ``dst_mod`` with every tile split re-fitted to its
     loops; the schedule before postprocessing, or None when it does not replay (a kernel of one
-    signature may still differ in what a step needs, e.g. a stride)."""
+    signature may still differ in what a step needs, e.g. a stride).
+
+    Between kernels of one core signature and other epilogues (:func:`siblings`), each side's epilogue
+    is first reduced to the block that writes the output, which the schedule reaches as the result's
+    one consumer: the source trace's lookups of its epilogue and the steps on all but its output block
+    are left out (a step on that one by name: no seed), and the rest of ``dst_mod``'s epilogue is
+    inlined into its output block, as MetaSchedule's own space would."""
     from tvm import s_tir
 
+    src_func, dst_func = src_mod["main"], dst_mod["main"]
+    inline: tuple[str, ...] = ()
+    if signature(src_func) != signature(dst_func):
+        src_ends, dst_ends = epilogue(src_func), epilogue(dst_func)
+        if not src_ends or not dst_ends or uses_block(search_trace, src_ends[-1]):
+            return None  # a step on the output block by its name has no counterpart to go to
+        search_trace = without_blocks(search_trace, set(src_ends))
+        inline = dst_ends[:-1]
     try:
         src = s_tir.Schedule(src_mod)
         s_tir.Trace.apply_json_to_schedule(search_trace, src)
         dst = s_tir.Schedule(dst_mod)
+        for name in inline:
+            dst.compute_inline(dst.get_sblock(name))
 
         def refit(inst, inputs, attrs, decision):
             if inst.kind.name == "SamplePerfectTile" and decision is not None:

@@ -60,7 +60,11 @@ def test_siblings_are_kernels_with_the_same_blocks_nearest_in_extents_first(two_
     candidates = {f"large {n}": f for n, f in large.items()}
     candidates.update({f"near {n}": f for n, f in near.items()})
     candidates.update({f"small {n}": f for n, f in small.items() if n != PW1})  # its dw and project convs
-    assert transfer.siblings(small[PW1], candidates, 5) == [f"near {PW1}", f"large {PW1}"]
+    project = "fused_conv2d2_add1_add2"  # the projecting pointwise conv: bias and the residual add, no ReLU6
+    assert transfer.core_signature(small[project]) == transfer.core_signature(small[PW1])
+    # the nearest of the same blocks, the nearest of another epilogue, then the same blocks, then the others
+    assert transfer.siblings(small[PW1], candidates, 5) == [f"near {PW1}", f"small {project}", f"large {PW1}",
+                                                            f"near {project}", f"large {project}"]
     assert transfer.siblings(small[PW1], candidates, 1) == [f"near {PW1}"]
     assert transfer.siblings(small[PW1], candidates, 0) == []
 
@@ -195,3 +199,94 @@ def test_a_negative_transfer_is_refused_before_anything_runs(cli, tmp_path):
     assert not (tmp_path / "db").exists()
     result = cli("bench-suite", "tiny", "--transfer", "-1", "--out", tmp_path / "out")
     assert result.exit_code == 1 and "--transfer must be 0 (off) or more" in result.stderr
+
+
+def _pointwise(act, size, cin=8, cout=16):
+    """A 1×1 conv (+ bias, + ``act``) in the default NHWC layout, as its one stock kernel."""
+    from models.builder import GraphBuilder
+
+    g = GraphBuilder("pw", seed=1)
+    x = g.conv(g.input("input", (1, cin, size, size)), cin, cout, 1, name="c", act=act)
+    model = g.finish(g.op("Identity", [x], "o", outputs=["output"]), (1, cout, size, size))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    (func,) = [f for name, f in tuning.group_kernels(build.fuse_stock(mod, SPEC)) if "conv2d" in name]
+    return func
+
+
+@pytest.fixture(scope="module")
+def epilogues():
+    """The same pointwise conv with bias only, with hard-swish (a diamond: x · relu6(x + 3) / 6) at two
+    sizes, and with ReLU6."""
+    return {"bias": _pointwise(None, 8), "hswish": _pointwise("hardswish", 8), "hswish-large": _pointwise("hardswish", 12),
+            "relu6": _pointwise("relu6", 10)}
+
+
+def test_kernels_that_differ_only_in_their_epilogue_share_a_core_signature(epilogues):
+    bias, hswish, relu6 = epilogues["bias"], epilogues["hswish"], epilogues["relu6"]
+    assert transfer.epilogue(bias) == ("T_add",)
+    assert len(transfer.epilogue(hswish)) > 2 and transfer.epilogue(hswish)[-1] == "T_multiply"
+    assert transfer.signature(bias) != transfer.signature(hswish) != transfer.signature(relu6)
+    assert transfer.core_signature(bias) == transfer.core_signature(hswish) == transfer.core_signature(relu6)
+    assert transfer.core_signature(_conv(16, 32, 14, 1)) != transfer.core_signature(_conv(3, 32, 56, 3))
+    # nothing reduces: no core, and no sibling of anything by it
+    from tvm import te
+
+    a = te.placeholder((4, 4), name="a")
+    elementwise = te.create_prim_func([a, te.compute((4, 4), lambda i, j: a[i, j] + 1.0, name="b")])
+    assert transfer.core_signature(elementwise) is None and transfer.epilogue(elementwise) == ()
+
+
+def test_the_nearest_kernel_with_the_same_epilogue_and_the_nearest_with_another_come_first(epilogues):
+    candidates = {"bias": epilogues["bias"], "relu6": epilogues["relu6"], "hswish-large": epilogues["hswish-large"]}
+    hswish = epilogues["hswish"]
+    assert transfer.siblings(hswish, candidates, 1) == ["hswish-large"]  # one: the same blocks, as before
+    assert transfer.siblings(hswish, candidates, 2) == ["hswish-large", "bias"]  # bias is nearer than relu6 (8 vs 10)
+    assert transfer.siblings(hswish, candidates, 3) == ["hswish-large", "bias", "relu6"]
+    assert transfer.siblings(hswish, {"relu6": epilogues["relu6"]}, 1) == ["relu6"]  # another epilogue or nothing
+    assert transfer.siblings(epilogues["bias"], {"stem": _conv(3, 32, 56, 3)}, 2) == []
+
+
+def test_steps_on_dropped_blocks_leave_the_trace_and_decisions_follow_their_steps():
+    trace = [[["GetSBlock", [], ["T_add", "main"], ["b0"]],
+              ["GetSBlock", [], ["conv", "main"], ["b1"]],
+              ["ComputeInline", ["b0"], [], []],
+              ["GetLoops", ["b1"], [], ["l2", "l3"]],
+              ["SamplePerfectTile", ["l2"], [2, 64], ["v4", "v5"]]],
+             [[4, [2, 4]]]]
+    kept, decisions = transfer.without_blocks(trace, {"T_add"})
+    assert [inst[0] for inst in kept] == ["GetSBlock", "GetLoops", "SamplePerfectTile"]
+    assert decisions == [[2, [2, 4]]]
+    assert transfer.without_blocks(trace, set()) == trace
+    assert transfer.uses_block(trace, "T_add") and transfer.uses_block(trace, "conv")
+    assert not transfer.uses_block(transfer.without_blocks(trace, {"T_add"}), "T_add")
+    assert not transfer.uses_block([[["GetSBlock", [], ["T_add", "main"], ["b0"]]], []], "T_add")  # looked up only
+
+
+def test_a_plain_conv_schedule_carries_over_to_the_conv_with_hard_swish_and_computes_the_same(epilogues):
+    """Every design space of the bias-only conv replays on the hard-swish conv (its epilogue inlined into
+    the output block first), keeps the tile decisions, and the result passes the numeric check."""
+    from tvm.s_tir import meta_schedule as ms
+
+    bias, hswish = epilogues["bias"], epilogues["hswish"]
+    ctx = ms.TuneContext(mod=tuning.workload_module(bias), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(bias, SPEC, False).generator, num_threads=1)
+    spaces = ctx.generate_design_space()
+    assert spaces
+
+    def tiles(sch):
+        return [tuple(int(x) for x in sch.trace.decisions[inst])
+                for inst in sch.trace.insts if inst.kind.name == "SamplePerfectTile"]
+
+    for sch in spaces:
+        moved = transfer.transfer_schedule(tuning.workload_module(bias),
+                                           tuning._rename_blocks(tuning.plain(sch.trace.as_json()), {}),
+                                           tuning.workload_module(hswish))
+        assert moved is not None
+        assert tiles(moved) == tiles(sch)  # same extents: the plain conv's own tiles
+        moved = tuning.postprocess(moved, SPEC)
+        assert moved is not None
+
+        class Record:  # what check_candidate reads of a tuning record
+            trace = moved.trace
+
+        assert tuning.check_candidate(hswish, Record(), SPEC)["ok"]
