@@ -175,26 +175,41 @@ def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None) -> P
 
 
 def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
-    """Each complex op with the chain of elementwise ops that follow it one to one (TVM's conventional
-    fusion): an op joins the unit of its producer ``p`` when the unit starts with a complex op, ``p``
-    has no other consumer, the op reduces over nothing and its output has ``p``'s shape. Only units of
-    two or more ops are returned.
+    """Each complex op with the elementwise ops that follow it (TVM's conventional fusion): an op joins
+    the unit of a complex op when it reduces over nothing, its output has the shape of the unit's last
+    op, and either every producer it has is in the unit (a diamond: hard-swish ``x · relu6(x + 3) / 6``
+    reads the conv's biased output twice) or one producer is the unit's last op and has no other
+    consumer (a chain: bias, ReLU6, a residual add with its skip from outside). The unit is then cut to
+    its longest prefix whose only op read outside it (or a model output) is its last. Only units of two
+    or more ops are returned.
 
-    Joining never creates a cycle: every unit member but the last has exactly one consumer, the next
-    member, so nothing outside the unit is reachable from it except through its last op."""
-    consumers, producers, node = graph.consumers, graph.producers, graph.by_id
-    unit_of: dict[str, str] = {n.id: n.id for n in graph.nodes if n.is_complex}
-    members: dict[str, list[str]] = {head: [head] for head in unit_of}
-    for n in graph.nodes:
-        if n.reduces:
-            continue
-        for p in producers[n.id]:
-            tail = p in unit_of and members[unit_of[p]][-1] == p
-            if tail and consumers[p] == (n.id,) and node[p].shape == n.shape:
-                unit_of[n.id] = unit_of[p]
-                members[unit_of[p]].append(n.id)
-                break
-    return tuple(tuple(m) for m in members.values() if len(m) > 1)
+    Joining never creates a cycle: within a unit only its last op is read outside it, and it is the
+    unit's last in topological order, so no path leaves the unit and comes back."""
+    consumers, producers = graph.consumers, graph.producers
+    position = {n.id: i for i, n in enumerate(graph.nodes)}
+    claimed: set[str] = set()
+    units = []
+    for head in (n for n in graph.nodes if n.is_complex):
+        unit = [head.id]
+        for n in graph.nodes[position[head.id] + 1:]:
+            if n.reduces or n.id in claimed or n.shape != graph.by_id[unit[-1]].shape:
+                continue
+            inside = set(unit)
+            diamond = bool(producers[n.id]) and all(p in inside for p in producers[n.id])
+            chain = unit[-1] in producers[n.id] and consumers[unit[-1]] == (n.id,)
+            if diamond or chain:
+                unit.append(n.id)
+        keep = 1
+        for end in range(2, len(unit) + 1):
+            prefix = set(unit[:end])
+            read_outside = [m for m in unit[:end] if not consumers[m] or any(c not in prefix for c in consumers[m])]
+            if read_outside == [unit[end - 1]]:
+                keep = end
+        unit = unit[:keep]
+        claimed.update(unit)
+        if len(unit) > 1:
+            units.append(tuple(unit))
+    return tuple(units)
 
 
 #: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does

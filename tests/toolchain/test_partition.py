@@ -159,6 +159,33 @@ def test_epilogue_units_are_a_conv_and_the_elementwise_ops_that_follow_it(dwsep)
     assert partition.epilogue_units(graph) == (tuple(ids[0:4]), tuple(ids[4:8]), tuple(ids[8:11]))
 
 
+def _hard_swish_graph(branch: bool):
+    """conv (+ bias) → hard-swish → 3×3 depthwise conv; with ``branch`` the conv's biased output also feeds
+    a second 1×1 conv, so only the bias add is the conv's epilogue alone."""
+    from models.builder import GraphBuilder
+
+    g = GraphBuilder("hs", seed=0)
+    x = g.conv(g.input("input", (1, 8, 8, 8)), 8, 16, 1, name="c")
+    y = g.op("HardSwish", [x], "hs")
+    y = g.conv(y, 16, 16, 3, name="dw", groups=16)
+    if branch:
+        y = g.add(y, g.conv(x, 16, 16, 1, name="c2"), name="sum")
+    model = g.finish(g.op("Identity", [y], "o", outputs=["output"]), (1, 16, 8, 8))
+    return op_graph(build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), NHWC))
+
+
+def test_an_epilogue_unit_takes_a_diamond_whole_and_stops_where_its_middle_is_read_outside():
+    graph = _hard_swish_graph(branch=False)
+    kinds = {n.id: n.kind for n in graph.nodes}
+    first = partition.epilogue_units(graph)[0]
+    # hard-swish x · min(max(x + 3, 0), 6) / 6 reads the biased conv output twice: all of it joins the conv
+    assert [kinds[x] for x in first] == ["pointwise_conv", "add", "add", "maximum", "minimum", "divide", "multiply"]
+    graph = _hard_swish_graph(branch=True)
+    kinds = {n.id: n.kind for n in graph.nodes}
+    first = partition.epilogue_units(graph)[0]
+    assert [kinds[x] for x in first] == ["pointwise_conv", "add"]  # its output is read by the other conv too
+
+
 def test_no_ago_subgraph_boundary_cuts_a_conv_from_its_epilogue(zoo_plans):
     name, graph, ago, _ = zoo_plans
     group_of = {x: i for i, group in enumerate(ago.groups) for x in group}

@@ -290,3 +290,23 @@ def test_a_plain_conv_schedule_carries_over_to_the_conv_with_hard_swish_and_comp
             trace = moved.trace
 
         assert tuning.check_candidate(hswish, Record(), SPEC)["ok"]
+
+
+def test_a_conv_with_hard_swish_is_seeded_from_the_verified_plain_conv(epilogues, tmp_path):
+    """seed_from_siblings finds the bias-only conv as the hard-swish conv's sibling, and commits its
+    schedule as the hard-swish conv's first record, measured."""
+    from tvm.s_tir import meta_schedule as ms
+
+    bias, hswish = epilogues["bias"], epilogues["hswish-large"]
+    ctx = ms.TuneContext(mod=tuning.workload_module(bias), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(bias, SPEC, False).generator, num_threads=1)
+    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
+    plan = tuning.TaskPlan(
+        tasks=(tuning.Task("bias", "kernel", (), None, 1.0, 16), tuning.Task("hswish", "kernel", (), None, 1.0, 16)),
+        funcs={"bias": bias, "hswish": hswish}, compositions={})
+    verified = {"bias": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
+    db = tuning.TuneDB(tmp_path)
+    assert tuning.seed_from_siblings(plan.tasks[1], plan, db.ms_database(), SPEC, verified,
+                                     tuning.TuneSettings(transfer=2)) == ["bias"]
+    (lat,) = tuning.trial_latencies(db.ms_dir, hswish)
+    assert 0 < lat < math.inf
