@@ -190,15 +190,15 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     claimed: set[str] = set()
     units = []
     for head in (n for n in graph.nodes if n.is_complex):
-        unit = [head.id]
+        unit, inside = [head.id], {head.id}
         for n in graph.nodes[position[head.id] + 1:]:
             if n.reduces or n.id in claimed or n.shape != graph.by_id[unit[-1]].shape:
                 continue
-            inside = set(unit)
             diamond = bool(producers[n.id]) and all(p in inside for p in producers[n.id])
             chain = unit[-1] in producers[n.id] and consumers[unit[-1]] == (n.id,)
             if diamond or chain:
                 unit.append(n.id)
+                inside.add(n.id)
         keep = 1
         for end in range(2, len(unit) + 1):
             prefix = set(unit[:end])

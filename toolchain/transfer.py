@@ -38,22 +38,25 @@ def signature(func) -> tuple:
                  for b in block_nests(func))
 
 
+def _epilogue_start(func) -> int | None:
+    """Where a kernel's epilogue starts among its blocks: after its last reducing block (None: none reduces)."""
+    last = max((i for i, b in enumerate(block_nests(func)) if b.reduce_extents), default=None)
+    return None if last is None else last + 1
+
+
 def epilogue(func) -> tuple[str, ...]:
     """The names of a kernel's epilogue: the spatial blocks after its last reducing block (a conv's
     bias, activation, residual add; the last one writes the output). Empty without a reducing block."""
-    nests = block_nests(func)
-    last = max((i for i, b in enumerate(nests) if b.reduce_extents), default=None)
-    return () if last is None else tuple(b.block for b in nests[last + 1:])
+    start = _epilogue_start(func)
+    return () if start is None else tuple(b.block for b in block_nests(func)[start:])
 
 
 def core_signature(func) -> tuple | None:
     """The signature up to the epilogue (None without a reducing block): kernels alike here differ only
     in what they compute on the result elementwise, which a schedule reaches through the output's one
     consumer (MetaSchedule inlines the rest), never by name."""
-    if not any(b.reduce_extents for b in block_nests(func)):
-        return None
-    sig = signature(func)
-    return sig[: len(sig) - len(epilogue(func))]
+    start = _epilogue_start(func)
+    return None if start is None else signature(func)[:start]
 
 
 def extents(func) -> tuple[int, ...]:
@@ -66,8 +69,7 @@ def distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
 
 
 def _core_extents(func) -> tuple[int, ...]:
-    ends = set(epilogue(func))
-    return tuple(e for b in block_nests(func) if b.block not in ends for _, e, _ in b.iters)
+    return tuple(e for b in block_nests(func)[:_epilogue_start(func)] for _, e, _ in b.iters)
 
 
 def siblings(func, candidates: dict, k: int) -> list[str]:
@@ -80,14 +82,14 @@ def siblings(func, candidates: dict, k: int) -> list[str]:
     plain conv's schedule is worth a trial even where same-epilogue siblings exist."""
     if k <= 0:
         return []
-    sig, core = signature(func), core_signature(func)
-    ext, core_ext = extents(func), _core_extents(func)
+    sig, ext = signature(func), extents(func)
+    core = core_signature(func) if epilogue(func) else None  # no epilogue: nothing to differ in
     same, alike = [], []
     for i, (name, f) in enumerate(candidates.items()):
         if signature(f) == sig:
             same.append((distance(ext, extents(f)), i, name))
-        elif core is not None and core_signature(f) == core and epilogue(f) and epilogue(func):
-            alike.append((distance(core_ext, _core_extents(f)), i, name))
+        elif core is not None and core_signature(f) == core and epilogue(f):
+            alike.append((distance(_core_extents(func), _core_extents(f)), i, name))
     same, alike = [n for *_, n in sorted(same)], [n for *_, n in sorted(alike)]
     first = [*same[:1], *alike[:1]] if k >= 2 else (same or alike)[:1]
     return (first + [n for n in same + alike if n not in first])[:k]

@@ -88,16 +88,32 @@ def test_a_1x1_conv_is_no_sibling_of_a_kxk_conv_of_the_same_blocks():
     assert transfer.siblings(pw2, {"pw": pw, "stem": stem}, 2) == ["pw"]
 
 
+def _spaces(func, intensive: bool = False):
+    """MetaSchedule's design spaces of the kernel ``func``, as a session generates them."""
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
+                         space_generator=tuning.space_for(func, SPEC, intensive).generator, num_threads=1)
+    return ctx.generate_design_space()
+
+
+def _session_after(src, dst, db_dir):
+    """A session's state when it has verified ``src`` (its first design space) and comes to ``dst``:
+    the plan, the verified records and the database."""
+    sch = tuning.postprocess(_spaces(src)[0], SPEC)
+    plan = tuning.TaskPlan(
+        tasks=(tuning.Task("src", "kernel", (), None, 1.0, 16), tuning.Task("dst", "kernel", (), None, 1.0, 16)),
+        funcs={"src": src, "dst": dst}, compositions={})
+    verified = {"src": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
+    return plan, verified, tuning.TuneDB(db_dir)
+
+
 def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_same(two_sizes):
     """A sampled schedule of the small kernel, replayed on the large one with re-fitted splits, builds
     and passes the numeric check against the unscheduled kernel (what verify_task runs)."""
-    from tvm.s_tir import meta_schedule as ms
-
     small, large = two_sizes
     name = PW1
-    ctx = ms.TuneContext(mod=tuning.workload_module(small[name]), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(small[name], SPEC, False).generator, num_threads=1)
-    sch = ctx.generate_design_space()[0]
+    sch = _spaces(small[name])[0]
     trace = tuning.plain(sch.trace.as_json())
     assert any(inst[0] == "SamplePerfectTile" for inst in trace[0])
     moved = transfer.transfer_schedule(tuning.workload_module(small[name]), tuning._rename_blocks(trace, {}),
@@ -138,13 +154,9 @@ def _joined_kernel(shape):
 def test_an_intensive_join_schedule_carries_over_to_a_join_of_other_extents():
     """A join's schedule from the intensive-fusion space (the upstream conv computed inside the
     downstream tile) replays on the same join at other extents, and the result computes the same."""
-    from tvm.s_tir import meta_schedule as ms
-
     small, large = _joined_kernel((1, 8, 8, 8)), _joined_kernel((1, 16, 12, 12))
     assert transfer.signature(small) == transfer.signature(large)
-    ctx = ms.TuneContext(mod=tuning.workload_module(small), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(small, SPEC, True).generator, num_threads=1)
-    spaces = ctx.generate_design_space()
+    spaces = _spaces(small, intensive=True)
     assert spaces
     carried = 0
     for sch in spaces:
@@ -173,21 +185,12 @@ def test_a_schedule_that_does_not_replay_is_no_seed(two_sizes):
 def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tmp_path):
     """seed_from_siblings commits the re-fitted schedule of a verified sibling as the kernel's first
     record, measured (a real latency), and names the sibling it came from."""
-    from tvm.s_tir import meta_schedule as ms
-
     small, large = two_sizes
     name = PW1
-    ctx = ms.TuneContext(mod=tuning.workload_module(small[name]), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(small[name], SPEC, False).generator, num_threads=1)
-    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
-    plan = tuning.TaskPlan(
-        tasks=(tuning.Task("small", "kernel", (), None, 1.0, 16), tuning.Task("large", "kernel", (), None, 1.0, 16)),
-        funcs={"small": small[name], "large": large[name]}, compositions={})
-    verified = {"small": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
-    db = tuning.TuneDB(tmp_path)
+    plan, verified, db = _session_after(small[name], large[name], tmp_path)
     database = db.ms_database()
     settings = tuning.TuneSettings(transfer=2)
-    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["small"]
+    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["src"]
     (lat,) = tuning.trial_latencies(db.ms_dir, large[name])
     assert 0 < lat < math.inf
     assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace(settings, transfer=0)) == []
@@ -265,12 +268,8 @@ def test_steps_on_dropped_blocks_leave_the_trace_and_decisions_follow_their_step
 def test_a_plain_conv_schedule_carries_over_to_the_conv_with_hard_swish_and_computes_the_same(epilogues):
     """Every design space of the bias-only conv replays on the hard-swish conv (its epilogue inlined into
     the output block first), keeps the tile decisions, and the result passes the numeric check."""
-    from tvm.s_tir import meta_schedule as ms
-
     bias, hswish = epilogues["bias"], epilogues["hswish"]
-    ctx = ms.TuneContext(mod=tuning.workload_module(bias), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(bias, SPEC, False).generator, num_threads=1)
-    spaces = ctx.generate_design_space()
+    spaces = _spaces(bias)
     assert spaces
 
     def tiles(sch):
@@ -295,18 +294,9 @@ def test_a_plain_conv_schedule_carries_over_to_the_conv_with_hard_swish_and_comp
 def test_a_conv_with_hard_swish_is_seeded_from_the_verified_plain_conv(epilogues, tmp_path):
     """seed_from_siblings finds the bias-only conv as the hard-swish conv's sibling, and commits its
     schedule as the hard-swish conv's first record, measured."""
-    from tvm.s_tir import meta_schedule as ms
-
     bias, hswish = epilogues["bias"], epilogues["hswish-large"]
-    ctx = ms.TuneContext(mod=tuning.workload_module(bias), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(bias, SPEC, False).generator, num_threads=1)
-    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
-    plan = tuning.TaskPlan(
-        tasks=(tuning.Task("bias", "kernel", (), None, 1.0, 16), tuning.Task("hswish", "kernel", (), None, 1.0, 16)),
-        funcs={"bias": bias, "hswish": hswish}, compositions={})
-    verified = {"bias": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
-    db = tuning.TuneDB(tmp_path)
+    plan, verified, db = _session_after(bias, hswish, tmp_path)
     assert tuning.seed_from_siblings(plan.tasks[1], plan, db.ms_database(), SPEC, verified,
-                                     tuning.TuneSettings(transfer=2)) == ["bias"]
+                                     tuning.TuneSettings(transfer=2)) == ["src"]
     (lat,) = tuning.trial_latencies(db.ms_dir, hswish)
     assert 0 < lat < math.inf
