@@ -1158,13 +1158,29 @@ def bench_cuda(
     number: int = typer.Option(50, help="Calls per timing sample."),
     seed: int = typer.Option(0, help="Seed of the inputs and of the per-round order."),
     out: Path = typer.Option(Path("bench/results"), help="Where the JSON goes."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Only compile: write the executables, inputs and reference outputs to this directory, to time on a GPU machine with --time-bundle (which needs only TVM's runtime)."),
+    time_bundle: Optional[Path] = typer.Option(None, "--time-bundle", help="Time a bundle written by --bundle on this machine's GPU."),
 ):
     """Fused (APOLLO + FusionStitching) vs stock TVM CUDA training steps: kernel counts always, times on a GPU."""
     from host import bench_cuda as suite
 
+    show = lambda line: console.print(escape(line), soft_wrap=True)  # noqa: E731
+    if bundle is not None and time_bundle is not None:
+        raise typer.BadParameter("--bundle writes a bundle and --time-bundle times one: give one of them")
+    if time_bundle is not None:
+        _, path = suite.time_bundle(time_bundle, rounds=rounds, number=number, seed=seed, out_dir=out, on_event=show)
+        console.print(f"wrote {escape(str(path))}")
+        return
     names = [g.strip() for g in graphs.split(",")] if graphs else list(suite.GRAPHS)
-    _, path = suite.run(names, arch=arch, rounds=rounds, number=number, seed=seed, out_dir=out,
-                        on_event=lambda line: console.print(escape(line), soft_wrap=True))
+    unknown = sorted(set(names) - set(suite.GRAPHS))
+    if unknown:
+        raise typer.BadParameter(f"unknown graph(s) {', '.join(unknown)}; choose from {', '.join(suite.GRAPHS)}")
+    if bundle is not None:
+        suite.export_bundle(names, arch=arch, rounds=rounds, number=number, seed=seed, bundle_dir=bundle, on_event=show)
+        console.print(f"wrote the bundle {escape(str(bundle))}; time it on a GPU machine with "
+                      f"`agoc bench-cuda --time-bundle {escape(str(bundle))}` or `python -m host.bench_cuda time {escape(str(bundle))}`")
+        return
+    _, path = suite.run(names, arch=arch, rounds=rounds, number=number, seed=seed, out_dir=out, on_event=show)
     console.print(f"wrote {escape(str(path))}")
 
 

@@ -80,7 +80,86 @@ def cuda_target(arch: str = DEFAULT_ARCH) -> CudaTarget:
 def _dlight_rules():
     from tvm.s_tir import dlight as dl
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), FullReduction(),
+            dl.gpu.Fallback()]
+
+
+class FullReduction:
+    """agoc's rule between dlight's GeneralReduction and Fallback, for PrimFuncs holding a reduction to a
+    single element (a training step's loss) and otherwise spatial blocks. dlight's Reduction raises on
+    such a block, GeneralReduction puts its kernel in a host loop (one launch per element) and Fallback
+    gives it one thread. Here the full reduction is one block of threads, each summing a strided share,
+    then a cross-thread reduction; every other block is one flat kernel. Both pipelines use it."""
+
+    threads = 1024
+
+    def apply(self, func, target, _tunable=False):
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        full = []
+        for b in blocks:
+            block = sch.get(b)
+            if all(int(iv.iter_type) == 0 for iv in block.iter_vars):
+                continue
+            if len(block.writes) != 1 or math.prod(int(d) for d in _buffer(block.writes[0]).shape) != 1:
+                return None  # a reduction with more than one output element: not this rule's
+            full.append(b)
+        if not full:
+            return None
+        def is_full(b, among) -> bool:
+            return any(b.same_as(f) for f in among)
+
+        for b in blocks:  # spatial blocks inlined into spatial consumers, as dlight's Fallback does; not into a
+            # full reduction, which would then run its whole producer chain on one block of threads
+            if is_full(b, full) or any(is_full(c, full) for c in sch.get_consumers(b)):
+                continue
+            try:
+                sch.compute_inline(b)
+            except Exception:  # noqa: BLE001 - an output, or read at other elements: keeps its kernel
+                pass
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        full = [b for b in blocks if any(int(iv.iter_type) != 0 for iv in sch.get(b).iter_vars)]
+        for b in blocks:  # first, every block under a loop: rfactor fails on a root with a loop-less block
+            if not sch.get_loops(b):
+                sch.add_unit_loop(b)
+        for b in blocks:
+            loops = sch.get_loops(b)
+            if is_full(b, full):
+                if all(int(sch.get(lp).extent) == 1 for lp in loops):
+                    return None
+                # its loops are all reduction loops, or spatial of extent 1 (fused too: a cross-thread
+                # reduction needs every loop of the block inside the thread binding)
+                self._reduce(sch, b, sch.fuse(*loops) if len(loops) > 1 else loops[0])
+            else:
+                fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+                extent = int(sch.get(fused).extent)
+                outer, inner = sch.split(fused, [None, min(self.threads, extent)])
+                sch.bind(outer, "blockIdx.x")
+                sch.bind(inner, "threadIdx.x")
+        return sch
+
+    #: above this many elements, partial sums on ``partials`` thread blocks first, then one block sums them
+    one_block_most = 1 << 16
+    partials = 256
+
+    def _reduce(self, sch, block, loop) -> None:
+        extent = int(sch.get(loop).extent)
+        if extent > self.one_block_most:
+            outer, loop = sch.split(loop, [self.partials, None])
+            rf = sch.rfactor(outer, 0)
+            part, inner = sch.get_loops(rf)[-2:]
+            sch.bind(part, "blockIdx.x")
+            self._threads(sch, inner, 256)
+            (loop,) = sch.get_loops(block)[-1:]
+        self._threads(sch, loop, min(self.threads, 1 << max(5, (int(sch.get(loop).extent) - 1).bit_length())))
+
+    @staticmethod
+    def _threads(sch, loop, threads: int) -> None:
+        serial, inner = sch.split(loop, [None, threads])
+        sch.reorder(inner, serial)  # a thread's share is strided by `threads`: loads coalesce
+        sch.bind(inner, "threadIdx.x")
 
 
 def schedule_dlight(func, target, notes: list | None = None, name: str = ""):
@@ -96,8 +175,35 @@ def schedule_dlight(func, target, notes: list | None = None, name: str = ""):
             continue
         if isinstance(sch, list):
             sch = sch[0]
-        return sch.mod["main"].with_attr("tirx.is_scheduled", True), type(rule).__name__
+        scheduled = sch.mod["main"]
+        launches = host_launches(scheduled.body)
+        if launches > 1:  # dlight's GeneralReduction on a full reduction to a scalar: a kernel per element
+            if notes is not None:
+                notes.append(f"dlight {type(rule).__name__} on {name} rejected: its kernel sits in a host loop "
+                             f"({launches} launches per call)")
+            continue
+        return scheduled.with_attr("tirx.is_scheduled", True), type(rule).__name__
     return None, None
+
+
+def host_launches(stmt, outer: int = 1) -> int:
+    """Kernel launches per call a scheduled PrimFunc's body makes at most: the product of the extents of
+    the host (not thread-bound) loops around each kernel. 1 for a well-formed GPU schedule; a symbolic
+    extent counts as 2."""
+    if stmt is None:
+        return 0
+    if hasattr(stmt, "seq"):
+        return max([host_launches(s, outer) for s in stmt.seq] or [0])
+    if hasattr(stmt, "loop_var"):
+        if stmt.thread_binding is not None:
+            return outer
+        extent = int(stmt.extent.value) if hasattr(stmt.extent, "value") else 2
+        return host_launches(stmt.body, outer * extent)
+    if hasattr(stmt, "block") and hasattr(stmt, "iter_values"):
+        return host_launches(stmt.block.body, outer)
+    if hasattr(stmt, "then_case"):
+        return max(host_launches(stmt.then_case, outer), host_launches(stmt.else_case, outer))
+    return host_launches(stmt.body, outer) if hasattr(stmt, "body") else 0
 
 
 # --------------------------------------------------------------- stitched schedule

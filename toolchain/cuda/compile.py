@@ -51,10 +51,54 @@ class Compiled:
     stock_build: codegen.CudaBuild | None
 
 
+#: Constants above this many elements whose elements are all equal go back to being a broadcast.
+UNIFORM_CONSTANT_LIMIT = 4096
+
+
 def legalize(mod):
     from toolchain.build import legalize as _legalize
 
-    return _legalize(mod, _HostSpec())
+    return expand_uniform_constants(_legalize(mod, _HostSpec()))
+
+
+def expand_uniform_constants(mod, limit: int = UNIFORM_CONSTANT_LIMIT):
+    """Undo one fold: ``FoldConstant`` turns a training step's loss-gradient seed (a scalar broadcast
+    to the output's shape) into a constant as large as the output, which every step then reads
+    from memory and every executable carries (50 MB for bias+GELU at BERT-base sizes). A large
+    constant whose elements are all equal becomes ``broadcast_to`` of its scalar again: a kernel
+    the fusion merges into its consumers."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Expand(PyExprMutator):
+        expanded = 0
+
+        def visit_generic_const_(self, const):
+            value = const.value.numpy()
+            if value.size <= limit or not np.all(value == value.flat[0]):
+                return const
+            self.expanded += 1
+            scalar = relax.const(value.flat[0], str(value.dtype))
+            return self.builder_.emit(relax.op.broadcast_to(scalar, relax.ShapeExpr(list(value.shape))))
+
+    out = tvm.IRModule(mod.functions, attrs=mod.attrs)
+    expanded = 0
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            mutator_ = _Expand(mod)
+            out[gv] = mutator_.visit_expr(func)
+            expanded += mutator_.expanded
+    if not expanded:
+        return mod
+    passes = [relax.transform.Normalize(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+              relax.transform.CanonicalizeBindings()]
+    from toolchain.build import unique_binding_names
+
+    with tvm.target.Target({"kind": "llvm"}):
+        return unique_binding_names(tvm.transform.Sequential(passes)(out))
 
 
 class _HostSpec:

@@ -285,9 +285,9 @@ def mobilenet_v2_block(channels: int = 32, size: int = 28, expand: int = 6, batc
     )
 
 
-def subgraph(kind: str, rows: int = 128, hidden: int = 128) -> TrainingGraph:
-    """The memory-bound subgraphs alone, at BERT-tiny's sizes: ``layernorm``, ``softmax`` or ``bias-gelu``
-    (the FFN's 512 columns) -- forward + MSE loss + backward."""
+def subgraph(kind: str, rows: int = 128, hidden: int = 128, sizes: str = "BERT-tiny sizes") -> TrainingGraph:
+    """The memory-bound subgraphs alone: ``layernorm``, ``softmax`` or ``bias-gelu`` (the FFN's
+    4 × hidden columns) over ``rows`` rows -- forward + MSE loss + backward."""
     from tvm.relax import op
 
     cols = 4 * hidden if kind == "bias-gelu" else hidden
@@ -305,7 +305,7 @@ def subgraph(kind: str, rows: int = 128, hidden: int = 128) -> TrainingGraph:
 
     backbone, params = _backbone([("x", shape)], body)
     return differentiate(backbone, [("x", shape)], params, shape, kind,
-                         f"{kind} over [{rows}, {cols}] (BERT-tiny sizes): forward + MSE loss + backward")
+                         f"{kind} over [{rows}, {cols}] ({sizes}): forward + MSE loss + backward")
 
 
 #: The built-in training graphs (``--training`` with ``zoo:NAME``).
@@ -316,6 +316,11 @@ GRAPHS = {
     "layernorm": lambda: subgraph("layernorm"),
     "softmax": lambda: subgraph("softmax"),
     "bias-gelu": lambda: subgraph("bias-gelu"),
+    # server-side sizes: BERT-base (hidden 768, 12 heads), 32 sequences of 128 tokens
+    "layernorm-base": lambda: subgraph("layernorm", rows=32 * 128, hidden=768, sizes="BERT-base, 32 × 128 tokens"),
+    "softmax-base": lambda: subgraph("softmax", rows=32 * 12 * 128, hidden=128,
+                                     sizes="BERT-base attention, 32 sequences × 12 heads × 128 queries"),
+    "bias-gelu-base": lambda: subgraph("bias-gelu", rows=32 * 128, hidden=768, sizes="BERT-base FFN, 32 × 128 tokens"),
 }
 
 
