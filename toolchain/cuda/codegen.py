@@ -391,6 +391,10 @@ def stock(legalized, target: CudaTarget) -> Scheduled:
     return Scheduled(mod, schedules, notes)
 
 
+#: group labels whose complex op needs dlight's tiled Matmul schedule to be fast
+TILED_LABELS = ("matmul", "conv")
+
+
 def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Scheduled:
     """APOLLO's partition: outline + FuseTIR, stitched schedules for row-form groups, dlight for the rest."""
     from toolchain import fusion
@@ -429,6 +433,12 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
                     new, how = schedule_dlight(func, t, notes, name)
             if new is None:
                 failed = (index, f"no schedule for {name}")
+                break
+            if group.label in TILED_LABELS and how != "Matmul" and len(group.members) > 1:
+                # feedback (APOLLO §3.3): dlight's Matmul rule did not take the group, so its matmul or
+                # conv would run under GeneralReduction / Fallback -- measured on an H200, the BERT-tiny
+                # weight-gradient matmuls merged with their bias gradients ran 2.5x slower than alone
+                failed = (index, f"feedback: dlight schedules {name} with {how}, not Matmul")
                 break
             mod[name] = new
             schedules[name] = how

@@ -44,3 +44,56 @@ def test_bench_cuda_without_gpu_writes_counts(cli, tmp_path, monkeypatch):
     assert entry["kernel_counts"]["fused"]["launches_per_step"] < entry["kernel_counts"]["stock"]["launches_per_step"]
     assert entry["llvm_numerics_fused_vs_unfused"]["max_rel"] < 1e-5
     assert "gpu" not in entry
+
+
+def test_bench_cuda_bundle_holds_what_a_gpu_machine_needs(cli, tmp_path, monkeypatch):
+    import numpy as np
+
+    from host import bench_cuda
+    from toolchain.cuda import training
+
+    bundle = tmp_path / "bundle"
+    result = cli("bench-cuda", "--graphs", "layernorm", "--bundle", bundle)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((bundle / "bundle.json").read_text())
+    (entry,) = doc["graphs"]
+    assert {p.name for p in (bundle / "layernorm").iterdir()} == {"fused.so", "stock.so", "expected.npz"}
+    g = training.builtin("layernorm")
+    for got, want in zip(bench_cuda._bundle_args(entry), g.sample_args(0)):  # drawn again, not carried
+        np.testing.assert_array_equal(got, want)
+    expected = bench_cuda._arrays(bundle / "layernorm" / "expected.npz")
+    assert [list(e.shape) for e in expected] == [[int(np.prod(s))] for s in entry["outputs"]]
+
+    monkeypatch.setattr(bench_cuda, "gpu_status", lambda: (False, "no NVIDIA GPU: test"))
+    result = cli("bench-cuda", "--time-bundle", bundle, "--out", tmp_path)
+    assert result.exit_code == 1 and "no NVIDIA GPU: test" in result.output
+    result = cli("bench-cuda", "--time-bundle", tmp_path / "nothing", "--out", tmp_path)
+    assert result.exit_code == 1 and "not a CUDA benchmark bundle" in result.output
+    assert not list(tmp_path.glob("cuda-*.json"))
+
+
+def test_bundle_timing_imports_with_tvm_runtime_alone(tmp_path):
+    """``python -m host.bench_cuda time`` is what a GPU machine with only TVM's runtime runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "bundle.json").write_text("{}")
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PATH": "/usr/bin:/bin"}  # no nvidia-smi on this PATH
+    proc = subprocess.run([sys.executable, "-c", "import tvm, sys; assert tvm.base._RUNTIME_ONLY; "
+                           "from host.bench_cuda import main; sys.exit(main(['time', sys.argv[1]]))", str(tmp_path / "b")],
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot time" in proc.stderr and "no NVIDIA GPU" in proc.stderr
+
+
+def test_verdict_trusts_the_reference_or_two_agreeing_pipelines():
+    from host.bench_cuda import verdict
+    from toolchain.cuda.numerics import Comparison
+
+    close, off, far = Comparison(1, 1e-7, 1e-7), Comparison(1, 3e-3, 3e-3), Comparison(1, 0.5, 0.5)
+    assert verdict({"fused": close, "stock": close}, close) == "match"
+    assert verdict({"fused": off, "stock": off}, Comparison(1, 0.0, 0.0)) == "match-stock"
+    assert verdict({"fused": far, "stock": close}, far) == "wrong"

@@ -69,3 +69,15 @@ def test_ptx_with_nvcc(tmp_path):
     assert any(".shared" in line for line in ptx.read_text().splitlines())
     cubin = codegen.nvcc_compile(src, "sm_90", tmp_path / "k.cubin", "cubin", nvcc=nvcc)
     assert cubin.stat().st_size > 0
+
+
+def test_feedback_splits_a_matmul_group_dlight_matmul_does_not_take():
+    """BERT-tiny's weight-gradient matmuls merged with their bias gradients fell to GeneralReduction
+    (2.5x slower on an H200): code generation hands such a group back, split."""
+    _, c = compiled("bert-tiny")
+    names = codegen._call_order(c.fused.mod)
+    for name, group in zip(names, c.plan.groups):
+        if group.label in codegen.TILED_LABELS and len(group.members) > 1:
+            assert c.fused.schedules[name] == "Matmul", name
+    split = [d for d in c.plan.decisions if d.rule == "feedback" and "not Matmul" in d.reason]
+    assert len(split) >= 3
