@@ -63,6 +63,9 @@ class BenchCudaError(AgocError):
     """A bundle that cannot be timed here: no GPU, or not a bundle."""
 
 
+_cuda_runtime_error = ""  # why a runtime-only TVM could not load its CUDA runtime, if it could not
+
+
 def load_cuda_runtime() -> None:
     """TVM's CUDA runtime registers itself when the full TVM loads its backends; a runtime-only TVM does not."""
     import tvm_ffi
@@ -77,7 +80,8 @@ def load_cuda_runtime() -> None:
         _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
             package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL")
     except (OSError, FileNotFoundError, RuntimeError) as exc:  # no libcuda / libcudart: no GPU here
-        _LOADED_LIBS["tvm_runtime_cuda_error"] = str(exc)
+        global _cuda_runtime_error
+        _cuda_runtime_error = str(exc)
         return
     # TVM keeps CUDA source in the exported library and compiles it when the library is loaded.
     # Its compile hook asks the compiler library for the current target, which a runtime-only
@@ -121,9 +125,7 @@ def gpu_status() -> tuple[bool, str]:
 
     load_cuda_runtime()
     if not tvm.cuda(0).exist:
-        from tvm.base import _LOADED_LIBS
-
-        why = _LOADED_LIBS.get("tvm_runtime_cuda_error", "")
+        why = _cuda_runtime_error
         return False, "nvidia-smi lists a GPU but TVM's CUDA runtime cannot open it" + (f": {why}" if why else "")
     return True, proc.stdout.strip().splitlines()[0]
 

@@ -395,6 +395,36 @@ def stock(legalized, target: CudaTarget) -> Scheduled:
 TILED_LABELS = ("matmul", "conv")
 
 
+def _feedback(group, how: str, func) -> str:
+    """Why a merged group's schedule is handed back to be split (APOLLO §3.3's feedback from the
+    downstream optimizer), or "". Both were measured per kernel with ncu on an H200: BERT-tiny's
+    weight-gradient matmuls merged with their bias gradients fell to GeneralReduction (2.5x slower
+    than the matmul alone), and a MobileNet-V2 block's ReLU6 backward merged with a BatchNorm
+    gradient's per-channel sum fell to Fallback (297 us against 6 us for the sum alone)."""
+    if len(group.members) < 2:
+        return ""
+    if group.label in TILED_LABELS and how != "Matmul":
+        return "not Matmul"
+    if group.label == "reduction" and how == "Fallback" and reduction_length(func) >= SERIAL_REDUCTION_MOST:
+        return f"which sums {reduction_length(func)} elements per output on one thread"
+    return ""
+
+
+#: Fallback's one thread per reduction output is left alone below this many elements per output
+#: (BERT-tiny's bias gradients sum 128 rows: splitting those groups would add launches for little)
+SERIAL_REDUCTION_MOST = 256
+
+
+def reduction_length(func) -> int:
+    """The most elements one output of a reduction block of ``func`` sums (1 without reductions)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    lengths = [math.prod(int(iv.dom.extent) for iv in sch.get(b).iter_vars if int(iv.iter_type) != 0)
+               for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    return max(lengths, default=1)
+
+
 def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Scheduled:
     """APOLLO's partition: outline + FuseTIR, stitched schedules for row-form groups, dlight for the rest."""
     from toolchain import fusion
@@ -408,7 +438,7 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
         if len(names) != len(plan.groups):
             raise BuildError(f"expected one kernel per group ({len(plan.groups)}), found {len(names)} calls")
         schedules: dict = {}
-        failed = None
+        failed: list[tuple[int, str]] = []  # every group handed back this round, split together
         for index, (name, group) in enumerate(zip(names, plan.groups)):
             if name in schedules:
                 continue
@@ -432,21 +462,20 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
                 with t:
                     new, how = schedule_dlight(func, t, notes, name)
             if new is None:
-                failed = (index, f"no schedule for {name}")
-                break
-            if group.label in TILED_LABELS and how != "Matmul" and len(group.members) > 1:
-                # feedback (APOLLO §3.3): dlight's Matmul rule did not take the group, so its matmul or
-                # conv would run under GeneralReduction / Fallback -- measured on an H200, the BERT-tiny
-                # weight-gradient matmuls merged with their bias gradients ran 2.5x slower than alone
-                failed = (index, f"feedback: dlight schedules {name} with {how}, not Matmul")
-                break
+                if len(group.members) == 1:
+                    raise BuildError(f"cannot schedule a single op for CUDA: no schedule for {name}")
+                failed.append((index, f"no schedule for {name}"))
+                continue
+            why = _feedback(group, how, func)
+            if why:
+                failed.append((index, f"feedback: dlight schedules {name} with {how}, {why}"))
+                continue
             mod[name] = new
             schedules[name] = how
-        if failed is None:
+        if not failed:
             return Scheduled(mod, schedules, notes, plan)
-        if len(plan.groups[failed[0]].members) == 1:
-            raise BuildError(f"cannot schedule a single op for CUDA: {failed[1]}")
-        plan = stitch.split_group(plan, failed[0], failed[1])
+        for index, reason in sorted(failed, reverse=True):  # from the back: earlier indices stay valid
+            plan = stitch.split_group(plan, index, reason)
     raise BuildError("too many groups needed splitting after code generation")
 
 

@@ -81,3 +81,18 @@ def test_feedback_splits_a_matmul_group_dlight_matmul_does_not_take():
             assert c.fused.schedules[name] == "Matmul", name
     split = [d for d in c.plan.decisions if d.rule == "feedback" and "not Matmul" in d.reason]
     assert len(split) >= 3
+    assert c.fused_build.launches < compiled("bert-tiny")[1].stock_build.launches  # still fewer than stock
+
+
+def test_feedback_splits_a_group_whose_reduction_fallback_runs_serially():
+    """A MobileNet-V2 block's ReLU6 backward merged with a BatchNorm gradient's per-channel sum (784
+    elements each) fell to Fallback: one thread per channel (297 us on an H200, the sum alone 6 us)."""
+    _, c = compiled("mobilenet-v2-block")
+    split = [d for d in c.plan.decisions if d.rule == "feedback" and "on one thread" in d.reason]
+    assert split and all("784 elements" in d.reason for d in split)
+    names = codegen._call_order(c.fused.mod)
+    for name, group in zip(names, c.plan.groups):
+        if group.label == "reduction" and len(group.members) > 1 and c.fused.schedules[name] == "Fallback":
+            assert codegen.reduction_length(c.fused.mod[name]) < codegen.SERIAL_REDUCTION_MOST, name
+    _, tiny = compiled("bert-tiny")  # its bias gradients sum 128 rows: left merged
+    assert not [d for d in tiny.plan.decisions if "on one thread" in d.reason]
