@@ -396,8 +396,9 @@ TILED_LABELS = ("matmul", "conv")
 
 
 def _feedback(group, how: str, func) -> str:
-    """Why a merged group's schedule is handed back to be split (APOLLO §3.3's feedback from the
-    downstream optimizer), or "". Both were measured per kernel with ncu on an H200: BERT-tiny's
+    """Why a merged group's schedule is handed back (APOLLO §3.3's feedback from the downstream
+    optimizer), or "": split into ops, or, for a serial reduction, its reductions peeled off
+    (``stitch.peel_reductions``). Both were measured per kernel with ncu on an H200: BERT-tiny's
     weight-gradient matmuls merged with their bias gradients fell to GeneralReduction (2.5x slower
     than the matmul alone), and a MobileNet-V2 block's ReLU6 backward merged with a BatchNorm
     gradient's per-channel sum fell to Fallback (297 us against 6 us for the sum alone)."""
@@ -410,9 +411,19 @@ def _feedback(group, how: str, func) -> str:
     return ""
 
 
-#: Fallback's one thread per reduction output is left alone below this many elements per output
-#: (BERT-tiny's bias gradients sum 128 rows: splitting those groups would add launches for little)
-SERIAL_REDUCTION_MOST = 256
+#: Fallback's one thread per reduction output is left alone below this many elements per output. At
+#: 128 (BERT-tiny's bias gradients, bias+GELU's) peeling the reductions off was faster on the H200 too
+#: (bias+GELU 1.52x -> 2.34x stock) and the element-wise rest stays one kernel, so launches barely move.
+SERIAL_REDUCTION_MOST = 128
+
+
+def _graph_facts(legalized):
+    """(consumers by op id, op types) of a legalized module, for peeling reductions off a group."""
+    from toolchain.cuda import optype
+    from toolchain.opgraph import op_graph
+
+    graph = op_graph(legalized)
+    return graph.consumers, optype.op_types(legalized, graph)
 
 
 def reduction_length(func) -> int:
@@ -432,13 +443,14 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
 
     t = target.tvm()
     notes: list = []
+    facts = None  # the op graph's consumers and op types, when a group's reductions are to be peeled
     for _ in range(max_feedback + 1):
         mod = fusion.fuse_groups(legalized, plan.group_lists, target)
         names = _call_order(mod)
         if len(names) != len(plan.groups):
             raise BuildError(f"expected one kernel per group ({len(plan.groups)}), found {len(names)} calls")
         schedules: dict = {}
-        failed: list[tuple[int, str]] = []  # every group handed back this round, split together
+        failed: list[tuple[int, str, bool]] = []  # groups handed back this round: (index, why, peel its reductions)
         for index, (name, group) in enumerate(zip(names, plan.groups)):
             if name in schedules:
                 continue
@@ -464,18 +476,22 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
             if new is None:
                 if len(group.members) == 1:
                     raise BuildError(f"cannot schedule a single op for CUDA: no schedule for {name}")
-                failed.append((index, f"no schedule for {name}"))
+                failed.append((index, f"no schedule for {name}", False))
                 continue
             why = _feedback(group, how, func)
             if why:
-                failed.append((index, f"feedback: dlight schedules {name} with {how}, {why}"))
+                failed.append((index, f"feedback: dlight schedules {name} with {how}, {why}", why.startswith("which sums")))
                 continue
             mod[name] = new
             schedules[name] = how
         if not failed:
             return Scheduled(mod, schedules, notes, plan)
-        for index, reason in sorted(failed, reverse=True):  # from the back: earlier indices stay valid
-            plan = stitch.split_group(plan, index, reason)
+        for index, reason, peel in sorted(failed, reverse=True):  # from the back: earlier indices stay valid
+            if peel:
+                facts = facts or _graph_facts(legalized)
+                plan = stitch.peel_reductions(plan, index, reason, *facts)
+            else:
+                plan = stitch.split_group(plan, index, reason)
     raise BuildError("too many groups needed splitting after code generation")
 
 

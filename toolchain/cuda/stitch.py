@@ -208,6 +208,10 @@ def aggregate(state: _State, table=rules_mod.AGGREGATION_RULES, log: list | None
                 return False
             if not state.acyclic(gp, gc):
                 return declined(rule, gp, gc, "another path joins them: merging would create a cycle")
+            if rule.result == REDUCTION and any(_reduces_to_one(state.types[m]) for m in state.members(gc)):
+                return declined(rule, gp, gc, "feedback: a reduction to one element (the loss) is a grid-wide "
+                                "reduction of its own (FullReduction), which inlines nothing; its producers stay free "
+                                "to stitch with their rows")
             merged_label = rule.merged(state.groups[gp].label, state.groups[gc].label)
             if merged_label in SINGLE_OUTPUT_LABELS:
                 outs = state.escaping(set(state.members(gp)) | set(state.members(gc)))
@@ -218,6 +222,10 @@ def aggregate(state: _State, table=rules_mod.AGGREGATION_RULES, log: list | None
             return True
 
         _fixed_point(state, step)
+
+
+def _reduces_to_one(t: OpType) -> bool:
+    return t.kind == REDUCTION and not t.out_extents
 
 
 def row_form(members, types: dict[str, OpType]) -> tuple[RowForm | None, str]:
@@ -232,6 +240,8 @@ def row_form(members, types: dict[str, OpType]) -> tuple[RowForm | None, str]:
     if len(forms) != 1:
         return None, f"reductions disagree on rows x reduced extent: {sorted(forms)}"
     rows, cols = forms.pop()
+    if not rows:
+        return None, "a reduction to one element: no rows to give blocks (FullReduction schedules it grid-wide)"
     for m in members:
         t = types[m]
         if t.kind == REDUCTION:
@@ -367,6 +377,24 @@ def plan(graph, types: dict[str, OpType], *, outputs=frozenset(), stitching: boo
         groups.append(PlannedGroup(tuple(g.members), g.label, tuple(g.rules), g.stitched, form, used))
     unique = list(dict.fromkeys(log))  # the fixed-point loops see a declined pair again on every pass
     return Plan(tuple(groups), tuple(unique), budget)
+
+
+def peel_reductions(p: Plan, index: int, reason: str, consumers: dict, types: dict[str, OpType]) -> Plan:
+    """Feedback that blames a group's reductions: they leave as one group each, and the element-wise /
+    broadcast rest stays one group. Only where no member reads a reduction's output (peeling one from
+    the middle would make a cycle); otherwise the whole group is split."""
+    g = p.groups[index]
+    reds = [m for m in g.members if types[m].kind == REDUCTION]
+    rest = tuple(m for m in g.members if types[m].kind != REDUCTION)
+    if (not reds or not rest or any(types[m].kind not in (ELEMENTWISE, BROADCAST) for m in rest)
+            or any(c in g.members for r in reds for c in consumers.get(r, ()))):
+        return split_group(p, index, reason)
+    label = BROADCAST if any(types[m].kind == BROADCAST for m in rest) else ELEMENTWISE
+    kept = PlannedGroup(rest, label if len(rest) > 1 else "unfused", g.rules, False, None, 0)
+    singles = [PlannedGroup((m,), "unfused", (), False, None, 0) for m in reds]
+    groups = p.groups[:index] + (kept, *singles) + p.groups[index + 1:]
+    note = Decision("feedback", tuple(reds), rest, False, f"reductions peeled after code generation: {reason}")
+    return Plan(groups, p.decisions + (note,), p.budget_bytes)
 
 
 def split_group(p: Plan, index: int, reason: str) -> Plan:

@@ -84,15 +84,31 @@ def test_feedback_splits_a_matmul_group_dlight_matmul_does_not_take():
     assert c.fused_build.launches < compiled("bert-tiny")[1].stock_build.launches  # still fewer than stock
 
 
-def test_feedback_splits_a_group_whose_reduction_fallback_runs_serially():
+def test_feedback_peels_reductions_that_fallback_runs_serially():
     """A MobileNet-V2 block's ReLU6 backward merged with a BatchNorm gradient's per-channel sum (784
-    elements each) fell to Fallback: one thread per channel (297 us on an H200, the sum alone 6 us)."""
+    elements each) fell to Fallback: one thread per channel (297 us on an H200, the sum alone 6 us).
+    The sum leaves the group; the element-wise rest stays one kernel."""
     _, c = compiled("mobilenet-v2-block")
-    split = [d for d in c.plan.decisions if d.rule == "feedback" and "on one thread" in d.reason]
-    assert split and all("784 elements" in d.reason for d in split)
+    peeled = [d for d in c.plan.decisions if d.rule == "feedback" and "peeled" in d.reason]
+    assert peeled and any("784 elements" in d.reason for d in peeled)
+    members = {m: g for g in c.plan.groups for m in g.members}
+    for d in peeled:
+        assert all(len(members[r].members) == 1 for r in d.producer)  # each reduction alone
+        assert len({id(members[m]) for m in d.consumer}) == 1  # the rest: one group
     names = codegen._call_order(c.fused.mod)
     for name, group in zip(names, c.plan.groups):
         if group.label == "reduction" and len(group.members) > 1 and c.fused.schedules[name] == "Fallback":
             assert codegen.reduction_length(c.fused.mod[name]) < codegen.SERIAL_REDUCTION_MOST, name
-    _, tiny = compiled("bert-tiny")  # its bias gradients sum 128 rows: left merged
-    assert not [d for d in tiny.plan.decisions if "on one thread" in d.reason]
+    _, tiny = compiled("bert-tiny")  # peeling its bias gradients keeps it below stock's launches
+    assert tiny.fused_build.launches < tiny.stock_build.launches
+
+
+def test_the_loss_takes_no_producers_so_softmax_backward_stitches():
+    """The MSE loss (a reduction to one element) joining its element-wise producers had swallowed the
+    softmax backward's dy * y, so the row sum stood alone: 7 launches. Now one stitched group holds
+    the forward softmax, dy, dy * y and the row sum."""
+    _, c = compiled("softmax")
+    assert any("reduction to one element" in d.reason for d in c.plan.decisions if not d.merged)
+    assert c.fused_build.launches <= 4
+    stitched = [g for g in c.plan.groups if g.form is not None]
+    assert any(len(g.members) > 5 for g in stitched)
