@@ -159,6 +159,9 @@ def export_bundle(graphs=GRAPHS, arch: str = "sm_90", rounds: int = 20, number: 
 
     target = codegen.cuda_target(arch)
     bundle_dir = Path(bundle_dir)
+    if bundle_dir.is_dir() and any(bundle_dir.iterdir()) and not (bundle_dir / BUNDLE_FILE).exists():
+        raise BenchCudaError(f"--bundle {bundle_dir} exists and is not a CUDA benchmark bundle; "
+                             "choose a new or empty directory")
     bundle_dir.mkdir(parents=True, exist_ok=True)
     doc = new_document(target.to_json(), rounds, number, seed)
     for name in graphs:

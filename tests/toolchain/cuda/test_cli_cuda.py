@@ -70,6 +70,11 @@ def test_bench_cuda_bundle_holds_what_a_gpu_machine_needs(cli, tmp_path, monkeyp
     result = cli("bench-cuda", "--time-bundle", tmp_path / "nothing", "--out", tmp_path)
     assert result.exit_code == 1 and "not a CUDA benchmark bundle" in result.output
     assert not list(tmp_path.glob("cuda-*.json"))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    result = cli("bench-cuda", "--graphs", "layernorm", "--bundle", tmp_path / "mine")
+    assert result.exit_code == 1 and "not a CUDA benchmark bundle" in result.output
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 def test_bundle_timing_imports_with_tvm_runtime_alone(tmp_path):
