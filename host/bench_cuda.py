@@ -92,24 +92,19 @@ def load_cuda_runtime() -> None:
 def _nvcc_for_this_gpu(code: str) -> bytearray:
     import tvm
 
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise BenchCudaError("a runtime-only TVM compiles the bundle's CUDA source with nvcc, and nvcc is not on PATH")
-    sm = tvm.cuda(0).compute_version.replace(".", "")
+    from toolchain.cuda.codegen import nvcc_compile
+
     try:
         from tvm.support.nvcc import _ptxas_option_flags
-        ptxas = [f"--ptxas-options={','.join(_ptxas_option_flags())}"]
+        ptxas = (f"--ptxas-options={','.join(_ptxas_option_flags())}",)
     except ImportError:
-        ptxas = []
+        ptxas = ()
+    sm = tvm.cuda(0).compute_version.replace(".", "")
     with tempfile.TemporaryDirectory(prefix="agoc-nvcc-") as tmp:
-        src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.fatbin"
+        src = Path(tmp) / "kernels.cu"
         src.write_text(code)
-        cmd = [nvcc, "--fatbin", "-O3", "-gencode", f"arch=compute_{sm},code=sm_{sm}",
-               "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math", *ptxas,
-               "-o", str(out), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise BenchCudaError(f"nvcc failed on the bundle's CUDA source: {proc.stderr.strip()[-400:]}")
+        out = nvcc_compile(src, f"sm_{sm}", Path(tmp) / "kernels.cubin", "cubin",
+                           options=("--expt-relaxed-constexpr", "--use_fast_math", *ptxas))  # TVM's own flags
         return bytearray(out.read_bytes())
 
 
@@ -320,16 +315,15 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, number: int | None 
 
 
 def run(graphs=GRAPHS, arch: str = "sm_90", rounds: int = 20, number: int = 50, seed: int = 0,
-        out_dir: Path = Path("bench/results"), bundle_dir: Path | None = None,
-        on_event: Callable[[str], None] = print) -> tuple[dict, Path]:
-    """Export, then time where there is a GPU; without one the document holds counts and llvm numerics."""
+        out_dir: Path = Path("bench/results"), on_event: Callable[[str], None] = print) -> tuple[dict, Path]:
+    """Export to a scratch bundle, then time it where there is a GPU; without one the document holds
+    counts and llvm numerics."""
     present, gpu = gpu_status()
     on_event(f"GPU: {gpu}" if present else f"{gpu} -- kernel counts and llvm numerics only; timing needs a GPU")
     with tempfile.TemporaryDirectory(prefix="agoc-cuda-bundle-") as tmp:
-        where = Path(bundle_dir) if bundle_dir is not None else Path(tmp)
-        doc = export_bundle(graphs, arch, rounds, number, seed, where, on_event)
+        doc = export_bundle(graphs, arch, rounds, number, seed, Path(tmp), on_event)
         if present:
-            return time_bundle(where, out_dir=out_dir, on_event=on_event)
+            return time_bundle(Path(tmp), out_dir=out_dir, on_event=on_event)
     doc["gpu_status"] = gpu
     return doc, _write(doc, out_dir)
 

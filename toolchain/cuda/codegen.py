@@ -406,8 +406,10 @@ def _feedback(group, how: str, func) -> str:
         return ""
     if group.label in TILED_LABELS and how != "Matmul":
         return "not Matmul"
-    if group.label == "reduction" and how == "Fallback" and reduction_length(func) >= SERIAL_REDUCTION_MOST:
-        return f"which sums {reduction_length(func)} elements per output on one thread"
+    if group.label == "reduction" and how == "Fallback":
+        length = reduction_length(func)
+        if length >= SERIAL_REDUCTION_MOST:
+            return f"which sums {length} elements per output on one thread"
     return ""
 
 
@@ -574,13 +576,14 @@ def find_nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def nvcc_compile(source_path: Path, arch: str, out: Path, fmt: str = "ptx", nvcc: str | None = None) -> Path:
-    """Compile the CUDA source with nvcc to ``fmt`` (ptx or cubin) at ``out``."""
+def nvcc_compile(source_path: Path, arch: str, out: Path, fmt: str = "ptx", nvcc: str | None = None,
+                 options: tuple[str, ...] = ()) -> Path:
+    """Compile the CUDA source with nvcc to ``fmt`` (ptx or cubin) at ``out``, with extra ``options``."""
     nvcc = nvcc or find_nvcc()
     if not nvcc:
         raise TargetError("nvcc not found: install the CUDA toolkit (or skip PTX: the .cu source is still written)")
     arch_flag = f"-arch={arch}" if fmt == "cubin" else f"-arch=compute_{arch[3:]}"
-    cmd = [nvcc, f"--{fmt}", "-O3", arch_flag, "-o", str(out), str(source_path)]
+    cmd = [nvcc, f"--{fmt}", "-O3", arch_flag, *options, "-o", str(out), str(source_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed ({' '.join(cmd)}): {error_line(RuntimeError(proc.stderr))}")

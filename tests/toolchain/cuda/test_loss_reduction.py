@@ -33,7 +33,6 @@ def test_a_folded_uniform_constant_becomes_a_broadcast_again():
 
 
 def test_a_non_uniform_constant_stays():
-    import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -45,7 +44,6 @@ def test_a_non_uniform_constant_stays():
         bb.emit_func_output(out)
     mod = cuda_compile.legalize(bb.get())
     assert any(c.size == table.size for c in _constants(mod))
-    assert isinstance(mod, tvm.IRModule)
 
 
 def test_stock_loss_mean_is_one_kernel_not_a_host_loop_of_launches():
