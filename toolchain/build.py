@@ -158,13 +158,23 @@ def mark_weights(mod):
     store such a weight in the order its schedule reads it (Ansor's layout rewrite); what the kernel
     would do first on every call is done once at build time by :func:`prepack_weights`.
 
+    Only floating-point tensors count: a 0-d or integer constant is an index (BERT's ``take`` of the
+    [CLS] row), nothing to store in another order, and ``RewriteLayout`` fails a TVM check on such a
+    buffer read as an index.
+
     TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
     import tvm
     from tvm import tirx
 
+    def weight(arg) -> bool:
+        if not isinstance(arg, tvm.ir.Constant):
+            return False
+        value = arg.value
+        return len(value.shape) > 0 and "float" in str(value.dtype)
+
     constant: dict[str, set[int]] = {}
     for name, args in kernel_calls(mod["main"]):
-        here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
+        here = {i for i, a in enumerate(args) if weight(a)}
         constant[name] = constant[name] & here if name in constant else here
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():

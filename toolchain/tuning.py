@@ -1030,7 +1030,9 @@ def postprocess(sch, spec):
     """MetaSchedule's llvm postprocessors on a composed schedule, as the search applies them to every
     candidate: they turn the minis' ``meta_schedule.parallel`` / ``vectorize`` / ``unroll`` annotations
     into parallel, vectorised, unrolled loops (without them a composed kernel runs on one core,
-    scalar: 5-10x slower). The schedule (its trace then records the steps), or None if one fails."""
+    scalar: 5-10x slower). The schedule (its trace then records the steps), or None if one fails —
+    by returning False or, as MetaSchedule's own search tolerates, by a TVM check failing inside it
+    (``RewriteLayout`` on a gather's index load, BERT's ``take``): the reason is logged."""
     from tvm.s_tir import meta_schedule as ms
 
     from toolchain.intensive import postprocs
@@ -1039,7 +1041,11 @@ def postprocess(sch, spec):
     sch.enter_postproc()
     for proc in postprocs(check=False):
         proc._initialize_with_tune_context(ctx)
-        if not proc.apply(sch):
+        try:
+            if not proc.apply(sch):
+                return None
+        except Exception as exc:  # noqa: BLE001 - a TVM check inside a postprocessor: no schedule
+            log.info("postprocessor %s failed: %s", type(proc).__name__, first_line(exc))
             return None
     return sch
 
@@ -1186,8 +1192,12 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
             if v.get("status") == "verified" and v.get("trace") and name in plan.funcs and name != task.name}
     seeded, seen = [], set()
     for name in transfer.siblings(func, done, settings.transfer):
-        sch = transfer.transfer_schedule(workload_module(plan.funcs[name]), _rename_blocks(verified[name]["trace"], {}),
-                                         workload_module(func))
+        try:
+            sch = transfer.transfer_schedule(workload_module(plan.funcs[name]),
+                                             _rename_blocks(verified[name]["trace"], {}), workload_module(func))
+        except Exception as exc:  # noqa: BLE001 - a seed is advice: one that does not replay is no seed
+            log.info("seed from %s for %s failed: %s", name, task.name, first_line(exc))
+            continue
         sch = postprocess(sch, spec) if sch is not None else None
         if sch is None:
             continue
