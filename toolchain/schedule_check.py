@@ -110,13 +110,25 @@ def _classes():
     return _BIN
 
 
+class DataDependent(CheckError):
+    """An expression reads a buffer (a gather's index, ``take``): no static bound."""
+
+
+def _is_load(expr) -> bool:
+    import tvm
+
+    return isinstance(expr, tvm.ir.TensorLoad)
+
+
 def free_vars(expr, out: dict | None = None) -> dict:
-    """Var handle -> Var of every variable in ``expr``."""
+    """Var handle -> Var of every variable in ``expr``; :class:`DataDependent` if it reads a buffer."""
     t = _classes()
     out = {} if out is None else out
     stack = [expr]
     while stack:
         e = stack.pop()
+        if _is_load(e):
+            raise DataDependent(f"the expression reads {e}")
         if isinstance(e, t.Var):
             out[_handle(e)] = e
         elif isinstance(e, (t.IntImm, t.FloatImm)):
@@ -176,8 +188,11 @@ def _np_eval(expr, env: dict):
 
 
 def _interval(expr, box: dict) -> tuple[int, int]:
-    """Inclusive [lo, hi] of an integer expression with var handle -> (lo, hi) bounds."""
+    """Inclusive [lo, hi] of an integer expression with var handle -> (lo, hi) bounds; (-inf, inf)
+    where it reads a buffer (a gather's index: any element of that dimension may be read)."""
     t = _classes()
+    if _is_load(expr):
+        return -math.inf, math.inf
     if isinstance(expr, t.IntImm):
         v = int(expr.value)
         return v, v
@@ -188,8 +203,12 @@ def _interval(expr, box: dict) -> tuple[int, int]:
         return box[key]
     if isinstance(expr, t.Cast):
         return _interval(expr.value, box)
+    if not (hasattr(expr, "a") and hasattr(expr, "b")):
+        raise CheckError(f"unsupported index expression {type(expr).__name__}: {expr}")
     a_lo, a_hi = _interval(expr.a, box)
     b_lo, b_hi = _interval(expr.b, box)
+    if math.inf in (a_hi, b_hi) or -math.inf in (a_lo, b_lo):
+        return -math.inf, math.inf  # unbounded in, unbounded out (no inf * 0)
     if isinstance(expr, t.Add):
         return a_lo + b_lo, a_hi + b_hi
     if isinstance(expr, t.Sub):
@@ -237,8 +256,11 @@ def _count(loops: list, preds: list) -> tuple[int, bool]:
     if not preds or total == 0:
         return total, True
     used: dict = {}
-    for p in preds:
-        free_vars(p, used)
+    try:
+        for p in preds:
+            free_vars(p, used)
+    except DataDependent:
+        return total, False  # a predicate on data: an upper bound
     by_handle = {_handle(v): (v, lo, ext) for v, lo, ext in loops}
     if any(h not in by_handle for h in used):
         return total, False  # predicate on something other than loop vars: upper bound

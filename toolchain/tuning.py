@@ -1165,8 +1165,11 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
     from toolchain.race_check import parallel_races
     from toolchain.schedule_check import dropped_blocks
 
-    if dropped_blocks(sch.mod) or parallel_races(sch.mod):
-        return False
+    try:
+        if dropped_blocks(sch.mod) or parallel_races(sch.mod):
+            return False
+    except Exception as exc:  # noqa: BLE001 - as the search's RejectDroppedIterations: unanalysable, kept
+        log.info("static checks cannot analyse a seed (kept for the numeric check): %s", first_line(exc))
     built = _builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
     if built.error_msg:
         return False

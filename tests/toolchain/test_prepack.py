@@ -128,56 +128,24 @@ def test_an_artifact_lists_its_kernels_by_the_names_they_are_built_under(cnn, tm
     assert abs(sum(by_name.values()) - weight_bytes(artifact.model_path)) <= 64
 
 
-def _layer_norm_take():
-    """LayerNorm over (1, 16, 32) then Gather of row 0 (a constant 0-d int64 index), as BERT's pooler
-    reads its [CLS] token: the one kernel, fused, and its call's constant arguments."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from models.registry import IR_VERSION, OPSET
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal(32).astype("float32"), "gamma"),
-             numpy_helper.from_array(rng.standard_normal(32).astype("float32"), "beta"),
-             numpy_helper.from_array(np.array(0, dtype="int64"), "cls")]
-    graph = helper.make_graph(
-        [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5),
-         helper.make_node("Gather", ["n", "cls"], ["y"], axis=1)],
-        "ln_take", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    from toolchain import partition
-    from toolchain.fusion import fuse_groups
-    from toolchain.opgraph import op_graph
-
-    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=op_graph(mod))
-    fused = fuse_groups(mod, plan.groups, SPEC)
-    calls = [(n, a) for n, a in build.kernel_calls(fused["main"]) if "take" in n]
-    assert len(calls) == 1 and "layer_norm" in calls[0][0]  # one kernel: the gather reads the norm's output
-    return fused, calls[0]
-
-
-def test_an_index_constant_is_not_a_weight():
+def test_an_index_constant_is_not_a_weight(layer_norm_take):
     """Only floating-point tensors are marked layout-free: the gather's 0-d int64 index is not."""
     import tvm
 
-    fused, (name, args) = _layer_norm_take()
+    fused, (name, args) = layer_norm_take
     kinds = {i: (len(a.value.shape), str(a.value.dtype)) for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
     assert (0, "int64") in kinds.values()
     marked = [int(i) for i in build.mark_weights(fused)[name].attrs["layout_free_buffers"]]
     assert marked == sorted(i for i, (rank, dtype) in kinds.items() if rank and dtype == "float32")
 
 
-def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error():
+def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error(layer_norm_take):
     """With the index marked layout-free as well (how the weights were marked before), MetaSchedule's
     RewriteLayout fails a TVM check on some of this kernel's schedules: postprocess then returns
     None, as the search itself treats such a candidate, instead of raising and ending the session."""
     from tvm.s_tir import meta_schedule as ms
 
-    fused, (name, args) = _layer_norm_take()
+    fused, (name, args) = layer_norm_take
     import tvm
 
     every = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)]

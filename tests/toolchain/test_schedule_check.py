@@ -191,3 +191,23 @@ def test_the_stock_space_produces_the_reuse_write_bug_and_the_check_catches_it(p
                             capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert float(result.stdout.strip().splitlines()[-1]) > 1e-3
+
+
+def test_a_gathered_intermediate_is_needed_whole_and_its_schedules_are_analysed(layer_norm_take):
+    """A gather's data-dependent index (BERT's [CLS] ``take``) may read any row of the normalised
+    tensor: the checker needs that block's whole domain instead of failing on the index load, and
+    the kernel's postprocessed schedules are analysed (none dropped) rather than left unchecked."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain import build, tuning
+
+    fused, (name, _) = layer_norm_take
+    func = build.mark_weights(fused)[name]
+    counts = {c.name: c for c in execution_counts(func)}
+    norm = counts["T_layer_norm"]
+    assert norm.needed == norm.domain == 16 * 32 and norm.executed == norm.domain
+    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), rand_state=1,
+                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
+    spaces = [tuning.postprocess(sch, SPEC) for sch in ctx.generate_design_space()]
+    assert spaces and None not in spaces
+    assert all(dropped_blocks(sch.mod) == [] for sch in spaces)
