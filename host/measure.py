@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolchain.timing import Timing, measure, spread
+from toolchain.timing import Timing, alloc_rpc, measure, spread
 
 #: errors after which a candidate is worth measuring again elsewhere (the device, not the kernel, failed)
 RETRYABLE = ("connection", "socket", "closed", "broken pipe", "refused", "eof", "reset by peer", "cannot find server",
@@ -185,6 +185,7 @@ def make_rpc_runner(tracker: tuple[str, int], key: str, workers: int, hygiene: H
         evaluator_config=ms.runner.EvaluatorConfig(number=hygiene.timing.number, repeat=hygiene.timing.repeat,
                                                    min_repeat_ms=hygiene.timing.min_repeat_ms),
         f_upload_module=upload,
+        f_alloc_argument=alloc_rpc,
         f_run_evaluator=functools.partial(evaluate, hygiene=hygiene, log=str(log) if log else None),
         f_cleanup=cleanup,
         max_workers=max(1, workers),

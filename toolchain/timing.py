@@ -119,6 +119,49 @@ def evaluate_local(rt_mod, device, evaluator_config, repeated_args, timing: Timi
     return measure(rt_mod, device, repeated_args, timing)[0]
 
 
+def fill_for_measure(f_random_fill, device, args_info, alloc_repeat: int) -> list:
+    """MetaSchedule's argument allocation (``alloc_argument_common``), but integer tensors are zeros:
+    an integer argument is an index (a gather's: BERT's token ids, its [CLS] position), and the
+    random fill writes values far outside any table, so every candidate of such a kernel read out of
+    bounds and failed — BERT-tiny's embedding kernels were built untuned. Zero is in range of any
+    table; floating-point arguments are filled at random as before."""
+    import numpy as np
+    import tvm
+
+    repeated = []
+    for _ in range(alloc_repeat):
+        args = []
+        for info in args_info:
+            kind, dtype, shape = info[0], str(info[1]), [int(d) for d in info[2]]
+            if kind != "TENSOR":
+                raise NotImplementedError(info)
+            arg = tvm.runtime.empty(shape=shape, dtype=dtype, device=device)
+            if dtype.startswith(("int", "uint")):
+                arg.copyfrom(np.zeros(shape, dtype))
+            else:
+                f_random_fill(arg)
+            args.append(arg)
+        repeated.append(args)
+    return repeated
+
+
+def alloc_local(device, args_info, alloc_repeat: int) -> list:
+    """``LocalRunner``'s ``f_alloc_argument``: :func:`fill_for_measure` in the worker process."""
+    from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
+
+    fill = get_global_func_with_default_on_worker("tvm.contrib.random.random_fill_for_measure", None)
+    return fill_for_measure(fill, device, args_info, alloc_repeat)
+
+
+def alloc_rpc(session, device, args_info, alloc_repeat: int) -> list:
+    """``RPCRunner``'s ``f_alloc_argument``: :func:`fill_for_measure` on the device."""
+    from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
+
+    fill = get_global_func_on_rpc_session(session, "tvm.contrib.random.random_fill_for_measure",
+                                          "the device's runtime has no random fill")
+    return fill_for_measure(fill, device, args_info, alloc_repeat)
+
+
 def local_runner(timing: Timing | None = None, timeout_sec: int = 60):
     """MetaSchedule's ``LocalRunner`` (this machine) timing every candidate with :func:`measure`."""
     import functools
@@ -132,5 +175,6 @@ def local_runner(timing: Timing | None = None, timeout_sec: int = 60):
             enable_cpu_cache_flush=timing.cold,
         ),
         timeout_sec=timeout_sec,
+        f_alloc_argument=alloc_local,
         f_run_evaluator=functools.partial(evaluate_local, timing=timing),
     )

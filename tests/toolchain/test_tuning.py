@@ -1054,3 +1054,35 @@ def test_a_population_smaller_than_a_batch_is_refused_before_anything_runs(cli, 
     assert not (tmp_path / "db").exists()
     result = cli("bench-suite", "tiny", "--population", "8", "--out", tmp_path / "out")
     assert result.exit_code == 1 and "--population must be at least 16" in result.stderr
+
+
+def _gather_func():
+    """rows of a (64, 8) float table gathered by 16 int64 ids (``take`` in fast mode: no bounds check)."""
+    from tvm import te, topi
+
+    table = te.placeholder((64, 8), "float32", name="table")
+    ids = te.placeholder((16,), "int64", name="ids")
+    out = topi.take(table, ids, axis=0, mode="fast")
+    return te.create_prim_func([ids, table, out]).with_attr("global_symbol", "main")
+
+
+def test_an_index_argument_is_measured_in_range_so_a_gathers_candidates_run(tmp_path):
+    """MetaSchedule fills every argument at random, integers too: an id far outside the table, and
+    every candidate of a gather failed (BERT-tiny's embedding kernels were built untuned). Integer
+    arguments are zeros now: the candidates run and get real latencies."""
+    func = _gather_func()
+    db = tuning.TuneDB(tmp_path / "db")
+    tuning.tune_trials(func, SPEC, db.ms_database(), 16, tuning.TuneSettings(per_iter=16), False, tmp_path / "logs")
+    latencies = tuning.trial_latencies(db.ms_dir)
+    assert latencies and all(math.isfinite(x) for x in latencies)
+
+
+def test_measured_arguments_are_random_floats_and_zero_indices():
+    import numpy as np
+    import tvm
+
+    from toolchain.timing import alloc_local
+
+    (args,) = alloc_local(tvm.cpu(), [["TENSOR", "int64", [16]], ["TENSOR", "float32", [64, 8]]], 1)
+    assert not args[0].numpy().any()
+    assert np.unique(args[1].numpy()).size > 100
