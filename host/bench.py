@@ -113,6 +113,7 @@ class Settings:
     population: int = 128  # every tuned variant's search population per batch (TuneSettings)
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
     pad_channels: bool = True  # every TVM variant pads output channels (toolchain.padding)
+    fast_math: bool = True  # every TVM variant computes exp / erf / tanh / sigmoid / softmax fast (toolchain.fastmath)
     cache: str = "cold"  # what every timed call finds in cache (host.cache_regime.REGIMES); results without: shared
     order_seed: int | None = None  # the per-round engine order's seed alone (None: ``seed``, which also seeds tuning)
 
@@ -356,7 +357,8 @@ def _case_model(case: Case, settings: Settings):
     from toolchain.targets import resolve_target
 
     return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout,
-                                                         pad_channels=settings.pad_channels)
+                                                         pad_channels=settings.pad_channels,
+                                                         fast_math=settings.fast_math)
 
 
 def _legalized(model, spec):
@@ -535,7 +537,7 @@ def _proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Setting
         artifact = load_artifact(artifact_dir)
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
             spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout,
-                                  pad_channels=settings.pad_channels)
+                                  pad_channels=settings.pad_channels, fast_math=settings.fast_math)
             threshold = _threshold(suite)
             db = _variant_db(case, variant, work_dir) if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,

@@ -103,7 +103,7 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     cache = geo.llc[0]  # the smallest shared cache: where a phone's DRAM traffic is largest
     one_cache = dataclasses.replace(geo, llc=(cache,))  # the L2 run comes with it; the larger LLCs are not needed
     spec = resolve_target("host-avx2", num_cores=session.get("target", {}).get("num-cores"),
-                          layout=db.activation_layout, pad_channels=db.channel_padding)
+                          layout=db.activation_layout, pad_channels=db.channel_padding, fast_math=db.fast_math)
     joins = judgeable_joins(db_dir)
     verified = db.verified
     baseline = {j: pairing.choose(j, minis, verified).build for j, minis in joins.items()}

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import padding, relayout
+from toolchain import fastmath, padding, relayout
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -65,7 +65,8 @@ NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 def legalize(mod, spec: TargetSpec):
     """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded; in ``spec.layout``, output channels
-    padded where ``spec.pad_channels`` (toolchain/padding.py)."""
+    padded where ``spec.pad_channels`` (toolchain/padding.py), transcendental ops as polynomials where
+    ``spec.fast_math`` (toolchain/fastmath.py)."""
     import tvm
     from tvm import relax
 
@@ -87,10 +88,14 @@ def legalize(mod, spec: TargetSpec):
             if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
                 mod = relayout.follow_layout(mod)
                 mod = relayout.sink_transposes(relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)))
+            fast = getattr(spec, "fast_math", False) and fastmath.count_fast(mod) > 0
+            if fast:  # after the layout change: a call_tir has no layout rule
+                mod = fastmath.fast_math(mod)
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
     out = unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
+    out = out.with_attr(fastmath.APPLIED_ATTR, 1) if fast else out
     return out.with_attr(padding.APPLIED_ATTR, json.dumps([d.to_json() for d in padded])) if padded else out
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import onnx
 
-from toolchain import __version__, build, onnx_import, padding, partition
+from toolchain import __version__, build, fastmath, onnx_import, padding, partition
 from toolchain.artifact import (
     LIBRARY,
     MANIFEST,
@@ -129,6 +129,11 @@ def compile_model(
         raise UnsupportedModelError(
             f"{request.db} was tuned {'with' if was else 'without'} padded output channels; compile with "
             f"{'--pad-channels' if was else '--no-pad-channels'} (its kernels are not these)")
+    if tuned is not None and tuned.fast_math != fastmath.applied(mod):  # no such op: the same either way
+        was = tuned.fast_math
+        raise UnsupportedModelError(
+            f"{request.db} was tuned with {'fast' if was else 'exact'} transcendental functions; compile with "
+            f"{'--fast-math' if was else '--exact-math'} (its kernels are not these)")
 
     on_stage(f"partitioning ({request.partition})")
     if request.partition not in PARTITION_METHODS:

@@ -117,6 +117,7 @@ class TargetSpec:
     runs_on_host: bool
     layout: str = DEFAULT_LAYOUT  # activation layout (LAYOUTS)
     pad_channels: bool = True  # convs / matmuls compute padded output channels (toolchain/padding.py)
+    fast_math: bool = True  # exp / erf / tanh / sigmoid / softmax as polynomials (toolchain/fastmath.py)
 
     @property
     def num_cores(self) -> int:
@@ -124,7 +125,7 @@ class TargetSpec:
 
     def to_json(self) -> dict:
         return {"preset": self.preset, "tvm_target": self.tvm_target, "layout": self.layout,
-                "pad_channels": self.pad_channels}
+                "pad_channels": self.pad_channels, "fast_math": self.fast_math}
 
     def tvm(self):
         import tvm
@@ -164,7 +165,7 @@ def check_layout(layout: str) -> str:
 
 
 def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None,
-                   layout: str | None = None, pad_channels: bool = True) -> TargetSpec:
+                   layout: str | None = None, pad_channels: bool = True, fast_math: bool = True) -> TargetSpec:
     """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
     preset = PRESETS_BY_NAME.get(name)
     if preset is None:
@@ -183,7 +184,7 @@ def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = N
     default_cores = (os.cpu_count() or 1) if preset.runs_on_host else 4  # 4: a phone's big+mid cluster
     target["num-cores"] = int(num_cores or default_cores)
     return TargetSpec(preset=preset.name, tvm_target=target, linker=preset.linker, runs_on_host=preset.runs_on_host,
-                      layout=layout, pad_channels=pad_channels)
+                      layout=layout, pad_channels=pad_channels, fast_math=fast_math)
 
 
 def _version_line(path: str) -> str:

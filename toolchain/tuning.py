@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from toolchain import build, fusion, padding, partition, reform, roofline, transfer
+from toolchain import build, fastmath, fusion, padding, partition, reform, roofline, transfer
 from toolchain.errors import AgocError, first_line
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.pairing import TRAFFIC, check_rule, choose, choose_by, minis_ms as _minis_ms, pair_joins, time_join
@@ -605,21 +605,23 @@ class TuneDB:
         if existing is not None:
             existing["layout"] = self.activation_layout
             existing["pad_channels"] = self.channel_padding
+            existing["fast_math"] = self.fast_math
             session = {**session, "layout": session.get("layout", "NCHW"),
-                       "pad_channels": session.get("pad_channels", False)}
+                       "pad_channels": session.get("pad_channels", False), "fast_math": session.get("fast_math", False)}
             unknown = sorted(set(existing["settings"]) - set(TuneSettings().to_json()))
             if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
                 raise TuningError(
                     f"{self.root} was tuned by a newer agoc, with settings this one does not know "
                     f"({', '.join(unknown)}); upgrade agoc, or use another --db")
-            for key in ("model_sha256", "target", "layout", "pad_channels", "settings"):
+            for key in ("model_sha256", "target", "layout", "pad_channels", "fast_math", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((_settings_but_trials(existing[key]), _settings_but_trials(session[key]))
                             if key == "settings" else (existing[key], session[key]))
                 if old != now:
                     same = {"layout": f" (--layout {existing[key]})",
-                            "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})"}
+                            "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})",
+                            "fast_math": f" ({'--fast-math' if existing[key] else '--exact-math'})"}
                     differ = (_setting_changes(old, now) if key == "settings"
                               else f"{_short(existing[key])} vs {_short(session[key])}")
                     raise TuningError(
@@ -646,6 +648,12 @@ class TuneDB:
         """Whether the session's kernels compute padded output channels (``--pad-channels`` on a model
         with something to pad, toolchain/padding.py; a database made before the setting: no)."""
         return bool((self.session or {}).get("pad_channels", False))
+
+    @property
+    def fast_math(self) -> bool:
+        """Whether the session's kernels compute transcendental ops with fast polynomials (``--fast-math``
+        on a model with such ops, toolchain/fastmath.py; a database made before the setting: no)."""
+        return bool((self.session or {}).get("fast_math", False))
 
     @property
     def tasks(self) -> list[Task]:
@@ -1375,7 +1383,7 @@ def tune_model(
     db = TuneDB(db_dir)
     db.open_session(
         {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
-         "pad_channels": padding.applied(mod), "settings": settings.to_json()}
+         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.save_tasks(plan.tasks)
