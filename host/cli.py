@@ -175,7 +175,7 @@ def _layout_option():
 def _fast_math_option():
     return typer.Option(True, "--fast-math/--exact-math",
                         help="exp, erf, tanh, sigmoid and softmax as vectorised polynomials (≤ 3e-7 from the exact "
-                        "functions; 10-80x faster than one libm call per element, toolchain/fastmath.py).")
+                        "functions; 4-80x faster than one libm call per element, toolchain/fastmath.py).")
 
 
 def _pad_channels_option():
