@@ -163,9 +163,13 @@ def mark_weights(mod):
     store such a weight in the order its schedule reads it (Ansor's layout rewrite); what the kernel
     would do first on every call is done once at build time by :func:`prepack_weights`.
 
-    Only floating-point tensors count: a 0-d or integer constant is an index (BERT's ``take`` of the
-    [CLS] row), nothing to store in another order, and ``RewriteLayout`` fails a TVM check on such a
-    buffer read as an index.
+    Only floating-point tensors of two or more dimensions count. A 0-d or integer constant is an index
+    (BERT's ``take`` of the [CLS] row), nothing to store in another order, and ``RewriteLayout`` fails a
+    TVM check on such a buffer read as an index. A 1-D constant (a bias, a per-channel scale) is read
+    in order whatever the schedule, and rewriting it miscompiles: MobileViT's QKV kernel (matmul, bias,
+    split into three) had its bias inlined into the three split blocks and rewritten for the first
+    block's reads, so the second and third read the first third of the bias — every one of its five
+    best candidates wrong (caught by the numeric check; the kernel was left untuned).
 
     TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
     import tvm
@@ -175,7 +179,7 @@ def mark_weights(mod):
         if not isinstance(arg, tvm.ir.Constant):
             return False
         value = arg.value
-        return len(value.shape) > 0 and "float" in str(value.dtype)
+        return len(value.shape) > 1 and "float" in str(value.dtype)
 
     constant: dict[str, set[int]] = {}
     for name, args in kernel_calls(mod["main"]):

@@ -24,16 +24,18 @@ def _param_shapes(mod) -> set[tuple[int, ...]]:
     return {tuple(int(d) for d in p.ty.shape) for name, _ in build.kernel_calls(mod["main"]) for p in mod[name].params}
 
 
-def test_the_constant_arguments_of_every_kernel_are_marked_layout_free(cnn):
+def test_the_weights_of_every_kernel_are_marked_layout_free(cnn):
+    """Every constant float tensor of two or more dimensions (conv and matmul weights); biases and
+    other 1-D constants are read in order anyway (and rewriting them miscompiled, see mark_weights)."""
     import tvm
 
     _, fused = cnn
     marked = build.mark_weights(fused)
     assert {gv.name_hint for gv in marked.functions} == {gv.name_hint for gv in fused.functions}  # none renamed
     calls = build.kernel_calls(fused["main"])
-    assert any(isinstance(a, tvm.ir.Constant) for _, args in calls for a in args)
+    assert any(isinstance(a, tvm.ir.Constant) and len(a.value.shape) == 1 for _, args in calls for a in args)
     for name, args in calls:
-        constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)]
+        constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant) and len(a.value.shape) > 1]
         attr = marked[name].attrs.get("layout_free_buffers") if marked[name].attrs else None
         assert ([int(i) for i in attr] if attr is not None else []) == constant, name
         assert 0 not in constant  # the activation a kernel reads is never layout-free
@@ -135,8 +137,9 @@ def test_an_index_constant_is_not_a_weight(layer_norm_take):
     fused, (name, args) = layer_norm_take
     kinds = {i: (len(a.value.shape), str(a.value.dtype)) for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)}
     assert (0, "int64") in kinds.values()
-    marked = [int(i) for i in build.mark_weights(fused)[name].attrs["layout_free_buffers"]]
-    assert marked == sorted(i for i, (rank, dtype) in kinds.items() if rank and dtype == "float32")
+    attrs = build.mark_weights(fused)[name].attrs
+    marked = [int(i) for i in attrs["layout_free_buffers"]] if attrs and "layout_free_buffers" in attrs else []
+    assert marked == sorted(i for i, (rank, dtype) in kinds.items() if rank > 1 and dtype == "float32")
 
 
 def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error(layer_norm_take):
