@@ -64,9 +64,8 @@ def fast_math(mod):
     class Rewriter(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            name = getattr(call.op, "name", None)
-            if name in rules and str(getattr(call.ty, "dtype", "")) == "float32":
-                fn, extra = rules[name](call)
+            if _rewritable(call):
+                fn, extra = rules[call.op.name](call)
                 return self.builder_.call_te(fn, call.args[0], *extra)
             return call
 
@@ -77,16 +76,23 @@ def fast_math(mod):
     return rewriter.builder_.get()
 
 
+def _rewritable(expr) -> bool:
+    """A float32 call of one of :data:`FAST_OPS`."""
+    from tvm import relax
+
+    return (isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in FAST_OPS
+            and str(getattr(expr.ty, "dtype", "")) == "float32")
+
+
 def count_fast(mod) -> int:
-    """How many ops of :data:`FAST_OPS` ``mod``'s Relax functions call (none left: nothing to rewrite)."""
+    """How many calls :func:`fast_math` would rewrite in ``mod``'s Relax functions (0: it would change nothing)."""
     from tvm import relax
 
     found = 0
 
     def visit(expr):
         nonlocal found
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in FAST_OPS:
-            found += 1
+        found += _rewritable(expr)
 
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):

@@ -124,16 +124,19 @@ def compile_model(
     mod = build.legalize(mod, request.target)
     _dump(request.dump_dir, "02_legalized.py", mod)
     padded_ops = padding.applied_ops(mod)
-    if tuned is not None and tuned.channel_padding != padding.applied(mod):  # nothing to pad: the same either way
-        was = tuned.channel_padding
-        raise UnsupportedModelError(
-            f"{request.db} was tuned {'with' if was else 'without'} padded output channels; compile with "
-            f"{'--pad-channels' if was else '--no-pad-channels'} (its kernels are not these)")
-    if tuned is not None and tuned.fast_math != fastmath.applied(mod):  # no such op: the same either way
-        was = tuned.fast_math
-        raise UnsupportedModelError(
-            f"{request.db} was tuned with {'fast' if was else 'exact'} transcendental functions; compile with "
-            f"{'--fast-math' if was else '--exact-math'} (its kernels are not these)")
+    # what a database records of how its kernels were legalized (what was done, not the flag: a model with
+    # nothing to pad or no transcendental op is the same either way): (recorded, done here, {value: (tuned
+    # ..., flag)})
+    recorded = [] if tuned is None else [
+        (tuned.channel_padding, padding.applied(mod), {True: ("with padded output channels", "--pad-channels"),
+                                                       False: ("without padded output channels", "--no-pad-channels")}),
+        (tuned.fast_math, fastmath.applied(mod), {True: ("with fast transcendental functions", "--fast-math"),
+                                                  False: ("with exact transcendental functions", "--exact-math")}),
+    ]
+    for was, now, words in recorded:
+        if was != now:
+            raise UnsupportedModelError(f"{request.db} was tuned {words[was][0]}; compile with {words[was][1]} "
+                                        "(its kernels are not these)")
 
     on_stage(f"partitioning ({request.partition})")
     if request.partition not in PARTITION_METHODS:

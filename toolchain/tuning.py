@@ -1203,12 +1203,8 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
             if v.get("status") == "verified" and v.get("trace") and name in plan.funcs and name != task.name}
     seeded, seen = [], set()
     for name in transfer.siblings(func, done, settings.transfer):
-        try:
-            sch = transfer.transfer_schedule(workload_module(plan.funcs[name]),
-                                             _rename_blocks(verified[name]["trace"], {}), workload_module(func))
-        except Exception as exc:  # noqa: BLE001 - a seed is advice: one that does not replay is no seed
-            log.info("seed from %s for %s failed: %s", name, task.name, first_line(exc))
-            continue
+        sch = transfer.transfer_schedule(workload_module(plan.funcs[name]), _rename_blocks(verified[name]["trace"], {}),
+                                         workload_module(func))
         sch = postprocess(sch, spec) if sch is not None else None
         if sch is None:
             continue
