@@ -157,33 +157,35 @@ def kernel_calls(func) -> list[tuple[str, list]]:
     return out
 
 
+def is_weight(shape, dtype) -> bool:
+    """A constant whose layout a schedule may rewrite (:func:`mark_weights`): floating-point, with at
+    least two dimensions longer than 1 (a conv or matmul weight; not a bias, scale or index)."""
+    return sum(1 for d in shape if int(d) > 1) >= 2 and "float" in str(dtype)
+
+
 def mark_weights(mod):
     """Mark every kernel's weight parameters layout-free (``layout_free_buffers``): the parameters
     ``main`` passes a constant at every call. MetaSchedule's ``RewriteLayout`` postprocessor may then
     store such a weight in the order its schedule reads it (Ansor's layout rewrite); what the kernel
     would do first on every call is done once at build time by :func:`prepack_weights`.
 
-    Only floating-point tensors of two or more dimensions count. A 0-d or integer constant is an index
-    (BERT's ``take`` of the [CLS] row), nothing to store in another order, and ``RewriteLayout`` fails a
-    TVM check on such a buffer read as an index. A 1-D constant (a bias, a per-channel scale) is read
-    in order whatever the schedule, and rewriting it miscompiles: MobileViT's QKV kernel (matmul, bias,
+    Only floating-point tensors with two or more dimensions longer than 1 count (:func:`is_weight`). A
+    0-d or integer constant is an index (BERT's ``take`` of the [CLS] row), nothing to store in another
+    order, and ``RewriteLayout`` fails a TVM check on such a buffer read as an index. A vector — a bias
+    or per-channel scale, 1-D or broadcast as ``(1, 1, 1, C)`` as every NHWC conv's bias is — is read in
+    order whatever the schedule, and rewriting it miscompiles: MobileViT's QKV kernel (matmul, bias,
     split into three) had its bias inlined into the three split blocks and rewritten for the first
     block's reads, so the second and third read the first third of the bias — every one of its five
-    best candidates wrong (caught by the numeric check; the kernel was left untuned).
+    best candidates wrong (caught by the numeric check; the kernel was left untuned). The static check
+    :func:`toolchain.schedule_check.partial_weight_reads` rejects such a schedule before it is measured.
 
     TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
     import tvm
     from tvm import tirx
 
-    def weight(arg) -> bool:
-        if not isinstance(arg, tvm.ir.Constant):
-            return False
-        value = arg.value
-        return len(value.shape) > 1 and "float" in str(value.dtype)
-
     constant: dict[str, set[int]] = {}
     for name, args in kernel_calls(mod["main"]):
-        here = {i for i, a in enumerate(args) if weight(a)}
+        here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant) and is_weight(a.value.shape, a.value.dtype)}
         constant[name] = constant[name] & here if name in constant else here
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():

@@ -498,6 +498,106 @@ def format_counts(counts: Iterable[BlockCount]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Rewritten weights read whole
+
+#: the block annotation of MetaSchedule's ``RewriteLayout``: a copy of a weight parameter into the
+#: order the schedule reads it (folded on the constant at build time, ``build.prepack_weights``)
+LAYOUT_REWRITE = "meta_schedule.layout_rewrite_preproc"
+
+
+@dataclass(frozen=True)
+class PartialRead:
+    """A weight whose rewritten copy the kernel reads only in part: per dimension of the copy, the
+    hull ``(lo, hi)`` the rewrite writes and the hull the kernel's blocks read."""
+
+    weight: str
+    copy: str
+    written: tuple[tuple[int, int], ...]
+    read: tuple[tuple[int, int], ...]
+
+
+def _region_hull(region, box: dict) -> list[tuple[float, float]]:
+    dims = []
+    for rng in region.region:
+        lo, hi = _interval(rng.min, box)
+        _, ext_hi = _interval(rng.extent, box)
+        dims.append((lo, hi + ext_hi - 1))
+    return dims
+
+
+def _union(a, b):
+    return b if a is None else [(min(p, r), max(q, s)) for (p, q), (r, s) in zip(a, b)]
+
+
+def _full_box(block) -> dict:
+    return {_handle(iv.var): (lo, lo + ext - 1) for iv, (lo, ext, _) in zip(block.iter_vars, _domain(block))}
+
+
+def _blocks(func) -> list:
+    from tvm import s_tir
+
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize):
+        body = body.block.body
+    seen: list = []
+    _walk(body, [], [], seen)
+    return [s.block for s in seen]
+
+
+def _read_hull(blocks, buffer_handle: int, skip=None):
+    """Hull of every read of a buffer by ``blocks`` over their whole iteration domains (None: unread)."""
+    hull = None
+    for b in blocks:
+        if b is skip:
+            continue
+        for r in b.reads:
+            if _handle(r.source) == buffer_handle:
+                hull = _union(hull, _region_hull(r, _full_box(b)))
+    return hull
+
+
+def _covers(read, written) -> bool:
+    return read is not None and all(lo <= w_lo and hi >= w_hi for (lo, hi), (w_lo, w_hi) in zip(read, written))
+
+
+def partial_weight_reads(func, original=None) -> list[PartialRead]:
+    """Weights that a layout rewrite copies whole but the scheduled kernel reads only in part.
+
+    Every element of a weight the unscheduled kernel reads must still be read once its layout is
+    rewritten; a kernel reading part of the copy computes with the wrong elements. TVM did this to
+    MobileViT's QKV kernel (matmul, bias, split into three): the bias copy was laid out for the first
+    split block's reads, ``bias[v]``, and the bias add inlined into all three blocks, so the second and
+    third read ``bias[v]`` where they needed ``bias[v + 120]`` and ``bias[v + 240]`` — every block
+    still runs the right number of times, so :func:`dropped_blocks` cannot see it. Hulls, not exact
+    sets (a read of every other element passes). ``original``: the unscheduled kernel; a weight it
+    does not read whole itself is not judged."""
+    func = _primfunc(func)
+    blocks = _blocks(func)
+    index = {_handle(p): i for i, p in enumerate(func.params)}  # in TVM 0.27 a param is its buffer
+    before = None
+    if original is not None:
+        original = _primfunc(original)
+        before = (_blocks(original), list(original.params))
+    out = []
+    for b in blocks:
+        if LAYOUT_REWRITE not in b.annotations or len(b.reads) != 1 or len(b.writes) != 1:
+            continue
+        weight, copy = b.reads[0].source, b.writes[0].source
+        if before is not None:
+            i = index.get(_handle(weight))
+            buf = before[1][i] if i is not None and i < len(before[1]) else None
+            whole = [(0, _int(d) - 1) for d in buf.ty.shape] if buf is not None else None
+            if buf is None or not _covers(_read_hull(before[0], _handle(buf)), whole):
+                continue
+        written = _region_hull(b.writes[0], _full_box(b))
+        read = _read_hull(blocks, _handle(copy), skip=b)
+        if not _covers(read, written):
+            out.append(PartialRead(weight.name, copy.name, tuple(written),
+                                   tuple(read) if read is not None else ()))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # The MetaSchedule postprocessor
 
 #: process-wide tallies of :class:`RejectDroppedIterations` (its instances are cloned per thread)
@@ -522,8 +622,9 @@ def _make_postproc_class():
 
     @derived_object
     class RejectDroppedIterations(PyPostproc):
-        """Reject a candidate in which some block runs fewer instances than its consumers read, or
-        in which a parallel loop writes a shared buffer independently of its variable (a data race,
+        """Reject a candidate in which some block runs fewer instances than its consumers read, in
+        which a weight's rewritten copy is read only in part (:func:`partial_weight_reads`), or in
+        which a parallel loop writes a shared buffer independently of its variable (a data race,
         see :mod:`toolchain.race_check`).
 
         Append it after ``Postproc.create("llvm")``. A candidate the counter
@@ -531,15 +632,23 @@ def _make_postproc_class():
         is a filter for a known failure, not a verifier of arbitrary TIR.
         """
 
+        def __init__(self, original=None):
+            self.original = original  # the unscheduled kernel (a PrimFunc), from the tune context
+
         def _initialize_with_tune_context(self, context) -> None:
-            pass
+            mod = getattr(context, "mod", None)
+            if mod is not None:
+                try:
+                    self.original = _primfunc(mod)
+                except (CheckError, TypeError):
+                    self.original = None
 
         def apply(self, sch) -> bool:
             from toolchain.race_check import parallel_races
 
             _tally("applied")
             try:
-                bad = dropped_blocks(sch.mod)
+                bad = dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, self.original)
                 races = [] if bad else parallel_races(sch.mod)  # after the llvm postprocs: real parallel loops
             except Exception:  # noqa: BLE001 - unanalysable structure: keep the candidate
                 _tally("errors")
@@ -550,7 +659,7 @@ def _make_postproc_class():
             return True
 
         def clone(self):
-            return RejectDroppedIterations()
+            return RejectDroppedIterations(self.original)
 
     return RejectDroppedIterations
 

@@ -1171,10 +1171,10 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     from toolchain.race_check import parallel_races
-    from toolchain.schedule_check import dropped_blocks
+    from toolchain.schedule_check import dropped_blocks, partial_weight_reads
 
     try:
-        if dropped_blocks(sch.mod) or parallel_races(sch.mod):
+        if dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, func) or parallel_races(sch.mod):
             return False
     except Exception as exc:  # noqa: BLE001 - as the search's RejectDroppedIterations: unanalysable, kept
         log.info("static checks cannot analyse a seed (kept for the numeric check): %s", first_line(exc))

@@ -24,18 +24,25 @@ def _param_shapes(mod) -> set[tuple[int, ...]]:
     return {tuple(int(d) for d in p.ty.shape) for name, _ in build.kernel_calls(mod["main"]) for p in mod[name].params}
 
 
+def _vector(arg) -> bool:
+    import tvm
+
+    return isinstance(arg, tvm.ir.Constant) and sum(1 for d in arg.value.shape if int(d) > 1) <= 1
+
+
 def test_the_weights_of_every_kernel_are_marked_layout_free(cnn):
-    """Every constant float tensor of two or more dimensions (conv and matmul weights); biases and
-    other 1-D constants are read in order anyway (and rewriting them miscompiled, see mark_weights)."""
+    """Every constant float tensor with two or more dimensions longer than 1 (conv and matmul weights);
+    biases are read in order anyway, 1-D or broadcast as (1, 1, 1, C) (and rewriting them miscompiled,
+    see mark_weights)."""
     import tvm
 
     _, fused = cnn
     marked = build.mark_weights(fused)
     assert {gv.name_hint for gv in marked.functions} == {gv.name_hint for gv in fused.functions}  # none renamed
     calls = build.kernel_calls(fused["main"])
-    assert any(isinstance(a, tvm.ir.Constant) and len(a.value.shape) == 1 for _, args in calls for a in args)
+    assert any(_vector(a) and len(a.value.shape) == 4 for _, args in calls for a in args)  # an NHWC conv's bias
     for name, args in calls:
-        constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant) and len(a.value.shape) > 1]
+        constant = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant) and not _vector(a)]
         attr = marked[name].attrs.get("layout_free_buffers") if marked[name].attrs else None
         assert ([int(i) for i in attr] if attr is not None else []) == constant, name
         assert 0 not in constant  # the activation a kernel reads is never layout-free

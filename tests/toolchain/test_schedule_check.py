@@ -15,6 +15,7 @@ from toolchain.schedule_check import (
     execution_counts,
     format_counts,
     max_recompute,
+    partial_weight_reads,
 )
 from toolchain.targets import resolve_target
 
@@ -211,3 +212,107 @@ def test_a_gathered_intermediate_is_needed_whole_and_its_schedules_are_analysed(
     spaces = [tuning.postprocess(sch, SPEC) for sch in ctx.generate_design_space()]
     assert spaces and None not in spaces
     assert all(dropped_blocks(sch.mod) == [] for sch in spaces)
+
+
+def _split_bias(second: int, third: int, rewritten: bool = True):
+    """A bias add inlined into a split into three (MobileViT's QKV kernel, in small), the bias read from
+    MetaSchedule's rewritten copy (``rewritten``) or from the parameter itself; the second and third
+    blocks read it at ``second`` and ``third`` (right: 2 and 4)."""
+    from tvm.script import tirx as T
+
+    if not rewritten:
+        @T.prim_func(s_tir=True)
+        def plain(x: T.Buffer((4, 6), "float32"), bias: T.Buffer((6,), "float32"), q: T.Buffer((4, 2), "float32"),
+                  k: T.Buffer((4, 2), "float32"), v: T.Buffer((4, 2), "float32")):
+            for i, j in T.grid(4, 2):
+                with T.sblock("T_split"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    q[vi, vj] = x[vi, vj] + bias[vj]
+            for i, j in T.grid(4, 2):
+                with T.sblock("T_split_1"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    k[vi, vj] = x[vi, vj + 2] + bias[vj + second]
+            for i, j in T.grid(4, 2):
+                with T.sblock("T_split_2"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    v[vi, vj] = x[vi, vj + 4] + bias[vj + third]
+        return plain
+
+    @T.prim_func(s_tir=True)
+    def scheduled(x: T.Buffer((4, 6), "float32"), bias: T.Buffer((6,), "float32"), q: T.Buffer((4, 2), "float32"),
+                  k: T.Buffer((4, 2), "float32"), v: T.Buffer((4, 2), "float32")):
+        T.func_attr({"layout_free_buffers": [1]})
+        bias_global = T.sblock_alloc_buffer((6,))
+        for i in range(6):
+            with T.sblock("bias_global"):
+                vi = T.axis.spatial(6, i)
+                T.sblock_attr({"meta_schedule.layout_rewrite_preproc": True})
+                bias_global[vi] = bias[vi]
+        for i, j in T.grid(4, 2):
+            with T.sblock("T_split"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                q[vi, vj] = x[vi, vj] + bias_global[vj]
+        for i, j in T.grid(4, 2):
+            with T.sblock("T_split_1"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                k[vi, vj] = x[vi, vj + 2] + bias_global[vj + second]
+        for i, j in T.grid(4, 2):
+            with T.sblock("T_split_2"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                v[vi, vj] = x[vi, vj + 4] + bias_global[vj + third]
+    return scheduled
+
+
+def test_a_rewritten_bias_read_in_part_is_caught_statically():
+    """TVM's miscompile of MobileViT's QKV kernel: the bias copied for the first split block's reads and
+    read at ``bias[v]`` by all three. Every block runs exactly its domain, so only the weight's coverage
+    shows it: the copy is written whole (0..5) and read at 0..1."""
+    wrong = _split_bias(0, 0)
+    assert dropped_blocks(wrong) == []
+    [bad] = partial_weight_reads(wrong, _split_bias(2, 4, rewritten=False))
+    assert (bad.weight, bad.copy, bad.written, bad.read) == ("bias", "bias_global", ((0, 5),), ((0, 1),))
+    assert [b.read for b in partial_weight_reads(_split_bias(2, 2))] == [((0, 3),)]
+    assert partial_weight_reads(_split_bias(2, 4)) == []
+
+
+def test_a_weight_the_unscheduled_kernel_reads_in_part_is_not_judged():
+    """The check compares with the unscheduled kernel when it has it: a weight that kernel reads only
+    in part (here bias[0..3]) may be read in part after the rewrite too."""
+    assert partial_weight_reads(_split_bias(2, 2), _split_bias(2, 2, rewritten=False)) == []
+    assert partial_weight_reads(_split_bias(0, 0), _split_bias(2, 2, rewritten=False)) == []
+
+
+def test_the_postproc_rejects_a_rewritten_weight_read_in_part():
+    from tvm import s_tir
+
+    check = RejectDroppedIterations(_split_bias(2, 4, rewritten=False))
+    assert check.apply(s_tir.Schedule(_split_bias(2, 4))) is True
+    assert check.apply(s_tir.Schedule(_split_bias(0, 0))) is False
+    assert check.clone().apply(s_tir.Schedule(_split_bias(0, 0))) is False  # the clone keeps the original
+
+
+def test_metaschedule_layout_rewrites_of_a_conv_and_a_matmul_are_read_whole():
+    """What RewriteLayout really makes passes: a conv weight tiled into five dimensions, a matmul weight
+    split by output channel (the design spaces of every kernel of two small models that has a weight)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    import models
+    from toolchain import build, onnx_import, tuning
+
+    spec = resolve_target("host")
+    checked = 0
+    for model in (models.build("tiny-cnn"), models.build("tiny-transformer")):
+        mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+        marked = build.mark_weights(build.fuse_stock(mod, spec))
+        for name, func in tuning.group_kernels(marked):
+            if not func.attrs or "layout_free_buffers" not in func.attrs:
+                continue
+            ctx = ms.TuneContext(mod=tuning.workload_module(func), target=spec.tvm(), rand_state=1,
+                                 space_generator=tuning.space_for(func, spec, False).generator, num_threads=1)
+            for sch in ctx.generate_design_space():
+                sch = tuning.postprocess(sch, spec)
+                if sch is None or "layout_rewrite_preproc" not in sch.mod.script():
+                    continue
+                assert partial_weight_reads(sch.mod, func) == [], name
+                checked += 1
+    assert checked
