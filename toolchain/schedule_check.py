@@ -341,6 +341,37 @@ def _domain(block) -> list[tuple[int, int, bool]]:
     return [(_int(iv.dom.min), _int(iv.dom.extent), int(iv.iter_type) == 2) for iv in block.iter_vars]
 
 
+def _full_box(block) -> dict:
+    """Iter var handle -> (lo, hi) over the block's whole domain."""
+    return {_handle(iv.var): (lo, lo + ext - 1) for iv, (lo, ext, _) in zip(block.iter_vars, _domain(block))}
+
+
+def _region_hull(region, box: dict) -> list[tuple[float, float]]:
+    """Per buffer dim, the inclusive (lo, hi) a read / write region covers with iter vars in ``box``."""
+    dims = []
+    for rng in region.region:
+        lo, hi = _interval(rng.min, box)
+        _, ext_hi = _interval(rng.extent, box)
+        dims.append((lo, hi + ext_hi - 1))
+    return dims
+
+
+def _union(a, b):
+    return b if a is None else [(min(p, r), max(q, s)) for (p, q), (r, s) in zip(a, b)]
+
+
+def _seen(func) -> list:
+    """Every block of a PrimFunc (program order) with its execution count; the implicit root block left out."""
+    from tvm import s_tir
+
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize):
+        body = body.block.body
+    seen: list = []
+    _walk(body, [], [], seen)
+    return seen
+
+
 def _write_map(region, iters: dict) -> list | None:
     """Per buffer dim: (iter var handle or None, offset), when the write index is ``v + c`` / ``c``."""
     t = _classes()
@@ -371,9 +402,7 @@ def _needed_boxes(blocks: list, outputs: set[int]) -> list[dict]:
         for r in b.reads:
             readers.setdefault(_handle(r.source), []).append(i)
     boxes: list[dict | None] = [None] * len(blocks)
-    full: list[dict] = []
-    for b in blocks:
-        full.append({_handle(iv.var): (lo, lo + ext - 1) for iv, (lo, ext, _) in zip(b.iter_vars, _domain(b))})
+    full = [_full_box(b) for b in blocks]
 
     def consumers_of(i: int, buf_handle: int) -> list[int]:
         return [j for j in readers.get(buf_handle, []) if j != i]
@@ -423,12 +452,7 @@ def _box_from_consumers(i, block, full_box, cons, blocks, boxes) -> dict:
             for r in blocks[j].reads:
                 if _handle(r.source) != buf:
                     continue
-                dims = []
-                for rng in r.region:
-                    lo, hi = _interval(rng.min, cbox)
-                    _, ext_hi = _interval(rng.extent, cbox)
-                    dims.append((lo, hi + ext_hi - 1))
-                hull = dims if hull is None else [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(hull, dims)]
+                hull = _union(hull, _region_hull(r, cbox))
         if wmap is None:
             return dict(full_box)  # cannot map the buffer back to iterations: whole domain
         for d, (var, off) in enumerate(wmap):
@@ -463,11 +487,7 @@ def execution_counts(func) -> list[BlockCount]:
     from tvm import s_tir
 
     func = _primfunc(func)
-    body = func.body
-    if isinstance(body, s_tir.SBlockRealize):  # the implicit root block: not counted
-        body = body.block.body
-    seen: list = []
-    _walk(body, [], [], seen)
+    seen = _seen(func)
     blocks = [s.block for s in seen]
     boxes = _needed_boxes(blocks, {_handle(p) for p in func.params})
     counts = []
@@ -516,32 +536,8 @@ class PartialRead:
     read: tuple[tuple[int, int], ...]
 
 
-def _region_hull(region, box: dict) -> list[tuple[float, float]]:
-    dims = []
-    for rng in region.region:
-        lo, hi = _interval(rng.min, box)
-        _, ext_hi = _interval(rng.extent, box)
-        dims.append((lo, hi + ext_hi - 1))
-    return dims
-
-
-def _union(a, b):
-    return b if a is None else [(min(p, r), max(q, s)) for (p, q), (r, s) in zip(a, b)]
-
-
-def _full_box(block) -> dict:
-    return {_handle(iv.var): (lo, lo + ext - 1) for iv, (lo, ext, _) in zip(block.iter_vars, _domain(block))}
-
-
 def _blocks(func) -> list:
-    from tvm import s_tir
-
-    body = func.body
-    if isinstance(body, s_tir.SBlockRealize):
-        body = body.block.body
-    seen: list = []
-    _walk(body, [], [], seen)
-    return [s.block for s in seen]
+    return [s.block for s in _seen(func)]
 
 
 def _read_hull(blocks, buffer_handle: int, skip=None):
@@ -560,6 +556,14 @@ def _covers(read, written) -> bool:
     return read is not None and all(lo <= w_lo and hi >= w_hi for (lo, hi), (w_lo, w_hi) in zip(read, written))
 
 
+def weights_read_whole(original) -> frozenset[int]:
+    """Indices of the parameters the (unscheduled) kernel reads whole."""
+    original = _primfunc(original)
+    blocks = _blocks(original)
+    return frozenset(i for i, p in enumerate(original.params)
+                     if _covers(_read_hull(blocks, _handle(p)), [(0, _int(d) - 1) for d in p.ty.shape]))
+
+
 def partial_weight_reads(func, original=None) -> list[PartialRead]:
     """Weights that a layout rewrite copies whole but the scheduled kernel reads only in part.
 
@@ -569,26 +573,19 @@ def partial_weight_reads(func, original=None) -> list[PartialRead]:
     split block's reads, ``bias[v]``, and the bias add inlined into all three blocks, so the second and
     third read ``bias[v]`` where they needed ``bias[v + 120]`` and ``bias[v + 240]`` — every block
     still runs the right number of times, so :func:`dropped_blocks` cannot see it. Hulls, not exact
-    sets (a read of every other element passes). ``original``: the unscheduled kernel; a weight it
-    does not read whole itself is not judged."""
+    sets (a read of every other element passes). ``original``: the unscheduled kernel, or
+    :func:`weights_read_whole` of it; a weight it does not read whole itself is not judged."""
     func = _primfunc(func)
     blocks = _blocks(func)
     index = {_handle(p): i for i, p in enumerate(func.params)}  # in TVM 0.27 a param is its buffer
-    before = None
-    if original is not None:
-        original = _primfunc(original)
-        before = (_blocks(original), list(original.params))
+    whole = original if original is None or isinstance(original, frozenset) else weights_read_whole(original)
     out = []
     for b in blocks:
         if LAYOUT_REWRITE not in b.annotations or len(b.reads) != 1 or len(b.writes) != 1:
             continue
         weight, copy = b.reads[0].source, b.writes[0].source
-        if before is not None:
-            i = index.get(_handle(weight))
-            buf = before[1][i] if i is not None and i < len(before[1]) else None
-            whole = [(0, _int(d) - 1) for d in buf.ty.shape] if buf is not None else None
-            if buf is None or not _covers(_read_hull(before[0], _handle(buf)), whole):
-                continue
+        if whole is not None and index.get(_handle(weight)) not in whole:
+            continue
         written = _region_hull(b.writes[0], _full_box(b))
         read = _read_hull(blocks, _handle(copy), skip=b)
         if not _covers(read, written):
@@ -633,14 +630,15 @@ def _make_postproc_class():
         """
 
         def __init__(self, original=None):
-            self.original = original  # the unscheduled kernel (a PrimFunc), from the tune context
+            # the weights the unscheduled kernel reads whole (weights_read_whole), from the tune context
+            self.original = original if original is None or isinstance(original, frozenset) else weights_read_whole(original)
 
         def _initialize_with_tune_context(self, context) -> None:
             mod = getattr(context, "mod", None)
             if mod is not None:
                 try:
-                    self.original = _primfunc(mod)
-                except (CheckError, TypeError):
+                    self.original = weights_read_whole(mod)
+                except Exception:  # noqa: BLE001 - unanalysable: judge every rewritten weight
                     self.original = None
 
         def apply(self, sch) -> bool:
