@@ -564,6 +564,12 @@ def weights_read_whole(original) -> frozenset[int]:
                      if _covers(_read_hull(blocks, _handle(p)), [(0, _int(d) - 1) for d in p.ty.shape]))
 
 
+def _whole_set(original) -> frozenset[int] | None:
+    """``original`` as :func:`weights_read_whole` gives it: None (judge every weight), already the
+    set, or the unscheduled kernel to compute it from."""
+    return original if original is None or isinstance(original, frozenset) else weights_read_whole(original)
+
+
 def partial_weight_reads(func, original=None) -> list[PartialRead]:
     """Weights that a layout rewrite copies whole but the scheduled kernel reads only in part.
 
@@ -578,7 +584,7 @@ def partial_weight_reads(func, original=None) -> list[PartialRead]:
     func = _primfunc(func)
     blocks = _blocks(func)
     index = {_handle(p): i for i, p in enumerate(func.params)}  # in TVM 0.27 a param is its buffer
-    whole = original if original is None or isinstance(original, frozenset) else weights_read_whole(original)
+    whole = _whole_set(original)
     out = []
     for b in blocks:
         if LAYOUT_REWRITE not in b.annotations or len(b.reads) != 1 or len(b.writes) != 1:
@@ -630,23 +636,22 @@ def _make_postproc_class():
         """
 
         def __init__(self, original=None):
-            # the weights the unscheduled kernel reads whole (weights_read_whole), from the tune context
-            self.original = original if original is None or isinstance(original, frozenset) else weights_read_whole(original)
+            self.whole = _whole_set(original)  # the weights the unscheduled kernel reads whole (tune context)
 
         def _initialize_with_tune_context(self, context) -> None:
             mod = getattr(context, "mod", None)
             if mod is not None:
                 try:
-                    self.original = weights_read_whole(mod)
+                    self.whole = weights_read_whole(mod)
                 except Exception:  # noqa: BLE001 - unanalysable: judge every rewritten weight
-                    self.original = None
+                    self.whole = None
 
         def apply(self, sch) -> bool:
             from toolchain.race_check import parallel_races
 
             _tally("applied")
             try:
-                bad = dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, self.original)
+                bad = dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, self.whole)
                 races = [] if bad else parallel_races(sch.mod)  # after the llvm postprocs: real parallel loops
             except Exception:  # noqa: BLE001 - unanalysable structure: keep the candidate
                 _tally("errors")
@@ -657,7 +662,7 @@ def _make_postproc_class():
             return True
 
         def clone(self):
-            return RejectDroppedIterations(self.original)
+            return RejectDroppedIterations(self.whole)
 
     return RejectDroppedIterations
 
