@@ -30,6 +30,11 @@ from host import render  # noqa: E402
 from toolchain import __version__  # noqa: E402
 from toolchain.errors import AgocError, InputShapeError, UnsupportedModelError  # noqa: E402
 
+# exit codes: 0 success, 1 anything the user can fix (click's usage errors included: click says 2), 2 our
+# bugs, 130 Ctrl-C, 143 SIGTERM
+# (typer 0.29 carries its own click; its UsageError is the base of every bad-parameter error)
+next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError").exit_code = 1
+
 app = typer.Typer(
     name="agoc",
     help="Compile ONNX models into fused, tuned kernels for ARM64 phones (and check them against onnxruntime).",
@@ -64,9 +69,13 @@ def _guard(func):
                 raise
             err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/yellow]")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            _stop(getattr(exc, "exit_code", 130))
+        except (OSError, MemoryError) as exc:  # the machine's state, not agoc's logic: a path, a permission, space
+            if _state["debug"]:
+                raise
+            err_console.print(f"[bold red]error:[/bold red] {escape(_os_message(exc))}", soft_wrap=True)
+            raise typer.Exit(1) from None
         except Exception as exc:
             if _state["debug"]:
                 raise
@@ -78,6 +87,72 @@ def _guard(func):
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def _os_message(exc: BaseException) -> str:
+    """One line for an operating-system error, naming the path and what to do."""
+    if isinstance(exc, MemoryError):
+        return "out of memory: the model or its input shapes are too large for this machine; give smaller " \
+               "shapes with --input-shape"
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return f"{exc.strerror or exc}{where}: check the path, its permissions and the free disk space"
+
+
+def _check_output_file(path: Optional[Path], flag: str) -> None:
+    """Refuse now, before long work, an output file path that cannot be written (a directory, a missing or
+    read-only parent)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UnsupportedModelError(f"{flag} {path} is a directory; give a file name, e.g. {flag} "
+                                    f"{path / 'graph'}{path.suffix or ''}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UnsupportedModelError(f"{flag} {path}: cannot write in {parent} (missing or not writable)")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+    exit_code = 143
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _stop(code: int) -> None:
+    """End the process now, on Ctrl-C (130) or SIGTERM (143): staging directories removed, nothing else
+    touched; a hard exit, so a build running in a worker thread does not hold it up."""
+    from toolchain.artifact import discard_staging
+
+    discard_staging()
+    err_console.print("[yellow]interrupted[/yellow]" if code == 130 else "[yellow]terminated[/yellow]")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _interruptible(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` in a worker thread, this thread waiting: a long TVM call (which does not
+    return to Python for tens of seconds) then cannot delay Ctrl-C or SIGTERM beyond a fraction of a second."""
+    import threading
+
+    result: dict = {}
+
+    def work():
+        try:
+            result["value"] = func(*args, **kwargs)
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, name="agoc-work", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
 
 
 def _version(value: bool):
@@ -190,7 +265,8 @@ def _pad_channels_option():
 def compile(
     model: str = typer.Argument(..., help="An ONNX file, or zoo:NAME[@SHAPE] (see `agoc models list`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Artifact directory to write."),
-    target: str = typer.Option("host", "--target", "-t", help="Target preset (see `agoc targets`)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset (see `agoc targets`; "
+                                         "default: host, or with --db the target it was tuned for)."),
     input_shape: Optional[list[str]] = typer.Option(
         None, "--input-shape", "-s", help="Fix an input's shape: NAME=1x3x224x224 (repeatable)."
     ),
@@ -212,18 +288,29 @@ def compile(
                               "and kept in the database)."),
     arch: str = typer.Option("sm_90", "--arch", help="CUDA compute capability (--target cuda only)."),
     training: bool = typer.Option(False, "--training", help="Compile forward + loss + backward (--target cuda only)."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Run the built library on the sample inputs and "
+                               "compare with onnxruntime before writing the artifact (ARM targets under qemu, when "
+                               "present); --no-check writes it unchecked."),
+    other_target: bool = typer.Option(False, "--other-target", help="With --db and --target: apply records "
+                                      "tuned for another target than the one built for."),
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
-    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.artifact import check_replaceable, check_writable
+    from toolchain.pipeline import CompileRequest, check_sizes, compile_model
     from toolchain.targets import find_compiler, resolve_target
 
     from toolchain import onnx_import
 
     from toolchain.partition import DEFAULT_THRESHOLD
 
+    check_replaceable(output)  # before any long work: nothing of the user's is ever replaced
+    check_writable(output)
     rule = _join_rule(joins, db)
+    if threshold is not None and not threshold > 0:  # NaN included
+        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold}); the default is "
+                                    f"{DEFAULT_THRESHOLD:g}")
     if db is not None:  # kernels must be cut exactly as they were tuned
         from toolchain.tuning import TuneDB, TuningError
 
@@ -235,15 +322,18 @@ def compile(
         layout = TuneDB(db).activation_layout
         pad_channels = TuneDB(db).channel_padding
         fast_math = TuneDB(db).fast_math
+        target, mcpu, num_cores = _tuned_target(db, session["target"], target, mcpu, num_cores, other_target)
     else:
         keep_inside = _keep_inside(keep_inside)
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-    spec = resolve_target(target, mcpu=mcpu, num_cores=num_cores, layout=layout, pad_channels=pad_channels,
-                          fast_math=fast_math)
+    spec = resolve_target(target or "host", mcpu=mcpu, num_cores=num_cores, layout=layout,
+                          pad_channels=pad_channels, fast_math=fast_math)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
-    shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in onnx_import.resolve_inputs(proto, overrides))
+    inputs = onnx_import.resolve_inputs(proto, overrides)
+    check_sizes(inputs)
+    shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in inputs)
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
@@ -256,16 +346,24 @@ def compile(
     if rule.startswith("traffic:") and partition == "ago":
         _judge(proto, label, overrides, db, joins)
     request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
-                             keep_inside=keep_inside, joins=rule)
+                             keep_inside=keep_inside, joins=rule, check=check)
+    device = _check_device(spec, compiler) if check else None
     with err_console.status("compiling") as status:
-        artifact = compile_model(request, compiler, output, on_stage=lambda s: status.update(s))
+        artifact = _interruptible(compile_model, request, compiler, output, on_stage=lambda s: status.update(s),
+                                  device=device)
     m = artifact.manifest
+    checked = m.check or {}
     console.print(
         f"[green]✓[/green] {escape(label)} → {escape(str(artifact.root))}  "
         f"({len(m.kernels)} kernels"
         + (f", {m.tuning['applied']} tuned" if m.tuning else "")
-        + f", {m.compile_seconds:.1f} s, target {spec.preset})"
+        + f", {m.compile_seconds:.1f} s, target {spec.preset}"
+        + (f", checked on {escape(checked['device'])}: max error {checked['max_abs']:.2g})"
+           if checked.get("status") == "passed" else ")")
     )
+    if checked.get("status") != "passed":
+        err_console.print(f"[yellow]not checked against onnxruntime:[/yellow] {escape(checked.get('reason', '?'))}",
+                          soft_wrap=True)
     padded = collections.Counter(f"{p['channels']} → {p['padded']}" for p in (m.partition_info or {}).get("padded") or [])
     if padded:
         console.print(f"  {sum(padded.values())} conv/matmul op(s) compute padded output channels "
@@ -277,6 +375,49 @@ def compile(
                else "the joined kernel measured slower than the minis together" if rule == "latency" else f"--joins {rule}")
         console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: {why}, or it has no "
                       f"verified schedule (manifest partition_info.unfused)")
+
+
+def _check_device(spec, compiler):
+    """Where compile's self-check runs a target this machine does not: qemu, when it and the linux-arm64
+    runner are here and the library is glibc-linked (not the NDK's bionic); None otherwise (in-process for
+    host targets; recorded as unchecked for the rest)."""
+    import shutil
+
+    from toolchain.errors import DeviceError
+
+    if spec.runs_on_host or compiler.kind == "ndk" or not shutil.which("qemu-aarch64"):
+        return None
+    if not spec.tvm_target.get("mtriple", "").startswith("aarch64"):
+        return None
+    from host.devices import qemu_device, runner_build
+
+    try:
+        runner_build("linux-arm64")
+    except DeviceError:
+        return None
+    return qemu_device()
+
+
+def _tuned_target(db: Path, tuned: dict, target: Optional[str], mcpu: Optional[str], num_cores: Optional[int],
+                  other: bool) -> tuple[str, Optional[str], Optional[int]]:
+    """compile --db: the target the database was tuned for (preset, mcpu, cores), or the one asked for when it
+    is the same target; another target only with ``other`` (--other-target)."""
+    from toolchain.errors import TargetError
+    from toolchain.targets import preset_of, resolve_target
+
+    preset = preset_of(tuned)
+    if target is None:
+        err_console.print(f"[dim]building for {preset} (mcpu {escape(str(tuned.get('mcpu')))}): the target "
+                          f"{escape(str(db))} was tuned for[/dim]", soft_wrap=True)
+        return preset, mcpu or tuned.get("mcpu"), num_cores or tuned.get("num-cores")
+    asked = resolve_target(target, mcpu=mcpu, num_cores=num_cores).tvm_target
+    keys = ("mtriple", "mcpu", "mattr")
+    if any(asked.get(k) != tuned.get(k) for k in keys) and not other:
+        raise TargetError(
+            f"{db} was tuned for {preset} ({', '.join(f'{k} {tuned.get(k)}' for k in keys if tuned.get(k))}), not "
+            f"for --target {target} ({', '.join(f'{k} {asked.get(k)}' for k in keys if asked.get(k))}): drop "
+            "--target to build what was tuned, or add --other-target to apply its records anyway")
+    return target, mcpu, num_cores
 
 
 def _join_rule(joins: str, db: Optional[Path]) -> str:
@@ -324,8 +465,12 @@ def verify(
     """Run the artifact on its sample inputs and compare with onnxruntime; exit 1 if over tolerance."""
     from host.devices import get_device
     from toolchain.artifact import load_artifact
+    from toolchain.errors import VerifyError
     from toolchain.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_artifact
 
+    for name, value in (("--atol", atol), ("--rtol", rtol)):
+        if value is not None and not value >= 0:  # NaN included
+            raise VerifyError(f"{name} must be a tolerance of 0 or more (got {value})")
     art = load_artifact(artifact_dir)
     dev = get_device(device, default="local")
     if dev.kind != "local":
@@ -625,6 +770,12 @@ def tune(
                                     "each batch is picked from it")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
+    if threshold is not None and not threshold > 0:
+        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold})")
+    if not 0 <= split_fraction <= 1:
+        raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
+    if not (max_spread > 0 and cooldown >= 0):
+        raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, keep_inside=_keep_inside(keep_inside),
         intensive=not no_intensive,
@@ -734,7 +885,7 @@ def tune(
         with progress:
             summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, on_event, base=base)
         console.print(render.tune_status_table(summary, db))
-        console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
+        console.print(f"[green]✓[/green] build with: {escape(_build_command(model, db, input_shape))}")
         return
     from host.measure import Hygiene
     from toolchain.timing import Timing
@@ -752,7 +903,15 @@ def tune(
     (db / "devices.json").write_text(json.dumps(report, indent=2))
     console.print(render.tune_status_table(summary, db))
     console.print(render.rpc_report_table(report))
-    console.print(f"[green]✓[/green] build with: agoc compile {escape(model)} --db {escape(str(db))} -o OUT")
+    console.print(f"[green]✓[/green] build with: {escape(_build_command(model, db, input_shape))}")
+
+
+def _build_command(model: str, db: Path, shapes: Optional[list[str]]) -> str:
+    """The command that builds what ``agoc tune`` tuned (the target and settings come from the database)."""
+    import shlex
+
+    words = ["agoc", "compile", model, "--db", str(db), *[w for s in shapes or [] for w in ("-s", s)], "-o", "OUT"]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 @app.command("partition")
@@ -777,6 +936,10 @@ def partition_cmd(
     from toolchain.opgraph import op_graph
     from toolchain.targets import resolve_target
 
+    _check_output_file(dot, "--dot")
+    _check_output_file(png, "--png")
+    if threshold is not None and not threshold > 0:
+        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold})")
     threshold = partition.DEFAULT_THRESHOLD if threshold is None else threshold
     trivial_cut = partition.TRIVIAL_CUT if trivial_cut is None else trivial_cut
     proto, label, overrides = _load_source(model, input_shape or [])
@@ -892,6 +1055,12 @@ def bench_suite(
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
+    if threshold is not None and not threshold > 0:
+        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold})")
+    if not 0 <= split_fraction <= 1:
+        raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
+    if not (max_spread > 0 and cooldown >= 0):
+        raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
     from toolchain.tuning import TuneSettings
 
     if population < TuneSettings().per_iter:
@@ -1235,6 +1404,9 @@ def models_export(
 
 
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="agoc")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class Manifest:
     library: str = LIBRARY
     model_file: str = MODEL_COPY
     tuning: dict | None = field(default=None, hash=False)  # {db, applied, kernels} when built with --db
+    check: dict | None = field(default=None, hash=False)  # the self-check before writing: {status, device, ...}
 
     def to_json(self) -> dict:
         return {
@@ -89,6 +91,7 @@ class Manifest:
             "partition_info": self.partition_info,
             "kernels": list(self.kernels),
             "tuning": self.tuning,
+            "check": self.check,
             "versions": self.versions,
             "sample_seed": self.sample_seed,
             "compile_seconds": self.compile_seconds,
@@ -111,6 +114,7 @@ class Manifest:
             partition_info=d["partition_info"],
             kernels=tuple(d["kernels"]),
             tuning=d.get("tuning"),
+            check=d.get("check"),
             versions=d["versions"],
             sample_seed=d["sample_seed"],
             compile_seconds=d["compile_seconds"],
@@ -193,20 +197,155 @@ def load_artifact(root: str | Path) -> Artifact:
         raise ArtifactError(f"{path} is missing field {exc}; recompile with `agoc compile`") from exc
     if not (root / manifest.library).exists():
         raise ArtifactError(f"artifact is incomplete: {root / manifest.library} is missing; recompile")
+    damage = elf_damage(root / manifest.library)
+    if damage:
+        raise ArtifactError(f"{root / manifest.library} is damaged ({damage}); recompile with `agoc compile`")
     return Artifact(root, manifest)
 
 
+def elf_damage(path: Path) -> str | None:
+    """Why the 64-bit little-endian ELF file at ``path`` cannot be loaded safely (not ELF, or cut short: a
+    truncated library is mapped past its end and the loader dies of SIGBUS), or None if it looks whole."""
+    import struct
+
+    data = path.read_bytes()
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return "not a 64-bit little-endian ELF library"
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+        return f"cut short at {len(data)} bytes"
+    for i in range(phnum):
+        offset, _, _, filesz = struct.unpack_from("<QQQQ", data, phoff + i * phentsize + 8)
+        if offset + filesz > len(data):
+            return f"cut short at {len(data)} bytes"
+    return None
+
+
+#: what else an artifact of a schema may hold beside the files its manifest names (``owned_files``)
+SCHEMA_FILES = {
+    SCHEMA: (MANIFEST, IO_SPEC),
+    "agoc.cuda/1": (MANIFEST, "kernels.cu", "fused.py", "stock.cu", "kernels.ptx"),
+}
+
+
+def owned_files(root: Path) -> set[str] | None:
+    """The files an agoc artifact at ``root`` consists of (relative POSIX paths), from its manifest's schema
+    marker and the files the manifest names; None when ``root`` holds no agoc manifest."""
+    try:
+        data = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") not in SCHEMA_FILES:
+        return None
+    files = set(SCHEMA_FILES[data["schema"]])
+    if data["schema"] == SCHEMA:
+        try:
+            files |= {data["library"], data["model"]["file"]}
+            files |= {t["file"] for t in [*data["inputs"], *data["outputs"]]}
+        except (KeyError, TypeError):
+            return None
+    return {str(f) for f in files if isinstance(f, str)}
+
+
+def foreign_entries(root: Path, limit: int = 6) -> list[str]:
+    """Up to ``limit`` entries of the directory ``root`` that are not positively part of the agoc artifact
+    there (any entry, if it is not one); a symbolic link is never agoc's."""
+    own = owned_files(root) or set()
+    own_dirs = {str(Path(f).parent) for f in own} - {"."}
+    foreign: list[str] = []
+    for here, dirs, files in os.walk(root):
+        for name in sorted(dirs) + sorted(files):
+            path = Path(here) / name
+            rel = path.relative_to(root).as_posix()
+            ok = not path.is_symlink() and (rel in own_dirs if name in dirs else rel in own)
+            if not ok:
+                foreign.append(rel)
+                if len(foreign) >= limit:
+                    return foreign
+        dirs[:] = [d for d in dirs if (Path(here) / d).relative_to(root).as_posix() in own_dirs]
+    return foreign
+
+
+def check_replaceable(out_dir: Path, what: str = "an agoc artifact") -> None:
+    """Raise :class:`ArtifactError` unless ``out_dir`` may be (re)written: it does not exist, is an empty
+    directory, or is positively an agoc artifact holding nothing else; never the working directory or one
+    above it. Called before any long work, so a refusal costs nothing."""
+    out_dir = Path(os.path.abspath(out_dir))
+    cwd = Path.cwd()
+    if out_dir == cwd or out_dir in cwd.parents:
+        raise ArtifactError(f"-o {out_dir} is the directory you are in (or above it); agoc never replaces it — "
+                            "give a new directory, e.g. -o out")
+    if out_dir.is_symlink():
+        raise ArtifactError(f"-o {out_dir} is a symbolic link; give a plain directory (nothing was written)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ArtifactError(f"-o {out_dir} is a file; give a directory for the artifact (nothing was written)")
+    if out_dir.is_dir():
+        foreign = foreign_entries(out_dir)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (" and more" if len(foreign) > 5 else "")
+            raise ArtifactError(
+                f"-o {out_dir} exists and is not {what} (it holds {shown}); agoc replaces only what it wrote: "
+                "choose a new or empty directory (nothing was written)")
+
+
+#: staging directories of this process not yet moved into place (removed by :func:`discard_staging`)
+_STAGING: set[Path] = set()
+
+
+def discard_staging() -> None:
+    """Remove every staging directory this process has open (on Ctrl-C / SIGTERM, before a hard exit)."""
+    for path in list(_STAGING):
+        shutil.rmtree(path, ignore_errors=True)
+        _STAGING.discard(path)
+
+
+def _writable_parent(out_dir: Path) -> Path:
+    """The parent of ``out_dir``, created if missing; :class:`ArtifactError` naming why it cannot be written."""
+    parent = out_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.probe.", dir=parent))
+        probe.rmdir()
+    except OSError as exc:
+        raise ArtifactError(f"cannot write -o {out_dir}: {exc.strerror or exc} at {parent}; choose a directory "
+                            "you can write (nothing was written)") from None
+    return parent
+
+
+def check_writable(out_dir: Path) -> None:
+    """Raise :class:`ArtifactError` now if the artifact could not be written beside ``out_dir``'s parent."""
+    _writable_parent(Path(os.path.abspath(out_dir)))
+
+
 @contextlib.contextmanager
-def staged_directory(out_dir: Path):
-    """Assemble an output directory aside and move it into place only when the body completes: a
-    failed or interrupted build never leaves a half-written OUT (and keeps the previous one)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+def staged_directory(out_dir: Path, what: str = "an agoc artifact"):
+    """Assemble an output directory aside (a sibling, never inside it) and move it into place only when
+    the body completes. The previous one is replaced only if :func:`check_replaceable` allows it, and is
+    kept until the new one is in place; a failed or interrupted build leaves OUT as it was."""
+    out_dir = Path(os.path.abspath(out_dir))
+    check_replaceable(out_dir, what)
+    parent = _writable_parent(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging.", dir=parent))
+    _STAGING.add(staging)
     try:
         yield staging
+        check_replaceable(out_dir, what)  # again: something may have appeared there during the build
+        old = None
         if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=parent))
+            out_dir.rename(old / "artifact")
+        try:
+            staging.rename(out_dir)
+        except OSError:
+            if old is not None:
+                (old / "artifact").rename(out_dir)
+                old.rmdir()
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _STAGING.discard(staging)
     finally:
-        if staging.exists():
+        if staging in _STAGING:
             shutil.rmtree(staging, ignore_errors=True)
+            _STAGING.discard(staging)

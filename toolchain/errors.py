@@ -43,5 +43,9 @@ class DeviceError(AgocError):
     """A device cannot run the artifact (wrong architecture, missing, disconnected)."""
 
 
+class SelfCheckError(AgocError):
+    """The library just built disagrees with onnxruntime on the sample inputs (the artifact is not written)."""
+
+
 class VerifyError(AgocError):
     """Verification could not run (not: the outputs differ; that is a failed report)."""

@@ -3,9 +3,9 @@
     ONNX ─check─▶ shapes ─import─▶ Relax ─legalize─▶ call_tir graph ─partition─▶ groups ─fuse─▶ kernels
         ─build_library(target, compiler)─▶ model.so ─onnxruntime─▶ expected outputs ─▶ artifact dir
 
-The artifact is assembled in a temporary sibling directory and moved into
-place at the end, so an interrupted compile never leaves a half-written
-artifact behind, and an existing non-artifact directory is never overwritten.
+The artifact is assembled in a sibling directory, run on its sample inputs and compared with
+onnxruntime (the self-check), and only then moved into place; a directory that is not positively
+agoc's own artifact is never replaced (toolchain/artifact.py).
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ import onnx
 from toolchain import __version__, build, fastmath, onnx_import, padding, partition
 from toolchain.artifact import (
     LIBRARY,
-    MANIFEST,
     MODEL_COPY,
     Artifact,
     Manifest,
     TensorFile,
+    check_replaceable,
+    check_writable,
     staged_directory,
     write_manifest,
     write_tensor,
 )
-from toolchain.errors import ArtifactError, UnsupportedModelError
+from toolchain.errors import SelfCheckError, UnsupportedModelError
 from toolchain import fusion
 from toolchain.onnx_import import TensorInfo
 from toolchain.opgraph import op_graph
@@ -63,6 +64,7 @@ class CompileRequest:
     keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
     joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
+    check: bool = True  # run the built library on the sample inputs before the artifact is written
 
 
 def package_versions() -> dict[str, str]:
@@ -81,13 +83,56 @@ def _dump(dump_dir: Path | None, name: str, mod) -> None:
         (dump_dir / name).write_text(mod.script())
 
 
-def _prepare_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ArtifactError(f"-o {out} is a file; give a directory for the artifact")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).exists():
-        raise ArtifactError(
-            f"-o {out} exists and is not an agoc artifact; choose a new or empty directory (nothing was written)"
-        )
+#: the largest share of this machine's memory one input tensor may take (the build, onnxruntime's reference
+#: run and the self-check each hold it and the activations it makes)
+INPUT_MEMORY_SHARE = 0.125
+
+
+def check_sizes(inputs: list[TensorInfo]) -> None:
+    """Refuse, before any build, an input too large for this machine to compile and check the model with."""
+    import numpy as np
+    import psutil
+
+    limit = psutil.virtual_memory().total * INPUT_MEMORY_SHARE
+    for info in inputs:
+        size = int(np.prod(info.shape, dtype=np.float64)) * np.dtype(info.dtype).itemsize
+        if size > limit:
+            raise UnsupportedModelError(
+                f"input '{info.name}' of shape {'x'.join(map(str, info.shape))} takes {size / 2**30:.1f} GiB, more "
+                f"than this machine can build and check it with ({limit / 2**30:.1f} GiB per input); give a smaller "
+                "shape with --input-shape")
+
+
+def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool, device=None) -> dict:
+    """Run the staged ``artifact`` on its sample inputs and compare with onnxruntime's ``expected``
+    outputs (verify's tolerances): in this process for a host target, on ``device`` (a Device of
+    toolchain.verify) otherwise, if one is given. The record for the manifest; :class:`SelfCheckError` naming every
+    output over tolerance."""
+    from toolchain.runtime import VMSession
+    from toolchain.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare
+
+    if device is None and not runs_here:
+        return {"status": "unchecked", "reason": f"nothing here runs {artifact.target_preset} code (no qemu "
+                "device); check it with `agoc verify OUT --device qemu` or on the phone"}
+    if device is None:
+        names = [t.info.name for t in artifact.manifest.outputs]
+        actual = VMSession(artifact.library_path, [t.info for t in artifact.manifest.inputs], names).run(feeds)
+        where = "this machine"
+    else:
+        actual, where = device.run(artifact, feeds), device.name
+    checks = [compare(name, actual[name], ref, DEFAULT_ATOL, DEFAULT_RTOL) for name, ref in expected.items()]
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        worst = "; ".join(f"'{c.name}': " + (f"shape {list(c.shape)} vs {list(c.ref_shape)}" if c.shape != c.ref_shape
+                          else f"max abs error {c.max_abs:.3g} ({c.max_rel:.2g} of its largest value)"
+                          + (f", {c.nonfinite} non-finite" if c.nonfinite else "")) for c in failed)
+        raise SelfCheckError(
+            f"the built library disagrees with onnxruntime on {where} — {worst}; nothing was written. This is a "
+            "compiler bug: report it; `--layout NCHW`, `--partition stock` or `--mcpu haswell` may avoid it, and "
+            "`--no-check` writes the artifact anyway")
+    return {"status": "passed", "device": where, "atol": DEFAULT_ATOL, "rtol": DEFAULT_RTOL,
+            "max_abs": max((c.max_abs for c in checks), default=0.0),
+            "max_rel": max((c.max_rel for c in checks), default=0.0)}
 
 
 def compile_model(
@@ -95,11 +140,14 @@ def compile_model(
     compiler: Compiler,
     out_dir: Path,
     on_stage: Callable[[str], None] = lambda stage: None,
+    device=None,
 ) -> Artifact:
-    """Compile ``request.model`` into an artifact directory at ``out_dir``."""
+    """Compile ``request.model`` into an artifact directory at ``out_dir``, self-checked against
+    onnxruntime before it is written (on ``device`` for a target this machine does not run)."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    _prepare_out_dir(out_dir)
+    check_replaceable(out_dir)
+    check_writable(out_dir)
     model = request.model
 
     tuned = None  # the tuning database the build applies
@@ -115,6 +163,7 @@ def compile_model(
     onnx_import.check_supported(model)
     overrides = dict(request.input_shapes)
     inputs: list[TensorInfo] = onnx_import.resolve_inputs(model, overrides)
+    check_sizes(inputs)
 
     on_stage("importing into Relax")
     mod = onnx_import.to_relax(model, inputs)
@@ -217,6 +266,13 @@ def compile_model(
             compile_seconds=round(time.perf_counter() - started, 3),
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
+        write_manifest(staging, manifest)
+        if request.check:
+            on_stage("checking the built library against onnxruntime")
+            record = self_check(Artifact(staging, manifest), feeds, expected, request.target.runs_on_host, device)
+        else:
+            record = {"status": "skipped", "reason": "--no-check"}
+        manifest = dataclasses.replace(manifest, check=record)
         write_manifest(staging, manifest)
     log.info("compiled %s for %s into %s", request.model_name, request.target.preset, out_dir)
     return Artifact(out_dir, manifest)

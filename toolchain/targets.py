@@ -187,6 +187,18 @@ def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = N
                       layout=layout, pad_channels=pad_channels, fast_math=fast_math)
 
 
+def preset_of(tvm_target: dict) -> str:
+    """The preset whose triple a recorded TVM target (a tuning database's) names: host when it has none
+    or this machine's own."""
+    triple = tvm_target.get("mtriple")
+    if triple in (None, _host_triple()):
+        return "host"
+    for preset in PRESETS:
+        if preset.mtriple == triple:
+            return preset.name
+    raise TargetError(f"no target preset builds for {triple}; choose one with --target")
+
+
 def _version_line(path: str) -> str:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
