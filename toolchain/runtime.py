@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,11 @@ def _flatten(result) -> list:
     return out
 
 
+def _contiguous(array) -> np.ndarray:
+    """``array`` C-contiguous, keeping its rank (``np.ascontiguousarray`` makes a 0-d scalar 1-d)."""
+    return np.asarray(array, order="C")
+
+
 class VMSession:
     """A loaded library; call :meth:`run` as often as needed."""
 
@@ -26,10 +33,15 @@ class VMSession:
         import tvm
         from tvm import relax
 
-        try:
-            module = tvm.runtime.load_module(str(library))
-        except Exception as exc:
-            raise DeviceError(f"cannot load {library} on this machine: {str(exc).strip().splitlines()[-1]}") from exc
+        # loaded from a private copy: the dynamic loader hands out an already loaded library again by path and
+        # file, and a library rewritten while mapped (a recompile into the same directory) crashes the process
+        with tempfile.TemporaryDirectory(prefix="agoc-lib.") as tmp:
+            copy = Path(tmp) / Path(library).name
+            try:
+                shutil.copyfile(library, copy)
+                module = tvm.runtime.load_module(str(copy))
+            except Exception as exc:
+                raise DeviceError(f"cannot load {library} on this machine: {str(exc).strip().splitlines()[-1]}") from exc
         self._tvm = tvm
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(module, self._device)
@@ -42,7 +54,7 @@ class VMSession:
         for info in self._inputs:
             if info.name not in feeds:
                 raise DeviceError(f"missing input '{info.name}'")
-            args.append(self._tvm.runtime.tensor(np.ascontiguousarray(feeds[info.name]), self._device))
+            args.append(self._tvm.runtime.tensor(_contiguous(feeds[info.name]), self._device))
         main = self._vm["main"]
         return lambda: main(*args)
 
