@@ -56,7 +56,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -318,6 +317,7 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 
 
 # the fast builder and the database reader live with the tuner (toolchain.tuning)
+from toolchain.artifact import fresh_work_dir  # noqa: E402
 from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies  # noqa: E402
 
 
@@ -329,10 +329,7 @@ def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_IT
     from toolchain.timing import Timing, local_runner
 
     os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
-    work_dir = Path(work_dir)
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    work_dir = fresh_work_dir(work_dir)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=BUILD_TIMEOUT_S)
     runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))

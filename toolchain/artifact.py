@@ -349,3 +349,23 @@ def staged_directory(out_dir: Path, what: str = "an agoc artifact"):
         if staging in _STAGING:
             shutil.rmtree(staging, ignore_errors=True)
             _STAGING.discard(staging)
+
+
+#: the file that marks a scratch directory as agoc's (``fresh_work_dir``)
+WORK_MARKER = ".agoc-work"
+
+
+def fresh_work_dir(path: Path) -> Path:
+    """``path`` as an empty scratch directory: one agoc made before (it holds :data:`WORK_MARKER`) is
+    emptied, a missing or empty one made; anything else is refused (:class:`ArtifactError`), never removed."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise ArtifactError(f"{path} is not a directory; give a new or empty directory for agoc's work files")
+    if path.is_dir() and any(path.iterdir()):
+        if not (path / WORK_MARKER).is_file():
+            raise ArtifactError(f"{path} exists and is not a work directory of agoc's; give a new or empty one "
+                                "(nothing was removed)")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / WORK_MARKER).write_text("made by agoc; emptied when agoc reuses it\n")
+    return path

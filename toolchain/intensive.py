@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -824,12 +823,10 @@ def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include
     from toolchain.timing import Timing, local_runner
     from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies
     from toolchain import schedule_check
+    from toolchain.artifact import fresh_work_dir
 
     os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
-    work_dir = Path(work_dir)
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    work_dir = fresh_work_dir(work_dir)
     func = func.with_attr("global_symbol", "main")
     mod = tvm.IRModule({"main": func})
     target = spec.tvm()

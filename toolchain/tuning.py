@@ -600,8 +600,16 @@ class TuneDB:
         return self._read("session.json", None)
 
     def open_session(self, session: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
         existing = self.session
+        if existing is None and self.root.is_dir() and any(self.root.iterdir()):
+            held = ", ".join(sorted(p.name for p in self.root.iterdir())[:5])
+            raise TuningError(f"{self.root} exists and is not a tuning database (it holds {held}); give --db a new "
+                              "or empty directory (nothing was written)")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TuningError(f"cannot create the tuning database {self.root}: {exc.strerror or exc}; give --db a "
+                              "directory you can write") from None
         if existing is not None:
             existing["layout"] = self.activation_layout
             existing["pad_channels"] = self.channel_padding

@@ -174,3 +174,26 @@ def test_a_truncated_library_is_reported_not_loaded(tmp_path):
     art.library_path.write_bytes(b"garbage")
     with pytest.raises(ArtifactError, match="not a 64-bit"):
         load_artifact(art.root)
+
+
+def test_a_tuning_database_is_never_made_inside_a_foreign_folder(tmp_path):
+    from toolchain.tuning import TuneDB, TuningError
+
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "thesis.tex").write_text("precious")
+    with pytest.raises(TuningError, match="not a tuning database.*thesis.tex"):
+        TuneDB(tmp_path / "db").open_session({"settings": {}})
+    assert tree(tmp_path / "db") == ["thesis.tex"]
+
+
+def test_a_work_dir_is_emptied_only_when_agoc_made_it(tmp_path):
+    from toolchain.artifact import WORK_MARKER, fresh_work_dir
+
+    work = fresh_work_dir(tmp_path / "w")
+    (work / "database_tuning_record.json").write_text("[]")
+    assert tree(fresh_work_dir(work)) == [WORK_MARKER]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "data.csv").write_text("1,2")
+    with pytest.raises(ArtifactError, match="not a work directory of agoc's"):
+        fresh_work_dir(tmp_path / "mine")
+    assert tree(tmp_path / "mine") == ["data.csv"]
