@@ -107,10 +107,16 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
     status = cli("tune", "--status", db)
     assert status.exit_code == 0 and "verified" in status.stdout
 
+    # the command tune printed builds what was tuned: for the database's target, checked under qemu
+    printed = result.stdout.split("build with: ")[1].split()
+    assert printed[:5] == ["agoc", "compile", "zoo:tiny-cnn", "--db", str(db)] and "--target" not in printed
+    refused = cli("compile", "zoo:tiny-cnn", "--db", db, "--target", "host", "-o", sandboxes / "host-art")
+    assert refused.exit_code == 1 and "--other-target" in refused.stderr
+    assert not (sandboxes / "host-art").exists()
     out = sandboxes / "art"
-    result = cli("compile", "zoo:tiny-cnn", "--db", db, "--target", "linux-arm64", "-o", out)
+    result = cli(*printed[1:-1], out)
     assert result.exit_code == 0, result.stderr
-    assert "tuned" in result.stdout
+    assert "tuned" in result.stdout and "target linux-arm64" in result.stdout and "checked on qemu" in result.stdout
     result = cli("verify", out, "--device", "qemu", "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["passed"]
