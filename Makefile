@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo test test-slow test-all bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
+.PHONY: help setup system venv runners demo test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -32,6 +32,8 @@ help:
 	@echo "make demo       partition MobileNet-V2 (AGO vs stock), compile it for host and ARM64, verify both (ARM64 under qemu)"
 	@echo "make test       run the fast test suite (what CI runs)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
+	@echo "make test-conformance  ONNX's backend node tests (from the onnx wheel) through the default pipeline:"
+	@echo "                   a per-family table -> bench/results/conformance-DATE.json (FAMILIES=conv,pool QUICK=1)"
 	@echo "make bench      the host suite: every zoo model x shape, stock TVM vs onnxruntime -> bench/results/"
 	@echo "make bench-host MODELS=a,b SHAPES=56,112 QUICK=1 THREADS=2   a narrower run"
 	@echo "make bench-quick  the host suite at --quick sizes (smoke test, minutes)"
@@ -94,6 +96,10 @@ test-all: setup runners
 	$(PYTEST) -q -m "slow or not slow"
 
 bench: bench-host
+
+# ONNX's own node tests, as shipped and with constant-like inputs frozen to initializers (docs/ops.md)
+test-conformance: setup
+	$(PY) -m host.conformance $(if $(FAMILIES),--families "$(FAMILIES)") $(if $(QUICK),--quick)
 
 # the CUDA path: kernel counts + llvm numerics everywhere; fused vs stock timings only where an NVIDIA GPU is present
 # tuning throughput through the RPC path vs the local runner, same kernel (DEVICE=local|qemu|SERIAL)

@@ -117,21 +117,26 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def check_supported(model: onnx.ModelProto) -> None:
-    """Raise :class:`UnsupportedModelError` naming every op (and a node using it) the importer lacks."""
+    """Raise :class:`UnsupportedModelError` naming every node whose op is off the supported list
+    (``toolchain/op_support.py``), in another domain, over one of its limits, or without a TVM converter."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    supported = onnx_frontend._get_convert_map()
-    missing: dict[str, str] = {}
+    from toolchain import op_support
+
+    converters = onnx_frontend._get_convert_map()
+    offending = []
+    runtime = op_support.runtime_values(model.graph)
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") and node.op_type not in supported:
-            missing.setdefault(f"{node.domain}.{node.op_type}", node.name or node.output[0])
-        elif node.op_type not in supported:
-            missing.setdefault(node.op_type, node.name or node.output[0])
-    if missing:
-        ops = ", ".join(f"{op} (node '{where}')" for op, where in missing.items())
+        where = f"node '{node.name or node.output[0]}'"
+        limit = op_support.violated_limit(node, runtime)
+        if not op_support.is_listed(node) or node.op_type not in converters:
+            offending.append(f"{op_support.qualified_name(node)} ({where})")
+        elif limit is not None:
+            offending.append(f"{node.op_type} ({where}: {limit.describe()})")
+    if offending:
         raise UnsupportedModelError(
-            f"unsupported ONNX op{'s' if len(missing) > 1 else ''}: {ops}; TVM's ONNX importer has no converter — "
-            "replace the op in the exporter or decompose it into supported ops"
+            f"unsupported ONNX op{'s' if len(offending) > 1 else ''}: {', '.join(offending)} — "
+            f"see the supported-op list in {op_support.DOC}; replace the op in the exporter or decompose it"
         )
 
 

@@ -35,7 +35,7 @@ from toolchain.artifact import (
     write_manifest,
     write_tensor,
 )
-from toolchain.errors import SelfCheckError, UnsupportedModelError
+from toolchain.errors import InputShapeError, SelfCheckError, UnsupportedModelError
 from toolchain import fusion
 from toolchain.onnx_import import TensorInfo
 from toolchain.opgraph import op_graph
@@ -65,6 +65,7 @@ class CompileRequest:
     joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
     check: bool = True  # run the built library on the sample inputs before the artifact is written
+    samples: dict | None = field(default=None, hash=False, repr=False)  # name -> array: the user's sample inputs
 
 
 def package_versions() -> dict[str, str]:
@@ -81,6 +82,28 @@ def _dump(dump_dir: Path | None, name: str, mod) -> None:
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / name).write_text(mod.script())
+
+
+def given_samples(samples: dict, inputs: list[TensorInfo]) -> dict:
+    """The user's sample inputs (``--inputs FILE.npz``), one per model input with its shape and dtype;
+    :class:`InputShapeError` naming what does not fit."""
+    import numpy as np
+
+    names = [i.name for i in inputs]
+    extra = sorted(set(samples) - set(names))
+    if extra:
+        raise InputShapeError(f"sample inputs {', '.join(extra)} are not inputs of the model ({', '.join(names)})")
+    feeds = {}
+    for info in inputs:
+        if info.name not in samples:
+            raise InputShapeError(f"no sample input for '{info.name}': give one array per input ({', '.join(names)})")
+        value = np.asarray(samples[info.name])
+        if value.shape != tuple(info.shape) or value.dtype != np.dtype(info.dtype):
+            raise InputShapeError(
+                f"sample input '{info.name}' is {value.dtype}{list(value.shape)}, the model takes "
+                f"{info.dtype}{list(info.shape)}; give that shape with --input-shape or fix the array")
+        feeds[info.name] = value
+    return feeds
 
 
 #: the largest share of this machine's memory one input tensor may take (the build, onnxruntime's reference
@@ -235,7 +258,7 @@ def compile_model(
         build.build_library(mod, request.target, compiler, staging / LIBRARY)
 
         on_stage("computing reference outputs with onnxruntime")
-        feeds = sample_inputs(model, inputs, request.seed)
+        feeds = given_samples(request.samples, inputs) if request.samples else sample_inputs(model, inputs, request.seed)
         expected = run_onnxruntime(model, feeds)
         in_files = []
         for i, info in enumerate(inputs):
