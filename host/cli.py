@@ -28,7 +28,7 @@ from rich.table import Table  # noqa: E402
 
 from host import render  # noqa: E402
 from toolchain import __version__  # noqa: E402
-from toolchain.errors import AgocError, InputShapeError, UnsupportedModelError  # noqa: E402
+from toolchain.errors import AgocError, InputShapeError, UnsupportedModelError, first_line  # noqa: E402
 
 # exit codes: 0 success, 1 anything the user can fix (click's usage errors included: click says 2), 2 our
 # bugs, 130 Ctrl-C, 143 SIGTERM
@@ -67,14 +67,14 @@ def _guard(func):
         except AgocError as exc:
             if _state["debug"]:
                 raise
-            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", soft_wrap=True)
+            err_console.print(f"[bold red]error:[/bold red] {escape(_one_line(str(exc)))}", soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt as exc:
             _stop(getattr(exc, "exit_code", 130))
         except (OSError, MemoryError) as exc:  # the machine's state, not agoc's logic: a path, a permission, space
             if _state["debug"]:
                 raise
-            err_console.print(f"[bold red]error:[/bold red] {escape(_os_message(exc))}", soft_wrap=True)
+            err_console.print(f"[bold red]error:[/bold red] {escape(_one_line(_os_message(exc)))}", soft_wrap=True)
             raise typer.Exit(1) from None
         except Exception as exc:
             if _state["debug"]:
@@ -89,6 +89,12 @@ def _guard(func):
     return wrapper
 
 
+def _one_line(message: str) -> str:
+    """An error message as the one line it must be: control characters (a newline or tab in a file or tensor
+    name the message quotes) shown escaped, as Python writes them in a string."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message.strip())
+
+
 def _os_message(exc: BaseException) -> str:
     """One line for an operating-system error, naming the path and what to do."""
     if isinstance(exc, MemoryError):
@@ -100,15 +106,42 @@ def _os_message(exc: BaseException) -> str:
 
 def _check_output_file(path: Optional[Path], flag: str) -> None:
     """Refuse now, before long work, an output file path that cannot be written (a directory, a missing or
-    read-only parent)."""
+    read-only parent, one where no file can be made, such as /proc)."""
+    import tempfile
+
     if path is None:
         return
     if path.is_dir():
         raise UnsupportedModelError(f"{flag} {path} is a directory; give a file name, e.g. {flag} "
                                     f"{path / 'graph'}{path.suffix or ''}")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UnsupportedModelError(f"{flag} {path}: cannot write in {parent} (missing or not writable)")
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(20, "missing, or not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".agoc-probe.", dir=parent)  # root passes os.access everywhere
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UnsupportedModelError(f"{flag} {path}: cannot write in {parent} ({exc.strerror or exc}); give a path "
+                                    "in a directory you can write") from None
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: into a temporary file beside it, renamed over it when complete (a full
+    disk or an interrupt leaves no half-written file, and an existing one as it was)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class Terminated(KeyboardInterrupt):
@@ -183,7 +216,12 @@ def _load_source(model: str, shapes: list[str]):
             name, shape = models.parse_zoo_ref(model)
         except (models.UnknownModelError, ValueError) as exc:
             raise UnsupportedModelError(str(exc)) from None
-        proto = models.build(name, shape)
+        try:
+            proto = models.build(name, shape)
+        except MemoryError:
+            raise UnsupportedModelError(f"zoo:{name} at {'x'.join(map(str, shape or ()))} has weights too large for "
+                                        f"this machine's memory; give a smaller shape, e.g. zoo:{name}@"
+                                        f"{'x'.join(map(str, models.registry.get(name).default_shape))}") from None
         label = name if shape is None else f"{name}@{'x'.join(map(str, shape))}"
     else:
         proto = onnx_import.load_model(model)
@@ -288,6 +326,9 @@ def compile(
                               "and kept in the database)."),
     arch: str = typer.Option("sm_90", "--arch", help="CUDA compute capability (--target cuda only)."),
     training: bool = typer.Option(False, "--training", help="Compile forward + loss + backward (--target cuda only)."),
+    samples: Optional[Path] = typer.Option(None, "--inputs", help="Sample inputs to store, check and verify "
+                                           "with: an .npz holding one array per model input (default: seeded "
+                                           "random data, see README)."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run the built library on the sample inputs and "
                                "compare with onnxruntime before writing the artifact (ARM targets under qemu, when "
                                "present); --no-check writes it unchecked."),
@@ -295,9 +336,12 @@ def compile(
                                       "tuned for another target than the one built for."),
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
+    from toolchain.artifact import check_replaceable, check_writable
+
+    check_replaceable(output)  # before any long work: nothing of the user's is ever replaced
+    check_writable(output)
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
-    from toolchain.artifact import check_replaceable, check_writable
     from toolchain.pipeline import CompileRequest, check_sizes, compile_model
     from toolchain.targets import find_compiler, resolve_target
 
@@ -305,9 +349,13 @@ def compile(
 
     from toolchain.partition import DEFAULT_THRESHOLD
 
-    check_replaceable(output)  # before any long work: nothing of the user's is ever replaced
-    check_writable(output)
     rule = _join_rule(joins, db)
+    if partition not in ("ago", "stock"):
+        raise UnsupportedModelError(f"unknown --partition '{partition}'; choose ago or stock")
+    if seed < 0:
+        raise InputShapeError(f"--seed must be 0 or more (got {seed})")
+    if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
+        raise UnsupportedModelError(f"--dump-dir {dump_dir} is a file; give a directory for the IR dumps")
     if threshold is not None and not threshold > 0:  # NaN included
         raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold}); the default is "
                                     f"{DEFAULT_THRESHOLD:g}")
@@ -326,13 +374,15 @@ def compile(
     else:
         keep_inside = _keep_inside(keep_inside)
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-    spec = resolve_target(target or "host", mcpu=mcpu, num_cores=num_cores, layout=layout,
+    spec = resolve_target("host" if target is None else target, mcpu=mcpu, num_cores=num_cores, layout=layout,
                           pad_channels=pad_channels, fast_math=fast_math)
     compiler = find_compiler(spec)
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
     inputs = onnx_import.resolve_inputs(proto, overrides)
     check_sizes(inputs)
+    for notice in onnx_import.defaulted_batch(proto, overrides):
+        err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
     shapes = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in inputs)
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shapes)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
@@ -346,7 +396,8 @@ def compile(
     if rule.startswith("traffic:") and partition == "ago":
         _judge(proto, label, overrides, db, joins)
     request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
-                             keep_inside=keep_inside, joins=rule, check=check)
+                             keep_inside=keep_inside, joins=rule, check=check,
+                             samples=_load_samples(samples) if samples else None)
     device = _check_device(spec, compiler) if check else None
     with err_console.status("compiling") as status:
         artifact = _interruptible(compile_model, request, compiler, output, on_stage=lambda s: status.update(s),
@@ -375,6 +426,18 @@ def compile(
                else "the joined kernel measured slower than the minis together" if rule == "latency" else f"--joins {rule}")
         console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: {why}, or it has no "
                       f"verified schedule (manifest partition_info.unfused)")
+
+
+def _load_samples(path: Path) -> dict:
+    """``--inputs FILE.npz`` as name → array (no pickled objects)."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except Exception as exc:  # a user's file: whatever numpy cannot read in it is the file's problem
+        raise InputShapeError(f"--inputs {path} is not a readable .npz of arrays ({first_line(exc)}); write it "
+                              "with numpy.savez(path, input_name=array, ...)") from None
 
 
 def _check_device(spec, compiler):
@@ -617,6 +680,11 @@ def bench(
     from host.devices import BenchOptions, get_device
     from toolchain.artifact import load_artifact
 
+    if threads is not None and threads < 1:
+        raise InputShapeError(f"--threads must be at least 1 (got {threads}); leave it out for the runtime's default")
+    if (warmup is not None and warmup < 0) or (repeat is not None and repeat < 1) or not min_time_ms >= 0:
+        raise InputShapeError(f"--warmup must be 0 or more, --repeat at least 1 and --min-time-ms 0 or more (got "
+                              f"{warmup}, {repeat}, {min_time_ms}); e.g. --warmup 5 --repeat 20")
     if proxy is not None:
         _bench_proxy(artifact_dir, device, proxy, 2 if warmup is None else warmup, 1 if repeat is None else repeat,
                      as_json)
@@ -625,6 +693,8 @@ def bench(
     repeat = 20 if repeat is None else repeat
     try:
         core_list = tuple(int(c) for c in cores.split(",")) if cores else None
+        if core_list and min(core_list) < 0:
+            raise ValueError(cores)
     except ValueError:
         raise InputShapeError(f"--cores '{cores}': expected comma-separated core numbers like 4,5,6,7") from None
     art = load_artifact(artifact_dir)
@@ -776,6 +846,9 @@ def tune(
         raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
     if not (max_spread > 0 and cooldown >= 0):
         raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
+    if base is not None and tuning.TuneDB(base).session is None:
+        raise tuning.TuningError(f"--from {base} is not a tuning database (no session.json); give one that "
+                                 "`agoc tune` made")
     settings = tuning.TuneSettings(
         trials=trials, partition=partition, threshold=threshold, keep_inside=_keep_inside(keep_inside),
         intensive=not no_intensive,
@@ -940,15 +1013,19 @@ def partition_cmd(
     _check_output_file(png, "--png")
     if threshold is not None and not threshold > 0:
         raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold})")
+    if trivial_cut is not None and not trivial_cut >= 0:  # NaN included
+        raise UnsupportedModelError(f"--trivial-cut must be a weight of 0 or more (got {trivial_cut}); the default is "
+                                    f"{partition.TRIVIAL_CUT:g}")
     threshold = partition.DEFAULT_THRESHOLD if threshold is None else threshold
     trivial_cut = partition.TRIVIAL_CUT if trivial_cut is None else trivial_cut
+    keep_inside = _keep_inside(keep_inside)
     proto, label, overrides = _load_source(model, input_shape or [])
     onnx_import.check_supported(proto)
     spec = resolve_target("host", layout=layout, pad_channels=pad_channels, fast_math=fast_math)
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
     graph = op_graph(mod)
     plans = {
-        "ago": partition.plan("ago", mod, spec, threshold, graph, _keep_inside(keep_inside)),
+        "ago": partition.plan("ago", mod, spec, threshold, graph, keep_inside),
         "stock": partition.plan("stock", mod, spec, graph=graph),
     }
     for p in plans.values():
@@ -957,7 +1034,7 @@ def partition_cmd(
     if dot or png:
         text = graphviz.partition_dot(graph, plans["ago"], label)
         if dot:
-            dot.write_text(text)
+            _write_file(dot, text.encode())
         if png:
             graphviz.render_png(text, png)
     if as_json:
@@ -1389,17 +1466,25 @@ def models_export(
     shape: Optional[str] = typer.Option(None, help="Input shape, e.g. 1x3x112x112 (default: the model's first)."),
 ):
     """Write a zoo model to an ONNX file."""
-    import onnx
-
     import models
 
     try:
-        dims = models.registry.parse_shape(shape) if shape else None
+        spec, dims = models.registry.get(name), None
+        if shape:
+            dims = models.registry.parse_shape(shape)
+            if len(dims) != len(spec.default_shape):
+                raise ValueError(f"--shape {shape}: the input of {name} has {len(spec.default_shape)} dimensions, "
+                                 f"e.g. --shape {'x'.join(map(str, spec.default_shape))}")
         proto = models.build(name, dims)
     except (models.UnknownModelError, ValueError) as exc:
         raise UnsupportedModelError(str(exc)) from None
+    except MemoryError:
+        raise UnsupportedModelError(f"{name} at {shape} has weights too large for this machine's memory; give a "
+                                    "smaller --shape") from None
+    if output.is_dir():
+        raise UnsupportedModelError(f"-o {output} is a directory; give a file name, e.g. -o {output / name}.onnx")
     output.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(proto, str(output))
+    _write_file(output, proto.SerializeToString())
     console.print(f"[green]✓[/green] {name} → {escape(str(output))}")
 
 

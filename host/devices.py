@@ -525,7 +525,11 @@ def adb_client():
     import adbutils
 
     host = os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
-    port = int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+    text = os.environ.get("ANDROID_ADB_SERVER_PORT", "5037")
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise DeviceError(f"ANDROID_ADB_SERVER_PORT is '{text}', not a port number; set it to the adb server's "
+                          "port (5037 by default) or unset it")
+    port = int(text)
     return adbutils.AdbClient(host=host, port=port, socket_timeout=30)
 
 

@@ -72,6 +72,7 @@ class Manifest:
     model_file: str = MODEL_COPY
     tuning: dict | None = field(default=None, hash=False)  # {db, applied, kernels} when built with --db
     check: dict | None = field(default=None, hash=False)  # the self-check before writing: {status, device, ...}
+    library_sha256: str | None = None  # of the library as built (None in artifacts made before it was recorded)
 
     def to_json(self) -> dict:
         return {
@@ -87,6 +88,7 @@ class Manifest:
             "target": self.target,
             "compiler": self.compiler,
             "library": self.library,
+            "library_sha256": self.library_sha256,
             "partition": self.partition,
             "partition_info": self.partition_info,
             "kernels": list(self.kernels),
@@ -110,6 +112,7 @@ class Manifest:
             target=d["target"],
             compiler=d["compiler"],
             library=d["library"],
+            library_sha256=d.get("library_sha256"),
             partition=d["partition"],
             partition_info=d["partition_info"],
             kernels=tuple(d["kernels"]),
@@ -187,20 +190,65 @@ def load_artifact(root: str | Path) -> Artifact:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{path} is not valid JSON ({exc}); recompile with `agoc compile`") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path} holds a JSON {type(data).__name__}, not an agoc manifest (an object); recompile "
+                            "with `agoc compile`")
     if data.get("schema") != SCHEMA:
         raise ArtifactError(
             f"{path} has schema {data.get('schema')!r}, this agoc reads {SCHEMA!r}; recompile with this agoc"
         )
     try:
         manifest = Manifest.from_json(data)
-    except (KeyError, TypeError) as exc:
+    except KeyError as exc:
         raise ArtifactError(f"{path} is missing field {exc}; recompile with `agoc compile`") from exc
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise ArtifactError(f"{path} has a field of the wrong type ({exc}); recompile with `agoc compile`") from exc
+    _check_manifest(root, path, manifest)
     if not (root / manifest.library).exists():
         raise ArtifactError(f"artifact is incomplete: {root / manifest.library} is missing; recompile")
     damage = elf_damage(root / manifest.library)
     if damage:
         raise ArtifactError(f"{root / manifest.library} is damaged ({damage}); recompile with `agoc compile`")
+    if manifest.library_sha256 is not None and file_sha256(root / manifest.library) != manifest.library_sha256:
+        raise ArtifactError(f"{root / manifest.library} is not the library this artifact was built with (replaced "
+                            "or copied from another artifact?); recompile with `agoc compile`")
     return Artifact(root, manifest)
+
+
+def _check_manifest(root: Path, path: Path, manifest: Manifest) -> None:
+    """What :meth:`Manifest.from_json` does not check: every file it names is a relative path inside ``root``
+    (an edited manifest never makes agoc load or read a file elsewhere), every tensor has a known dtype and a
+    shape of sizes >= 0. :class:`ArtifactError` naming the field."""
+    files = [("library", manifest.library), ("model.file", manifest.model_file),
+             *((f"tensor '{t.info.name}' file", t.file) for t in (*manifest.inputs, *manifest.outputs))]
+    inside = Path(os.path.realpath(root))
+    for field_name, name in files:
+        if not isinstance(name, str) or not name:
+            raise ArtifactError(f"{path}: {field_name} is {name!r}, not a file name; recompile with `agoc compile`")
+        if Path(name).is_absolute() or inside not in Path(os.path.realpath(root / name)).parents:
+            raise ArtifactError(f"{path}: {field_name} {name!r} is outside the artifact directory; agoc reads only "
+                                "files inside it: recompile with `agoc compile`")
+    for t in (*manifest.inputs, *manifest.outputs):
+        if not isinstance(t.info.name, str) or not all(isinstance(d, int) and d >= 0 for d in t.info.shape):
+            raise ArtifactError(f"{path}: tensor {t.info.name!r} has shape {list(t.info.shape)}, not sizes of 0 or "
+                                "more; recompile with `agoc compile`")
+        try:
+            known = isinstance(t.info.dtype, str) and np.dtype(t.info.dtype).kind in "biuf"
+        except TypeError:
+            known = False
+        if not known:
+            raise ArtifactError(f"{path}: tensor {t.info.name!r} has an unknown dtype {t.info.dtype!r}; recompile "
+                                "with `agoc compile`")
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def elf_damage(path: Path) -> str | None:
@@ -208,6 +256,8 @@ def elf_damage(path: Path) -> str | None:
     truncated library is mapped past its end and the loader dies of SIGBUS), or None if it looks whole."""
     import struct
 
+    if not path.is_file():
+        return "not a file"
     data = path.read_bytes()
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return "not a 64-bit little-endian ELF library"
@@ -305,7 +355,7 @@ def _writable_parent(out_dir: Path) -> Path:
     parent = out_dir.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        probe = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.probe.", dir=parent))
+        probe = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:64]}.probe.", dir=parent))
         probe.rmdir()
     except OSError as exc:
         raise ArtifactError(f"cannot write -o {out_dir}: {exc.strerror or exc} at {parent}; choose a directory "
@@ -314,8 +364,21 @@ def _writable_parent(out_dir: Path) -> Path:
 
 
 def check_writable(out_dir: Path) -> None:
-    """Raise :class:`ArtifactError` now if the artifact could not be written beside ``out_dir``'s parent."""
-    _writable_parent(Path(os.path.abspath(out_dir)))
+    """Raise :class:`ArtifactError` now if the artifact could not be written at ``out_dir``: its parent, or
+    the nearest directory above it that exists (missing ones are made only when the artifact is written, so a
+    refusal later leaves nothing behind), must take a new entry."""
+    out_dir = Path(os.path.abspath(out_dir))
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        probe = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:64]}.probe.", dir=parent))
+        probe.rmdir()
+    except OSError as exc:
+        raise ArtifactError(f"cannot write -o {out_dir}: {exc.strerror or exc} at {parent}; choose a directory "
+                            "you can write (nothing was written)") from None
 
 
 @contextlib.contextmanager
@@ -326,14 +389,14 @@ def staged_directory(out_dir: Path, what: str = "an agoc artifact"):
     out_dir = Path(os.path.abspath(out_dir))
     check_replaceable(out_dir, what)
     parent = _writable_parent(out_dir)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging.", dir=parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:64]}.staging.", dir=parent))
     _STAGING.add(staging)
     try:
         yield staging
         check_replaceable(out_dir, what)  # again: something may have appeared there during the build
         old = None
         if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:64]}.old.", dir=parent))
             out_dir.rename(old / "artifact")
         try:
             staging.rename(out_dir)

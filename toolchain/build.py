@@ -59,8 +59,26 @@ def lower_and_compile(mod, target, backend, what: str):
 #: (elementwise, pools, reductions, concatenate, split); one that cannot (ShuffleNet's
 #: channel-shuffle reshape) gets transposes, which :func:`toolchain.relayout.sink_transposes` then moves
 #: past it and cancels. (Naming ``relax.nn.max_pool2d`` here fails TVM 0.27's
-#: ``NoDesiredLayout`` check; it follows its input anyway.)
-NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+#: ``NoDesiredLayout`` check; it follows its input anyway.) A transposed conv stays in NCHW: TVM 0.27
+#: legalizes it in no other layout (left to follow its input, a U-Net's up-sampling conv was not lowered).
+NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+
+
+def has_layout_ops(mod) -> bool:
+    """Does ``mod`` hold an op :data:`NHWC_LAYOUTS` puts in another layout than NCHW? Without one, a layout change has nothing to do (and
+    ``ConvertLayout`` only risks failing on the ops it passes through)."""
+    from tvm import relax
+
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and NHWC_LAYOUTS.get(getattr(expr.op, "name", None), ["NCHW"])[0] != "NCHW":
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def legalize(mod, spec: TargetSpec):
@@ -70,7 +88,7 @@ def legalize(mod, spec: TargetSpec):
     import tvm
     from tvm import relax
 
-    nhwc = spec.layout == "NHWC"
+    nhwc = spec.layout == "NHWC" and has_layout_ops(mod)
     passes = [
         *([relax.transform.EliminateCommonSubexpr()] if nhwc else []),  # an input read twice: one transpose
         relax.backend.DispatchSampling(),
@@ -285,5 +303,8 @@ def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path
                 str(path), fcompile=cc.cross_compiler(compiler.path, options=list(compiler.options))
             )
     except Exception as exc:
+        if "No space left on device" in str(exc):  # the linker's own words, after its command line
+            raise BuildError(f"no space left on the device holding {path.parent}; free some disk space or give "
+                             "-o a directory elsewhere") from exc
         raise BuildError(f"linking with {compiler.path} failed: {error_line(exc)}") from exc
     return path

@@ -10,6 +10,8 @@ same way: intermediates become local buffers of the fused PrimFunc.
 The groups must form an acyclic partition of ``op_graph(mod)`` (checked by
 the caller with :func:`toolchain.cluster.check_partition`); they are emitted
 in the given order, which must be a topological order of the quotient graph.
+A group of an extern op (:data:`toolchain.opgraph.EXTERN_RULES`) stays in
+``main`` as written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolchain.errors import BuildError
+from toolchain.opgraph import extern_reason
 
 
 def _used_vars(expr, relax) -> list:
@@ -57,18 +60,21 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     from tvm import relax
 
     main = mod["main"]
+    if not main.body.blocks:  # nothing computed: the model returns inputs or constants
+        return mod
     if len(main.body.blocks) != 1 or not isinstance(main.body.blocks[0], relax.DataflowBlock):
         raise BuildError("expected a legalized main with a single dataflow block")
     all_bindings = list(main.body.blocks[0].bindings)
-    glue = [b for b in all_bindings if isinstance(b.value, (relax.Tuple, relax.Var))]
-    bindings = [b for b in all_bindings if not isinstance(b.value, (relax.Tuple, relax.Var))]
+    glue = [b for b in all_bindings if _is_glue(b, relax)]
+    bindings = [b for b in all_bindings if not _is_glue(b, relax)]
     group_of_node = {node: gi for gi, members in enumerate(groups) for node in members}
+    extern = {b.var.name for b in bindings if isinstance(b, relax.MatchCast) or extern_reason(b.value, mod)}
 
     # each binding's group: call_tir by its var name; TupleGetItem follows its tuple's producer
     binding_group: list[int] = []
     group_of_var: dict = {}
     for b in bindings:
-        if isinstance(b.value, relax.TupleGetItem):
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in group_of_var:
             gi = group_of_var[b.value.tuple_value]
         else:
             gi = group_of_node[b.var.name]
@@ -97,6 +103,10 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     for gi in range(len(groups)):
         members = [b for b, g in zip(bindings, binding_group) if g == gi]
         if not members:
+            continue
+        if members[0].var.name in extern:  # stays as written (main binds the original vars it reads)
+            main_bindings.extend(members)
+            main_subst.update({b.var.name: b.var for b in members})
             continue
         params, args = [], []
         inner: dict[str, object] = {}
@@ -145,16 +155,14 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
 
         call = relax.Call(gvar, args)
         if len(outputs) == 1:
-            out = outputs[0]
-            var = (relax.Var if out.name in result_names else relax.DataflowVar)(out.name, out.ty)
+            var = out = outputs[0]  # main binds the original vars: an extern binding reads them as written
             main_bindings.append(relax.VarBinding(var, call))
             main_subst[out.name] = var
         else:
             tvar = relax.DataflowVar(f"{name}_out", ret_ty)
             main_bindings.append(relax.VarBinding(tvar, call))
             for i, out in enumerate(outputs):
-                kind = relax.Var if out.name in result_names else relax.DataflowVar
-                var = kind(out.name, out.ty)
+                var = out
                 main_bindings.append(relax.VarBinding(var, relax.TupleGetItem(tvar, i)))
                 main_subst[out.name] = var
 
@@ -173,13 +181,24 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     return relax.transform.Normalize()(out_mod)
 
 
+def _is_glue(binding, relax) -> bool:
+    """main's result glue: a tuple of outputs, an alias or a constant (not a match_cast's checked var)."""
+    import tvm
+
+    return isinstance(binding, relax.VarBinding) and isinstance(binding.value, (relax.Tuple, relax.Var, tvm.ir.Constant))
+
+
 def _result_names(result, relax) -> set[str]:
     return {v.name for v in _used_vars(result, relax)}
 
 
 def _substitute_result(result, subst, relax):
+    import tvm
+
     if isinstance(result, relax.Var):
-        return subst[result.name]
+        return subst.get(result.name, result)  # a param is itself
+    if isinstance(result, tvm.ir.Constant):
+        return result
     if isinstance(result, relax.Tuple):
         return relax.Tuple([_substitute_result(f, subst, relax) for f in result.fields])
     raise BuildError(f"unsupported main result expression {type(result).__name__}")

@@ -1,8 +1,8 @@
 """ONNX → Relax: load and check a model, resolve its input shapes, import it.
 
 Every failure a user can cause is turned into one line that names the fix:
-a missing or truncated file, an op the TVM importer does not have, a dynamic
-dimension that needs ``--input-shape``.
+a missing or truncated file (or external-data file), an opset or input dtype
+the reference cannot take, a dynamic dimension that needs ``--input-shape``.
 """
 
 from __future__ import annotations
@@ -52,28 +52,74 @@ class DeclaredInput:
         return "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
 
 
+#: the newest default-domain opset the pinned onnxruntime 1.31 (the reference every compile runs) loads
+REFERENCE_MAX_OPSET = 26
+#: numpy dtypes a graph input may have: what TVM's runtime and onnxruntime both take from numpy
+INPUT_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                          "uint8", "uint16", "uint32", "uint64", "bool"})
+
+
+def max_opset() -> int:
+    return min(onnx.defs.onnx_opset_version(), REFERENCE_MAX_OPSET)
+
+
+def _missing_external_data(model: onnx.ModelProto, base: Path) -> tuple[str, str, Path] | None:
+    """(tensor, location, path looked at) of the first tensor whose external-data file is missing."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            if not (base / location).is_file():
+                return tensor.name, location, base / location
+    return None
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Read and structurally check an ONNX file; :class:`ModelLoadError` on any problem."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"no such file: {path}; check the path (or use zoo:NAME, see `agoc models list`)")
     if path.is_dir():
-        raise ModelLoadError(f"{path} is a directory, not an ONNX file")
+        raise ModelLoadError(f"{path} is a directory, not an ONNX file; give the .onnx file itself")
     try:
-        model = onnx.load(str(path), load_external_data=True)
-    except Exception as exc:  # protobuf DecodeError, external-data errors, ...
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, ...
         raise ModelLoadError(
             f"{path} is not a readable ONNX model (truncated or not ONNX: {type(exc).__name__}); "
             "re-export it, e.g. with torch.onnx.export"
         ) from exc
+    missing = _missing_external_data(model, path.parent)
+    if missing is not None:
+        tensor, location, looked = missing
+        raise ModelLoadError(
+            f"{path} keeps tensor '{tensor}' in the external-data file '{location}', which is missing (looked for "
+            f"{looked}); copy that file next to the model")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: its external data cannot be read ({first_line(exc)}); re-export the model "
+                             "with its weights inside (save_as_external_data=False)") from exc
     if not model.graph.node:
-        raise ModelLoadError(f"{path} holds no ONNX graph nodes (empty, truncated or not an ONNX model)")
+        raise ModelLoadError(f"{path} holds no ONNX graph nodes (empty, truncated or not an ONNX model); re-export "
+                             "it, e.g. with torch.onnx.export")
+    check_opset(model, str(path))
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
-        raise ModelLoadError(f"{path} is not a valid ONNX model: {first}") from exc
+        raise ModelLoadError(f"{path} is not a valid ONNX model: {first}; re-export it, or fix the graph the "
+                             "checker names") from exc
     return model
+
+
+def check_opset(model: onnx.ModelProto, where: str = "the model") -> None:
+    """:class:`UnsupportedModelError` for a default-domain opset newer than the reference and importer take."""
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if version is not None and version > max_opset():
+        raise UnsupportedModelError(
+            f"{where} uses ONNX opset {version}; agoc takes opset {max_opset()} at most (the newest its reference, "
+            f"onnxruntime, loads); re-export with opset_version={max_opset()} or lower")
 
 
 def model_hash(model: onnx.ModelProto) -> str:
@@ -81,7 +127,11 @@ def model_hash(model: onnx.ModelProto) -> str:
 
 
 def _np_dtype(elem_type: int) -> str:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type in onnx.TensorProto.DataType.values() \
+            else f"type {elem_type}"
 
 
 def declared_inputs(model: onnx.ModelProto) -> list[DeclaredInput]:
@@ -96,13 +146,18 @@ def declared_inputs(model: onnx.ModelProto) -> list[DeclaredInput]:
             raise UnsupportedModelError(f"input '{vi.name}' is not a tensor (sequences and maps are not supported)")
         dims: list[int | str | None] = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param"):
                 dims.append(d.dim_param)
             else:
                 dims.append(None)
-        result.append(DeclaredInput(vi.name, tuple(dims), _np_dtype(tt.elem_type)))
+        dtype = _np_dtype(tt.elem_type)
+        if dtype not in INPUT_DTYPES:
+            raise UnsupportedModelError(
+                f"input '{vi.name}' is {dtype}, which TVM's runtime and onnxruntime cannot take as an input; re-export "
+                "the model with a float32 (or float16) input and a Cast inside it")
+        result.append(DeclaredInput(vi.name, tuple(dims), dtype))
     return result
 
 
@@ -164,8 +219,24 @@ def parse_input_shapes(specs: list[str] | None, inputs: list[DeclaredInput]) -> 
     return result
 
 
+def _batch_only(inp: DeclaredInput) -> bool:
+    """Is the first dim the only dynamic one (a batch dim every mobile user means as 1)?"""
+    first, *rest = inp.dims or (0,)
+    return bool(rest) and not isinstance(first, int) and all(isinstance(d, int) and d > 0 for d in rest)
+
+
+def defaulted_batch(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]) -> list[str]:
+    """One notice line per input whose dynamic batch dimension :func:`resolve_inputs` sets to 1."""
+    return [
+        f"input '{inp.name}' has a dynamic batch dimension {inp.describe()}: compiling for batch 1 "
+        f"(--input-shape {inp.name}={'x'.join(['4', *map(str, inp.dims[1:])])} for batch 4)"
+        for inp in declared_inputs(model) if inp.name not in overrides and _batch_only(inp)
+    ]
+
+
 def resolve_inputs(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]) -> list[TensorInfo]:
-    """Concrete shapes for every input: the file's static shape, or the override; error on a gap."""
+    """Concrete shapes for every input: the override, the file's static shape, batch 1 where only the first
+    dim is dynamic (:func:`defaulted_batch` says so); error on any other gap or on a zero-size dim."""
     resolved = []
     for inp in declared_inputs(model):
         shape = overrides.get(inp.name)
@@ -181,8 +252,14 @@ def resolve_inputs(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]
                         f"--input-shape {inp.name}={'x'.join(map(str, shape))} conflicts with the model's fixed "
                         f"shape {inp.describe()}"
                     )
+        elif 0 in inp.dims:
+            raise UnsupportedModelError(
+                f"input '{inp.name}' has a zero-size dimension {inp.describe()}: it holds no data, and agoc compiles "
+                "inputs of at least one element; re-export the model with that dimension at 1 or more")
         elif inp.is_static:
             shape = tuple(int(d) for d in inp.dims)  # type: ignore[arg-type]
+        elif _batch_only(inp):
+            shape = (1, *(int(d) for d in inp.dims[1:]))  # type: ignore[arg-type]
         else:
             example = "x".join(str(d) if isinstance(d, int) else "1" for d in inp.dims)
             raise UnsupportedModelError(
@@ -239,6 +316,9 @@ def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo]):
     """Import into a Relax IRModule with weights as constants (no params in the inputs)."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    from toolchain import onnx_rewrite
+
+    model = onnx_rewrite.rewrite(model, {i.name: i.shape for i in inputs})  # what the importer gets wrong
     try:
         with _clip_as_relax_ops():
             return from_onnx(

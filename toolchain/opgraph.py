@@ -13,6 +13,8 @@ block iter var) and a class from :data:`OP_CLASSES`:
 complex  conv, depthwise_conv, pointwise_conv, matmul, dense
 simple   everything else (elementwise, broadcast, reductions like mean,
          layout ops)
+extern   a binding that stays in ``main`` as written, never fused
+         (:data:`EXTERN_RULES`: packed calls, opaque kernels, shape glue)
 
 Depthwise / pointwise are told apart from plain conv by the reduction
 extents of the conv block: a depthwise conv reduces over one input channel
@@ -37,6 +39,56 @@ OP_CLASSES: tuple[tuple[str, str], ...] = (
     ("dense", "dense"),
 )
 COMPLEX_CLASSES = frozenset({"conv", "depthwise_conv", "pointwise_conv", "matmul", "dense"})
+#: the class of a binding that is not a kernel agoc fuses (:data:`EXTERN_RULES`)
+EXTERN = "extern"
+#: ``op_pattern`` of a PrimFunc TVM never fuses (``kOpaque``: sort, scan, a call into a library)
+OPAQUE_PATTERN = 8
+
+
+def _not_call_tir(value, mod) -> bool:
+    return not (hasattr(value, "op") and getattr(value.op, "name", None) == "relax.call_tir")
+
+
+def _opaque_kernel(value, mod) -> bool:
+    """An opaque kernel that is no loop nest to fuse: a library call (sort, top-k, scan) in a block that
+    writes nothing TVM can see. (TVM marks some plain loop nests opaque too, e.g. a gather; those fuse.)"""
+    from tvm import s_tir
+
+    func = mod[value.args[0]]
+    if func.attrs is None or int(func.attrs.get("op_pattern", 0)) < OPAQUE_PATTERN:
+        return False
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - no root block: not a loop nest TVM's schedules can take
+        return True
+    return any(not sch.get(b).writes for b in blocks)
+
+
+def _symbolic_output(value, mod) -> bool:
+    shapes = [getattr(ty.shape, "values", None) for ty in _tensor_types(value.ty_args[0])]
+    return any(dims is None or not all(hasattr(d, "value") for d in dims) for dims in shapes)
+
+
+#: Bindings of a legalized ``main`` that stay there as written (op class :data:`EXTERN`), first match
+#: wins: (test of the binding's value and the module, why). Such a binding is its own subgraph.
+EXTERN_RULES: tuple[tuple[object, str], ...] = (
+    (_not_call_tir, "runs outside the kernels (a packed function, a shape computation)"),
+    (_opaque_kernel, "an opaque kernel (sort, scan, a library call) is never fused"),
+    (_symbolic_output, "its output shape is known only at run time"),
+)
+
+
+def extern_reason(value, mod) -> str | None:
+    """Why a binding's value stays in ``main`` unfused (:data:`EXTERN_RULES`), or None for a fusible kernel."""
+    return next((why for test, why in EXTERN_RULES if test(value, mod)), None)
+
+
+def _tensor_types(ty) -> list:
+    fields = getattr(ty, "fields", None)
+    if fields is not None:
+        return [t for f in fields for t in _tensor_types(f)]
+    return [ty] if type(ty).__name__ == "TensorType" else []
 
 
 @dataclass(frozen=True)
@@ -66,6 +118,10 @@ class OpNode:
     @property
     def is_complex(self) -> bool:
         return self.op_class in COMPLEX_CLASSES
+
+    @property
+    def is_extern(self) -> bool:
+        return self.op_class == EXTERN
 
     @property
     def kind(self) -> str:
@@ -105,6 +161,10 @@ class OpGraph:
         for edge in self.edges:
             ends[edge[key]].append(edge[value])
         return {k: tuple(v) for k, v in ends.items()}
+
+    @property
+    def extern_ids(self) -> frozenset[str]:
+        return frozenset(n.id for n in self.nodes if n.is_extern)
 
     @property
     def complex_ids(self) -> frozenset[str]:
@@ -185,16 +245,20 @@ def _shape_of(var) -> tuple[int, ...]:
 
 def op_graph(mod) -> OpGraph:
     """Build the :class:`OpGraph` of ``mod['main']`` (a legalized module)."""
+    import tvm
     from tvm import relax
 
     main = mod["main"]
     producer: dict = {}  # relax var -> node id that produces it
+    sym_producer: dict = {}  # symbolic shape var -> node id whose output first carries it (a match_cast)
+    for p in main.params:
+        sym_producer.update({v: None for v in relax.analysis.tir_vars_in_type(p.ty)})
     nodes: list[OpNode] = []
     edges: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     nests: dict[str, tuple[BlockNest, ...]] = {}
 
-    def sources(expr) -> list[str]:
+    def sources(expr, ty) -> list[str]:
         found: list[str] = []
 
         def visit(e):
@@ -202,30 +266,38 @@ def op_graph(mod) -> OpGraph:
                 found.append(producer[e])
 
         relax.analysis.post_order_visit(expr, visit)
+        for v in relax.analysis.tir_vars_in_type(ty):  # a shape only a match_cast knows
+            if sym_producer.get(v) is not None and sym_producer[v] not in found:
+                found.append(sym_producer[v])
         return found
 
     for block in main.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
+            cast = isinstance(binding, relax.MatchCast)  # its value is a var: a shape check, not glue
+            if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer and not cast:
                 producer[binding.var] = producer[value.tuple_value]
                 continue
-            if isinstance(value, (relax.Tuple, relax.Var)):
+            if isinstance(value, (relax.Tuple, relax.Var, tvm.ir.Constant)) and not cast:
                 continue  # result glue (main's output tuple, aliases): stays in main, not an op
-            if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
-                raise ValueError(f"unexpected binding in legalized main: {type(value).__name__} {binding.var.name}")
-            gv = value.args[0]
-            if gv.name_hint not in nests:
-                nests[gv.name_hint] = block_nests(mod[gv])
-            blocks = nests[gv.name_hint]
-            shape = _shape_of(binding.var)
             node_id = binding.var.name
-            nodes.append(OpNode(node_id, gv.name_hint, classify(gv.name_hint, blocks, shape), blocks, shape))
-            for src in sources(value.args[1]):
+            shape = _shape_of(binding.var)
+            if cast or extern_reason(value, mod) is not None:
+                func, blocks, op_class, read = type(value).__name__, (), EXTERN, value
+            else:
+                gv = value.args[0]
+                if gv.name_hint not in nests:
+                    nests[gv.name_hint] = block_nests(mod[gv])
+                func, blocks, read = gv.name_hint, nests[gv.name_hint], relax.Tuple(list(value.args[1:]))
+                op_class = classify(func, blocks, shape)
+            nodes.append(OpNode(node_id, func, op_class, blocks, shape))
+            for src in sources(read, binding.var.ty):
                 if (src, node_id) not in seen:
                     seen.add((src, node_id))
                     edges.append((src, node_id))
             producer[binding.var] = node_id
+            for v in relax.analysis.tir_vars_in_type(binding.var.ty):
+                sym_producer.setdefault(v, node_id)
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ValueError("binding names in main are not unique")

@@ -71,11 +71,19 @@ KEEP_APART: tuple[KeepApart, ...] = (
 )
 
 
+#: why an edge into or out of an extern op (:data:`toolchain.opgraph.EXTERN_RULES`) stays a boundary
+EXTERN_APART = "an extern op stays in main as written, a subgraph of its own"
+
+
 def kept_apart(graph: OpGraph, rules: tuple[KeepApart, ...] = KEEP_APART) -> dict[tuple[str, str], str]:
-    """The edges (producer id, consumer id) the rules keep between subgraphs, with the reason."""
+    """The edges (producer id, consumer id) the rules keep between subgraphs, with the reason; every edge
+    of an extern op too."""
     node, producers = graph.by_id, graph.producers
     found: dict[tuple[str, str], str] = {}
     for a, b in graph.edges:
+        if node[a].is_extern or node[b].is_extern:
+            found[(a, b)] = EXTERN_APART
+            continue
         for rule in rules:
             if node[b].op_class not in rule.consumers:
                 continue
@@ -116,23 +124,29 @@ def _unique_callees(mod):
     from tvm import relax
 
     main = mod["main"]
+    if not main.body.blocks:  # nothing computed: the model returns inputs or constants
+        return mod
     functions = {gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}
     builder = relax.BlockBuilder(tvm.ir.IRModule(functions, attrs=mod.attrs))
     bindings = []
     for b in main.body.blocks[0].bindings:
         v = b.value
-        if isinstance(v, relax.Call) and v.op.name == "relax.call_tir":
+        if isinstance(b, relax.VarBinding) and _is_call_tir(v):
             gv, *rest = v.args
             copy = mod[gv].with_attr("agoc_node", b.var.name)  # distinct, or add_func would dedup it
             own = builder.add_func(copy, f"{gv.name_hint}{_MARK}{b.var.name}")
-            v = relax.Call(v.op, [own, *rest], v.attrs, v.ty_args)
-        bindings.append(relax.VarBinding(b.var, v))
+            b = relax.VarBinding(b.var, relax.Call(v.op, [own, *rest], v.attrs, v.ty_args))
+        bindings.append(b)
     out = builder.get()
     out["main"] = relax.Function(
         main.params, relax.SeqExpr([relax.DataflowBlock(bindings)], main.body.body), main.ret_ty, main.is_pure,
         main.attrs,
     )
     return relax.transform.Normalize()(out)
+
+
+def _is_call_tir(value) -> bool:
+    return getattr(getattr(value, "op", None), "name", None) == "relax.call_tir"
 
 
 def _members(func, relax) -> tuple[str, ...]:
@@ -146,21 +160,22 @@ def _members(func, relax) -> tuple[str, ...]:
     return tuple(names)
 
 
-def stock_groups(mod, spec) -> tuple[tuple[str, ...], ...]:
-    """The groups TVM's FuseOps forms, as op-graph node ids, in main's call order."""
+def stock_groups(mod, spec, extern: frozenset[str] = frozenset()) -> tuple[tuple[str, ...], ...]:
+    """The groups TVM's FuseOps forms, as op-graph node ids, in main's call order; each of the ``extern``
+    nodes (bindings that stay in main, :data:`toolchain.opgraph.EXTERN_RULES`) a group of its own."""
     from tvm import relax
 
     with spec.tvm():
         fused = relax.transform.FuseOps()(_unique_callees(mod))
     groups: list[tuple[str, ...]] = []
-    for binding in fused["main"].body.blocks[0].bindings:
+    for binding in (b for block in fused["main"].body.blocks for b in block.bindings):
         value = binding.value
-        if not isinstance(value, relax.Call):
-            continue
-        if isinstance(value.op, relax.GlobalVar):  # a grouped function
+        if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):  # a grouped function
             members = _members(fused[value.op], relax)
-        elif value.op.name == "relax.call_tir":  # an op FuseOps left alone
-            members = tuple(value.args[0].name_hint.split(_MARK, 1)[1:])
+        elif _is_call_tir(value) and _MARK in value.args[0].name_hint:  # an op FuseOps left alone
+            members = (value.args[0].name_hint.split(_MARK, 1)[1],)
+        elif binding.var.name in extern:  # a binding that is not a kernel (a packed call, a match_cast)
+            members = (binding.var.name,)
         else:
             members = ()
         if members:
@@ -170,7 +185,7 @@ def stock_groups(mod, spec) -> tuple[tuple[str, ...], ...]:
 
 def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None) -> PartitionPlan:
     started = time.perf_counter()
-    groups = stock_groups(mod, spec)
+    groups = stock_groups(mod, spec, graph.extern_ids)
     return PartitionPlan("stock", groups, op_weights(graph, model), seconds=time.perf_counter() - started)
 
 
@@ -192,7 +207,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     for head in (n for n in graph.nodes if n.is_complex):
         unit, inside = [head.id], {head.id}
         for n in graph.nodes[position[head.id] + 1:]:
-            if n.reduces or n.id in claimed or n.shape != graph.by_id[unit[-1]].shape:
+            if n.reduces or n.is_extern or n.id in claimed or n.shape != graph.by_id[unit[-1]].shape:
                 continue
             diamond = bool(producers[n.id]) and all(p in inside for p in producers[n.id])
             chain = unit[-1] in producers[n.id] and consumers[unit[-1]] == (n.id,)

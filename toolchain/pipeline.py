@@ -31,6 +31,7 @@ from toolchain.artifact import (
     TensorFile,
     check_replaceable,
     check_writable,
+    file_sha256,
     staged_directory,
     write_manifest,
     write_tensor,
@@ -183,6 +184,7 @@ def compile_model(
             raise UnsupportedModelError(
                 f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
     on_stage("checking model")
+    onnx_import.check_opset(model)
     onnx_import.check_supported(model)
     overrides = dict(request.input_shapes)
     inputs: list[TensorInfo] = onnx_import.resolve_inputs(model, overrides)
@@ -288,6 +290,7 @@ def compile_model(
             sample_seed=request.seed,
             compile_seconds=round(time.perf_counter() - started, 3),
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            library_sha256=file_sha256(staging / LIBRARY),
         )
         write_manifest(staging, manifest)
         if request.check:

@@ -195,6 +195,17 @@ def _leaky_rewrite(root):
     return relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, dtype)))
 
 
+def _squeeze_rewrite(root):
+    (x,) = root.args
+    axes, shape = root.attrs.axis, _shape(x)
+    axes = _ints(axes) if axes is not None else None
+    if axes is None or shape is None or all(a >= 0 for a in axes):
+        return root
+    from tvm import relax
+
+    return relax.op.squeeze(x, [a % len(shape) for a in axes])
+
+
 @dataclass(frozen=True)
 class OpRule:
     op: str  # the Relax op ConvertLayout has no layout rule for
@@ -211,6 +222,8 @@ class OpRule:
 LAYOUT_BLIND_RULES: tuple[OpRule, ...] = (
     OpRule("relax.clip", 3, "clip(x, lo, hi), constant bounds lo ≤ hi → minimum(maximum(x, lo), hi)", _clip_rewrite),
     OpRule("relax.nn.leakyrelu", 1, "leakyrelu(x, α), 0 ≤ α ≤ 1 → maximum(x, x · α)", _leaky_rewrite),
+    OpRule("relax.squeeze", 1, "squeeze with negative axes → the same axes counted from the front "
+                               "(ConvertLayout runs out of memory on a negative one)", _squeeze_rewrite),
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolchain.errors import DeviceError
+from toolchain.errors import DeviceError, first_line
 from toolchain.onnx_import import TensorInfo
 
 
@@ -44,7 +44,11 @@ class VMSession:
                 raise DeviceError(f"cannot load {library} on this machine: {str(exc).strip().splitlines()[-1]}") from exc
         self._tvm = tvm
         self._device = tvm.cpu()
-        self._vm = relax.VirtualMachine(module, self._device)
+        try:
+            self._vm = relax.VirtualMachine(module, self._device)
+        except Exception as exc:  # noqa: BLE001 - a shared library, but not a Relax VM executable
+            raise DeviceError(f"{library} is not a model library agoc built ({first_line(exc)}); recompile with "
+                              "`agoc compile`") from exc
         self._inputs = inputs
         self._outputs = outputs
 

@@ -5,6 +5,7 @@ Rules (first match wins), per input dtype:
 * floating point: standard normal, seed ``seed + position``;
 * integer used as ``Gather`` indices into a weight table: uniform in
   ``[0, rows)`` so every id is valid (token ids for BERT-like models);
+* integer used as an ``Expand`` shape or ``Tile`` repeats: all ones (valid whatever the input's shape);
 * integer whose name contains ``mask``: all ones (attend everywhere);
 * any other integer: zeros (segment / token-type ids);
 * bool: uniform random.
@@ -28,6 +29,15 @@ def _gather_bound(model: onnx.ModelProto, name: str) -> int | None:
     return min(bounds) if bounds else None
 
 
+#: (op, input position) of integer operands for which all ones is always a valid value
+ONES_OPERANDS = frozenset({("Expand", 1), ("Tile", 1)})
+
+
+def _ones_operand(model: onnx.ModelProto, name: str) -> bool:
+    return any((node.op_type, i) in ONES_OPERANDS for node in model.graph.node for i, x in enumerate(node.input)
+               if x == name)
+
+
 def sample_inputs(model: onnx.ModelProto, inputs: list[TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:
     result: dict[str, np.ndarray] = {}
     for pos, info in enumerate(inputs):
@@ -39,7 +49,7 @@ def sample_inputs(model: onnx.ModelProto, inputs: list[TensorInfo], seed: int = 
             bound = _gather_bound(model, info.name)
             if bound is not None:
                 data = rng.integers(0, bound, size=info.shape).astype(dtype)
-            elif "mask" in info.name.lower():
+            elif _ones_operand(model, info.name) or "mask" in info.name.lower():
                 data = np.ones(info.shape, dtype)
             else:
                 data = np.zeros(info.shape, dtype)

@@ -597,7 +597,11 @@ class TuneDB:
 
     @property
     def session(self) -> dict | None:
-        return self._read("session.json", None)
+        session = self._read("session.json", None)
+        if session is not None and not (isinstance(session, dict) and isinstance(session.get("settings"), dict)):
+            raise TuningError(f"{self.root / 'session.json'} is not a tuning session (edited or from another tool); "
+                              "move it away, or give --db a new directory")
+        return session
 
     def open_session(self, session: dict) -> None:
         existing = self.session

@@ -90,16 +90,24 @@ def test_unsupported_op(cli, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_dynamic_dimension_without_input_shape(cli, tmp_path):
+def test_dynamic_dimensions_need_input_shape_but_a_dynamic_batch_defaults_to_1(cli, tmp_path):
     model = models.build("tiny-transformer")
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[0].dim_param, dims[1].dim_param = "batch", "tokens"
     path = tmp_path / "dyn.onnx"
     onnx.save(model, path)
     assert_clean_error(
-        cli("compile", path, "-o", tmp_path / "o"), "dynamic shape [batch, 16, 32]", "--input-shape input=1x16x32"
+        cli("compile", path, "-o", tmp_path / "o"), "dynamic shape [batch, tokens, 32]", "--input-shape input=1x1x32"
     )
-    result = cli("compile", path, "-o", tmp_path / "o", "--input-shape", "input=1x16x32")
+    dims[1].dim_value = 16
+    onnx.save(model, path)
+    result = cli("compile", path, "-o", tmp_path / "o")
     assert result.exit_code == 0, result.stderr
+    assert "input 'input' has a dynamic batch dimension [batch, 16, 32]: compiling for batch 1" in result.stderr
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["inputs"][0]["shape"] == [1, 16, 32]
+    result = cli("compile", path, "-o", tmp_path / "o", "--input-shape", "input=2x16x32")
+    assert result.exit_code == 0, result.stderr
+    assert "dynamic batch" not in result.stderr
 
 
 def test_unknown_target(cli, tmp_path):
@@ -159,7 +167,8 @@ def test_inspect_an_onnx_file_shows_ops_and_kernels(cli, model_file):
 
 def test_inspect_a_dynamic_model_without_shape_still_shows_ops(cli, tmp_path):
     model = models.build("tiny-cnn")
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[0].dim_param, dims[2].dim_param = "N", "H"  # (a dynamic batch alone defaults to 1)
     path = tmp_path / "dyn.onnx"
     onnx.save(model, path)
     result = cli("inspect", path)

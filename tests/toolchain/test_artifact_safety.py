@@ -197,3 +197,15 @@ def test_a_work_dir_is_emptied_only_when_agoc_made_it(tmp_path):
     with pytest.raises(ArtifactError, match="not a work directory of agoc's"):
         fresh_work_dir(tmp_path / "mine")
     assert tree(tmp_path / "mine") == ["data.csv"]
+
+
+def test_the_users_sample_inputs_are_stored_and_checked(tmp_path):
+    from toolchain.errors import InputShapeError
+
+    x = np.full((1, 3, 16, 16), 0.5, np.float32)
+    art = compile_tiny(tmp_path / "a", samples={"input": x})
+    assert np.array_equal(art.read_inputs()["input"], x) and art.manifest.check["status"] == "passed"
+    with pytest.raises(InputShapeError, match="sample input 'input' is float32\\[1, 3, 8, 8\\]"):
+        compile_tiny(tmp_path / "b", samples={"input": x[:, :, :8, :8]})
+    with pytest.raises(InputShapeError, match="not inputs of the model"):
+        compile_tiny(tmp_path / "b", samples={"input": x, "other": x})

@@ -74,9 +74,13 @@ def dynamic_model():
 
 
 def test_dynamic_dimension_needs_input_shape():
-    with pytest.raises(UnsupportedModelError, match=r"input 'x' has a dynamic shape \[N, 3, 8, 8\]; fix it with "
-                       r"--input-shape x=1x3x8x8"):
-        resolve_inputs(dynamic_model(), {})
+    with pytest.raises(UnsupportedModelError, match=r"input 'x' has a dynamic shape \[N, C, 8, 8\]; fix it with "
+                       r"--input-shape x=1x1x8x8"):
+        resolve_inputs(one_op_model("Relu", dims=("N", "C", 8, 8)), {})
+
+
+def test_a_dynamic_batch_alone_is_batch_1():
+    assert [i.shape for i in resolve_inputs(dynamic_model(), {})] == [(1, 3, 8, 8)]
 
 
 def test_input_shape_fixes_the_dynamic_dimension():

@@ -110,6 +110,11 @@ def test_verify_fails_when_the_library_computes_something_else(tmp_path):
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, "pw2_w"))
     wrong = compile_zoo("tiny-dwsep", tmp_path / "wrong", model=other)
     good.library_path.write_bytes(wrong.library_path.read_bytes())
+    with pytest.raises(ArtifactError, match="not the library this artifact was built with"):
+        load_artifact(tmp_path / "good")  # the manifest records the library's hash
+    manifest = json.loads((tmp_path / "good" / "manifest.json").read_text())
+    manifest["library_sha256"] = wrong.manifest.library_sha256  # a consistent artifact that computes something else
+    (tmp_path / "good" / "manifest.json").write_text(json.dumps(manifest))
     report = verify_artifact(load_artifact(tmp_path / "good"), LocalDevice())
     assert not report.passed
     assert report.outputs[0].max_abs > 0.1
