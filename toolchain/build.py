@@ -112,7 +112,7 @@ def legalize(mod, spec: TargetSpec):
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
-    out = unique_binding_names(out) if nhwc or padded else out  # (both re-use binding names)
+    out = unique_binding_names(out)  # ConvertLayout, padding and the importer itself re-use binding names
     out = out.with_attr(fastmath.APPLIED_ATTR, 1) if fast else out
     return out.with_attr(padding.APPLIED_ATTR, json.dumps([d.to_json() for d in padded])) if padded else out
 

@@ -197,7 +197,7 @@ def _substitute_result(result, subst, relax):
 
     if isinstance(result, relax.Var):
         return subst.get(result.name, result)  # a param is itself
-    if isinstance(result, tvm.ir.Constant):
+    if isinstance(result, (tvm.ir.Constant, relax.ShapeExpr)):  # a constant, or a static shape (ONNX Shape)
         return result
     if isinstance(result, relax.Tuple):
         return relax.Tuple([_substitute_result(f, subst, relax) for f in result.fields])

@@ -12,13 +12,15 @@ from toolchain.errors import DeviceError, first_line
 from toolchain.onnx_import import TensorInfo
 
 
-def _flatten(result) -> list:
+def _flatten(result) -> list[np.ndarray]:
+    """The VM's result as a flat list of arrays: tensors, and shapes (an ONNX ``Shape`` output the VM
+    returns as a shape tuple of ints) as int64 vectors."""
     if hasattr(result, "numpy"):
-        return [result]
-    out = []
-    for item in result:
-        out.extend(_flatten(item))
-    return out
+        return [result.numpy()]
+    items = list(result)
+    if all(isinstance(i, int) for i in items) and type(result).__name__ == "Shape":
+        return [np.array(items, dtype=np.int64)]
+    return [a for item in items for a in _flatten(item)]
 
 
 def _contiguous(array) -> np.ndarray:
@@ -66,4 +68,4 @@ class VMSession:
         values = _flatten(self.bind(feeds)())
         if len(values) != len(self._outputs):
             raise DeviceError(f"the library returned {len(values)} outputs, the manifest lists {len(self._outputs)}")
-        return {name: v.numpy() for name, v in zip(self._outputs, values)}
+        return dict(zip(self._outputs, values))

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/string.h>
 
@@ -34,6 +35,12 @@ void Flatten(const ffi::Any& value, std::vector<ffi::Tensor>* out) {
     out->push_back(*tensor);
   } else if (auto array = value.as<ffi::Array<ffi::Any>>()) {
     for (const ffi::Any& item : *array) Flatten(item, out);
+  } else if (auto shape = value.as<ffi::Shape>()) {  // an ONNX Shape output: an int64 vector
+    const int64_t length = static_cast<int64_t>(shape->size());
+    ffi::Tensor tensor = ffi::Tensor::FromNDAlloc(AlignedCpuAlloc{}, ffi::ShapeView(&length, 1),
+                                                  DLDataType{kDLInt, 64, 1}, DLDevice{kDLCPU, 0});
+    if (length > 0) std::memcpy(tensor.data_ptr(), shape->data(), length * sizeof(int64_t));
+    out->push_back(tensor);
   } else {
     TVM_FFI_THROW(TypeError) << "the model returned a value of type index " << value.type_index()
                              << ", not a tensor or a tuple of tensors";

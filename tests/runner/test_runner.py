@@ -363,3 +363,23 @@ def test_rpc_port_in_use_exits_7(host_runner):
     with RpcServer([host_runner], "--key", "x") as server:
         result = run([host_runner], "rpc", "--port", server.port, "--port-end", server.port)
     assert result.returncode == 7 and "cannot bind" in result.stderr
+
+
+def test_an_onnx_shape_output_comes_back_from_the_arm_runner(arm64_runner, tmp_path, monkeypatch):
+    """The VM returns an ONNX Shape output as a shape tuple, not a tensor: the runner writes it as int64."""
+    from onnx import TensorProto, helper
+
+    from host.devices import qemu_device
+    from models.registry import IR_VERSION, OPSET
+
+    monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    spec = resolve_target("linux-arm64")
+    artifact = compile_model(CompileRequest(model, "shape", spec), find_compiler(spec), tmp_path / "a",
+                             device=qemu_device())
+    assert artifact.manifest.check["status"] == "passed" and artifact.manifest.check["device"] == "qemu"

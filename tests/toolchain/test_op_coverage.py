@@ -92,8 +92,30 @@ def test_topk_and_cumsum_are_kernels_of_their_own(tmp_path):
                helper.make_node("Add", ["c", "c"], ["y"])],
               [tensor("x", [2, 8])], [tensor("v", [2, 3]), tensor("i", [2, 3], I64), tensor("y", [2, 8])],
               {"k": np.array([3], np.int64), "a": np.array(1, np.int64)})
-    checks = built_by_stages(m, tmp_path)
-    assert [c.name for c in checks] == ["v", "i", "y"] and all(c.passed for c in checks), checks
+    artifact = compiled(m, tmp_path)
+    assert [t.info.name for t in artifact.manifest.outputs] == ["v", "i", "y"]
+
+
+def test_slice_with_every_operand_at_run_time(tmp_path):
+    """No conv, nothing fused: the importer's own repeated binding names must not reach the partitioner."""
+    m = model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+              [tensor("x", [20, 10, 5]), *(tensor(n, [2], I64) for n in ("s", "e", "a", "st"))],
+              [tensor("y", [None, None, None])])
+    samples = {"x": weights(20, 10, 5), "s": np.array([0, 0], np.int64), "e": np.array([3, 10], np.int64),
+               "a": np.array([0, 1], np.int64), "st": np.array([1, 2], np.int64)}
+    spec = resolve_target("host")
+    artifact = compile_model(CompileRequest(m, "case", spec, samples=samples), find_compiler(spec), tmp_path / "a")
+    assert artifact.manifest.check["status"] == "passed"
+    assert artifact.read_expected()["y"].shape == (3, 5, 5)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_shape_outputs_are_int64_vectors(tmp_path, setting):
+    m = model([helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Shape", ["x"], ["none"], start=1, end=0),
+               helper.make_node("Relu", ["x"], ["y"])],
+              [tensor("x", [2, 3])], [tensor("shape", [2], I64), tensor("none", [0], I64), tensor("y", [2, 3])])
+    artifact = compiled(m, tmp_path, setting)
+    assert artifact.read_expected()["shape"].tolist() == [2, 3]
 
 
 def test_extern_ops_are_singletons_in_the_ago_plan():
