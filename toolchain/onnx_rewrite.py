@@ -259,6 +259,21 @@ def concat_without_empty(node, ctx: Context):
     return [helper.make_node("Concat", rest, list(node.output), name=node.name, **_attrs(node))]
 
 
+#: Constant's scalar and list attributes, as the ``value`` tensor they stand for
+CONSTANT_FORMS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+
+
+def constant_as_value(node, ctx: Context):
+    """A Constant given as ``value_float(s)`` / ``value_int(s)`` (opset 12+ exporters write them) as the same
+    Constant with a ``value`` tensor, the only form TVM's importer reads."""
+    attr = next((a for a in node.attribute if a.name in CONSTANT_FORMS), None)
+    if attr is None:
+        return None
+    value = np.asarray(helper.get_attribute_value(attr), dtype=CONSTANT_FORMS[attr.name])
+    return [helper.make_node("Constant", [], list(node.output), name=node.name,
+                             value=numpy_helper.from_array(value, node.output[0]))]
+
+
 @dataclass(frozen=True)
 class Rule:
     op: str
@@ -272,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     Rule("Resize", resize_exact, "TVM's resize ignores antialias, axes and scales that are not out/in"),
     Rule("Tile", tile_as_expand, "topi's tile miscompiles at AVX-512 (LLVM's loop vectorizer)"),
     Rule("Concat", concat_without_empty, "a zero-size constant makes a library TVM cannot load"),
+    Rule("Constant", constant_as_value, "TVM's importer reads only a Constant's `value` tensor"),
 )
 
 
@@ -279,9 +295,11 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            attr = next((a for a in node.attribute if a.name == "value"), None)
-            if attr is not None:
+            attr = next((a for a in node.attribute if a.name == "value" or a.name in CONSTANT_FORMS), None)
+            if attr is not None and attr.name == "value":
                 values[node.output[0]] = numpy_helper.to_array(attr.t)
+            elif attr is not None:
+                values[node.output[0]] = np.asarray(helper.get_attribute_value(attr), dtype=CONSTANT_FORMS[attr.name])
     return values
 
 

@@ -173,8 +173,8 @@ LIMITS = (
               ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"),
               "what TVM's resize and agoc's interpolation matrices implement"),
     AttrLimit("Resize", "keep_aspect_ratio_policy", ("stretch",), "sizes are taken as given"),
-    *(AttrLimit("Constant", name, None, "TVM's importer reads `value` only")
-      for name in ("value_float", "value_floats", "value_int", "value_ints", "sparse_value")),
+    *(AttrLimit("Constant", name, None, "strings and sparse tensors are not float model data")
+      for name in ("value_string", "value_strings", "sparse_value")),
     ConstantInput("Reshape", (1,)),
     ConstantInput("Split", (1,)),
     ConstantInput("Pad", (1, 2, 3)),

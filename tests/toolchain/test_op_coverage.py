@@ -299,3 +299,16 @@ def test_a_missing_external_data_file_is_named(tmp_path):
     (tmp_path / "m.data").unlink()
     with pytest.raises(ModelLoadError, match=f"'w'.*'m.data', which is missing \\(looked for {tmp_path / 'm.data'}\\)"):
         onnx_import.load_model(path)
+
+
+@pytest.mark.parametrize("attr, value", [("value_float", 0.5), ("value_floats", [0.5, 2.0, -1.0]),
+                                         ("value_int", 3), ("value_ints", [1, 2, 3])])
+def test_a_constant_given_as_a_scalar_or_list_attribute(tmp_path, attr, value):
+    integer = attr.startswith("value_int")
+    nodes = [helper.make_node("Constant", [], ["c"], **{attr: value})]
+    if integer:
+        nodes += [helper.make_node("Cast", ["c"], ["cf"], to=F), helper.make_node("Mul", ["x", "cf"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["x", "c"], ["y"])]
+    m = model(nodes, [tensor("x", [2, 3])], [tensor("y", [2, 3])])
+    compiled(m, tmp_path)
