@@ -107,8 +107,8 @@ class Settings:
     target: str = "host"
     trials: int = 0  # tuning budget per tuned variant and model
     proxy: str | None = None  # phone-cache proxy geometry (host/proxy.py) simulated for every TVM variant
-    scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tuning.SCHEDULERS)
-    prepack: bool = True  # every tuned variant may rewrite its weights' layout (toolchain.tuning.TuneSettings)
+    scheduler: str = "weight"  # how every tuned variant spreads its budget (toolchain.tune.budget.SCHEDULERS)
+    prepack: bool = True  # every tuned variant may rewrite its weights' layout (toolchain.tune.settings.TuneSettings)
     transfer: int = 2  # every tuned variant's searches start from similar kernels' schedules (TuneSettings)
     population: int = 128  # every tuned variant's search population per batch (TuneSettings)
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
@@ -340,14 +340,14 @@ def _threshold(suite: Suite) -> float:
 
 
 def _tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: int | None = None):
-    from toolchain import tuning
+    from toolchain.tune.settings import TuneSettings
 
-    return tuning.TuneSettings(
-        trials=settings.trials if trials is None else trials, partition=variant.partition,
-        threshold=_threshold(suite), keep_inside=variant.keep_inside,
-        intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
-        scheduler=settings.scheduler, prepack=settings.prepack, transfer=settings.transfer,
-        population=settings.population,
+    return TuneSettings(
+    trials=settings.trials if trials is None else trials, partition=variant.partition,
+    threshold=_threshold(suite), keep_inside=variant.keep_inside,
+    intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
+    scheduler=settings.scheduler, prepack=settings.prepack, transfer=settings.transfer,
+    population=settings.population,
     )
 
 
@@ -407,16 +407,17 @@ def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Setti
     batches) to :data:`WEIGHT_HEADROOM` × the largest plan's floors, since every task gets at least one
     batch and the stock partition of a large model has more kernels than the suite's budget has batches.
     With the latency scheduler: at least :data:`LATENCY_HEADROOM` × the largest first pass."""
-    from toolchain import tuning
+    from toolchain.tune.plan import first_pass_trials, planned_trials
+    from toolchain.tune.settings import TuneSettings
 
     model, spec = _case_model(case, settings)
     mod = _legalized(model, spec)
-    batch = tuning.TuneSettings().per_iter
+    batch = TuneSettings().per_iter
     if settings.scheduler == "latency":  # the first pass: a first batch per task
-        headroom, floors = LATENCY_HEADROOM, [tuning.first_pass_trials(mod, spec, _tune_settings(v, suite, settings))
+        headroom, floors = LATENCY_HEADROOM, [first_pass_trials(mod, spec, _tune_settings(v, suite, settings))
                                               for v in tuned]
     else:  # a weight plan for no trials at all is its floors
-        headroom, floors = WEIGHT_HEADROOM, [tuning.planned_trials(mod, spec, _tune_settings(v, suite, settings, 0))
+        headroom, floors = WEIGHT_HEADROOM, [planned_trials(mod, spec, _tune_settings(v, suite, settings, 0))
                                              for v in tuned]
     return max(settings.trials, -(-round(headroom * max(floors)) // batch) * batch)
 
@@ -427,8 +428,8 @@ def _variant_db(case: Case, variant: Variant, work_dir: Path) -> Path:
 
 
 def _join_rule(variant: Variant) -> str:
-    """The variant's ``joins`` as a rule of toolchain.pairing.JOIN_RULES (a geometry: ``traffic:NAME``)."""
-    from toolchain.pairing import rule_for
+    """The variant's ``joins`` as a rule of toolchain.tune.pairing.JOIN_RULES (a geometry: ``traffic:NAME``)."""
+    from toolchain.tune.pairing import rule_for
 
     return rule_for(variant.joins)
 
@@ -437,7 +438,9 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                      on_event) -> tuple[dict, Path | None]:
     """Compile (tuning first if the variant is tuned) + verify one TVM variant; (record, artifact dir or None)."""
     from host.devices import LocalDevice
-    from toolchain import onnx_import, tuning
+    from toolchain import onnx_import
+    from toolchain.tune.db import TuneDB
+    from toolchain.tune.session import tune_model
     from toolchain.errors import AgocError, first_line
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler
@@ -478,10 +481,10 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
             def tuning_event(kind, **info):
                 on_event("tuning", case=case.label, variant=variant.name, event=kind, **info)
 
-            summary = tuning.tune_model(
-                mod, onnx_import.model_hash(model), spec, _tune_settings(variant, suite, settings), db,
-                on_event=tuning_event, base=base,
-            )
+            summary = tune_model(
+         mod, onnx_import.model_hash(model), spec, _tune_settings(variant, suite, settings), db,
+         on_event=tuning_event, base=base,
+     )
             record["tuning"] = {
                 "trials": sum(r["trials"] for r in summary["tasks"]),
                 "budget": settings.trials,
@@ -489,7 +492,7 @@ def _compile_variant(case: Case, variant: Variant, suite: Suite, settings: Setti
                 "verified": len([r for r in summary["tasks"] if r["status"] == "verified"]),
                 "rejected_candidates": sum(r["rejected"] for r in summary["tasks"]),
                 "estimate_ms": summary["estimate_ms"],  # the database's model estimate (verified latencies)
-                **({"base": variant.base, "imported_records": sum(tuning.TuneDB(db).imported.values())}
+                **({"base": variant.base, "imported_records": sum(TuneDB(db).imported.values())}
                    if base else {}),
                 "seconds": round(time.perf_counter() - started, 1),
             }
@@ -588,15 +591,15 @@ def _measure(workers: list[Worker], settings: Settings, rng: random.Random, on_e
     return samples, round_medians, failures
 
 
-#: What the other tuned variants' kernels are compared with (tuning.compare): the Ansor-like baseline.
+#: What the other tuned variants' kernels are compared with (toolchain.tune.db.compare): the Ansor-like baseline.
 SAME_KERNELS_BASELINE = "tvm-stock-tuned"
 
 
 def _same_kernels(results: dict, tuned: list, case_dir: Path) -> None:
     """Beside each tuned variant's tuning record, how its search did on the kernels the baseline tuned
-    for the same ops (their geometric mean latency ratio, tuning.compare): a run then tells the
+    for the same ops (their geometric mean latency ratio, compare): a run then tells the
     partition's share of a ratio from the search's."""
-    from toolchain import tuning
+    from toolchain.tune.db import compare
     from toolchain.errors import AgocError
 
     names = {v.name for v in tuned}
@@ -606,7 +609,7 @@ def _same_kernels(results: dict, tuned: list, case_dir: Path) -> None:
         if "tuning" not in results.get(name, {}):
             continue
         try:
-            c = tuning.compare(case_dir / f"{name}.db", case_dir / f"{SAME_KERNELS_BASELINE}.db")
+            c = compare(case_dir / f"{name}.db", case_dir / f"{SAME_KERNELS_BASELINE}.db")
         except AgocError as exc:
             results[name]["tuning"]["same_kernels"] = {"vs": SAME_KERNELS_BASELINE, "error": str(exc)}
             continue

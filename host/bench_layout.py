@@ -25,27 +25,29 @@ def conv_kernels(model: str, size: int, spec) -> tuple[dict, dict]:
     """(kernel name → PrimFunc, kernel name → calls) of ``model``'s stock kernels holding a conv, in
     ``spec``'s layout."""
     import models
-    from toolchain import build, onnx_import, tuning
+    from toolchain import build, onnx_import
+    from toolchain.tune.plan import group_kernels
 
     proto = models.build(model, (1, 3, size, size))
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
     fused = build.mark_weights(build.fuse_stock(mod, spec))
     calls = {k.name: k.calls for k in build.kernels(fused)}
-    funcs = {name: func for name, func in tuning.group_kernels(fused) if "conv2d" in name}
+    funcs = {name: func for name, func in group_kernels(fused) if "conv2d" in name}
     return funcs, calls
 
 
 def best_ms(func, spec, trials: int, work_dir: Path) -> float | None:
     """Best cold time (ms) of ``trials`` MetaSchedule trials of ``func`` in the stock space, searched as
-    the tuner searches a kernel (``tuning.tune_trials``)."""
+    the tuner searches a kernel (``tune_trials``)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain import tuning
+    from toolchain.tune.adapter import latency, records_of, tune_trials
+    from toolchain.tune.settings import TuneSettings
 
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(str(work_dir / "workloads.json"), str(work_dir / "records.json"), allow_missing=True)
-    tuning.tune_trials(func, spec, db, trials, tuning.TuneSettings(), intensive=False, work_dir=work_dir)
-    times = [t for t in (tuning.latency(r) for r in tuning.records_of(db, func)) if math.isfinite(t)]
+    tune_trials(func, spec, db, trials, TuneSettings(), intensive=False, work_dir=work_dir)
+    times = [t for t in (latency(r) for r in records_of(db, func)) if math.isfinite(t)]
     return min(times) * 1e3 if times else None
 
 

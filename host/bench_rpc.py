@@ -26,12 +26,13 @@ DEFAULT_MODEL = "zoo:pair-pw-dw@1x24x28x28"
 def _kernel(model: str, spec):
     """The model's first conv / matmul kernel (legalized, unfused): (model label, name, PrimFunc)."""
     from host.cli import _load_source
-    from toolchain import build, onnx_import, tuning
+    from toolchain import build, onnx_import
+    from toolchain.tune.plan import group_kernels
     from toolchain.errors import UnsupportedModelError
 
     proto, label, overrides = _load_source(model, [])
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
-    for name, func in tuning.group_kernels(mod):
+    for name, func in group_kernels(mod):
         if name.startswith(("conv2d", "matmul", "dense")):
             return label, name, func
     raise UnsupportedModelError(f"{label} has no conv or matmul kernel to tune")
@@ -43,7 +44,8 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
     from host.bench import machine_context
     from host.devices import get_device
     from host.measure import Hygiene
-    from toolchain import tuning
+    from toolchain.tune.adapter import FAILED_SECS, latency, records_of, tune_trials
+    from toolchain.tune.settings import TuneSettings
     from toolchain.targets import resolve_target
     from toolchain.timing import Timing
     from tvm.s_tir import meta_schedule as ms
@@ -52,7 +54,7 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
     spec = resolve_target(rpc_mod.device_target(dev),
                           num_cores=None if dev.kind == "local" else dev.describe().get("cores"))
     label, kernel, func = _kernel(model, spec)
-    settings = tuning.TuneSettings(trials=trials, per_iter=per_iter)
+    settings = TuneSettings(trials=trials, per_iter=per_iter)
     hygiene = Hygiene(Timing(cold=settings.cold_weights))  # as the local runner times
     work = Path(tempfile.mkdtemp(prefix="agoc-bench-rpc-"))
     rows = {"local": [], "rpc": [], "warm-up": []}
@@ -63,10 +65,10 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
         database = ms.database.JSONDatabase(work_dir=str(db_dir / "ms"))
         on_event("start", path=path)
         started = time.perf_counter()
-        tuning.tune_trials(func, spec, database, trials, settings, True, db_dir / "logs", measure)
+        tune_trials(func, spec, database, trials, settings, True, db_dir / "logs", measure)
         seconds = time.perf_counter() - started
-        lat = [tuning.latency(r) for r in tuning.records_of(database, func)]
-        ok = [x for x in lat if x < tuning.FAILED_SECS]
+        lat = [latency(r) for r in records_of(database, func)]
+        ok = [x for x in lat if x < FAILED_SECS]
         row = {"seconds": seconds, "trials": len(lat), "failed": len(lat) - len(ok),
                "trials_per_min": 60 * len(lat) / seconds, "best_ms": min(ok) * 1e3 if ok else None}
         on_event("done", path=path, **row)

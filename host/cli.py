@@ -360,7 +360,7 @@ def compile(
         raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold}); the default is "
                                     f"{DEFAULT_THRESHOLD:g}")
     if db is not None:  # kernels must be cut exactly as they were tuned
-        from toolchain.tuning import TuneDB, TuningError
+        from toolchain.tune import TuneDB, TuningError
 
         session = TuneDB(db).session
         if session is None:
@@ -489,7 +489,7 @@ def _join_rule(joins: str, db: Optional[Path]) -> str:
 
     if joins != "latency" and db is None:
         raise UnsupportedModelError("--joins decides between a tuned join and its tuned minis: it needs --db")
-    from toolchain.pairing import TRAFFIC, rule_for
+    from toolchain.tune.pairing import TRAFFIC, rule_for
 
     rule, names = rule_for(joins), [g.name for g in proxy.GEOMETRIES]
     if rule.startswith(TRAFFIC) and joins not in names:
@@ -501,7 +501,7 @@ def _join_rule(joins: str, db: Optional[Path]) -> str:
 def _judge(proto, label: str, overrides: dict, db: Path, geometry: str) -> None:
     """Judge the database's pending joins in ``geometry`` (host/judge.py), with progress and a table."""
     from host import judge
-    from toolchain.tuning import TuneDB
+    from toolchain.tune import TuneDB
 
     pending = judge.pending_joins(db, geometry)
     if pending:
@@ -796,7 +796,7 @@ def tune(
     fast_math: bool = _fast_math_option(),
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
-    from toolchain import tuning
+    from toolchain import tune as tuning
 
     if status_dir is not None:
         console.print(render.tune_status_table(tuning.status(status_dir), status_dir))
@@ -846,6 +846,7 @@ def tune(
         raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
     if not (max_spread > 0 and cooldown >= 0):
         raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
+    tuning.TuneDB(db).check_own()  # before anything is written into it (the RPC session's files included)
     if base is not None and tuning.TuneDB(base).session is None:
         raise tuning.TuningError(f"--from {base} is not a tuning database (no session.json); give one that "
                                  "`agoc tune` made")
@@ -1126,19 +1127,13 @@ def bench_suite(
         sizes = [int(x) for x in shapes.split(",")] if shapes else None
     except ValueError:
         raise InputShapeError(f"--shapes '{shapes}': expected comma-separated integers like 56,112") from None
-    from toolchain.tuning import SCHEDULERS
+    from toolchain.tune import SCHEDULERS
 
     if scheduler not in SCHEDULERS:
         raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose {' or '.join(SCHEDULERS)}")
     if transfer < 0:
         raise UnsupportedModelError("--transfer must be 0 (off) or more")
-    if threshold is not None and not threshold > 0:
-        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold})")
-    if not 0 <= split_fraction <= 1:
-        raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
-    if not (max_spread > 0 and cooldown >= 0):
-        raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
-    from toolchain.tuning import TuneSettings
+    from toolchain.tune import TuneSettings
 
     if population < TuneSettings().per_iter:
         raise UnsupportedModelError(f"--population must be at least {TuneSettings().per_iter} (a search batch)")

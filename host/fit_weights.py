@@ -316,9 +316,9 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 # Tuning
 
 
-# the fast builder and the database reader live with the tuner (toolchain.tuning)
+# the fast builder and the database reader live with the tuner (toolchain.tune.adapter)
 from toolchain.artifact import fresh_work_dir  # noqa: E402
-from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies  # noqa: E402
+from toolchain.tune.adapter import BUILD_TIMEOUT_S, fast_build, trial_latencies  # noqa: E402
 
 
 def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER, seed: int = DEFAULT_SEED) -> list[float]:

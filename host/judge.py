@@ -7,7 +7,7 @@ L2). Without a phone it is a traffic question, and the phone-cache proxy (design
 answers it deterministically, for the whole model:
 
 1. the baseline: the model built from the database's kept schedules for ``host-avx2`` (valgrind
-   rejects AVX-512), each join as the latency rule builds it (toolchain/pairing.py);
+   rejects AVX-512), each join as the latency rule builds it (toolchain/tune/pairing.py);
 2. then, join by join, a trial build: the current one with that join flipped (joined ↔ its minis),
    kept as the current build when it moves fewer bytes (greedy: each join is judged with the flips
    kept before it, so the build compile makes is the last one kept, and moves no more than the baseline);
@@ -23,7 +23,7 @@ was tried first: on MnasNet-B1 with ``--keep-inside 256`` seven flips that each 
 together (23.28 → 23.34 MB); hence the greedy order.
 
 The judgements are stored per geometry in the database (``traffic.json``), keyed by the recorded
-latencies of every join and mini judged (a pairing's key, toolchain/pairing.py): totals depend on every
+latencies of every join and mini judged (a pairing's key, toolchain/tune/pairing.py): totals depend on every
 kernel, so once any of them gets a new schedule (a resumed session) all joins are judged again.
 Cost: (joins + 1) builds and simulations — MnasNet-B1 @112, 14 joins: about 15 minutes on 2 cores.
 """
@@ -48,9 +48,10 @@ class JudgeError(AgocError):
 
 def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
     """The joins of ``db_dir`` whose joined kernel and minis all have verified schedules, with their minis."""
-    from toolchain import pairing, tuning
+    from toolchain.tune import pairing
+    from toolchain.tune.db import TuneDB
 
-    db = tuning.TuneDB(db_dir)
+    db = TuneDB(db_dir)
     verified = db.verified
     out = {}
     for joined, minis in db.layout.get("minis", {}).items():
@@ -63,9 +64,10 @@ def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
 def pending_joins(db_dir: Path, geometry: str) -> list[str]:
     """The joins to judge in ``geometry``: every judgeable one when any lacks a current judgement (a
     judgement is a whole-model total: it depends on every kernel), else none."""
-    from toolchain import pairing, tuning
+    from toolchain.tune import pairing
+    from toolchain.tune.db import TuneDB
 
-    db = tuning.TuneDB(db_dir)
+    db = TuneDB(db_dir)
     record = db.traffic.get(geometry, {})
     verified, judged = db.verified, record.get("joins", {})
     joins = judgeable_joins(db_dir)
@@ -83,13 +85,14 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     The builds go to ``work_dir`` (default: a temporary directory)."""
     from host import proxy
     from host.devices import LocalDevice
-    from toolchain import pairing, tuning
+    from toolchain.tune import pairing
+    from toolchain.tune.db import TuneDB
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
     from toolchain.verify import verify_artifact
 
     geo = proxy.geometry(geometry)
-    db = tuning.TuneDB(db_dir)
+    db = TuneDB(db_dir)
     session = db.session
     if session is None:
         raise JudgeError(f"{db_dir} is not a tuning database (no session.json); create one with `agoc tune`")

@@ -136,7 +136,7 @@ def time_in_one_session(tracker: tuple[str, int], key: str, hygiene: Hygiene, lo
     the tuning run."""
     import multiprocessing
 
-    from toolchain.intensive import random_args
+    from toolchain.tune.candidates import random_args
 
     arrays = [random_args(func) for func in funcs]
     with multiprocessing.get_context("spawn").Pool(1) as pool:
@@ -154,7 +154,7 @@ def _time_in_session(tracker, key, hygiene: Hygiene, log, paths, arrays, rounds)
     import tvm
     from tvm import rpc
 
-    from toolchain.pairing import round_order
+    from toolchain.tune.adapter import round_order
 
     session = rpc.connect_tracker(*tracker).request(key, priority=1, session_timeout=hygiene.session_timeout_s)
     device = session.cpu()

@@ -376,7 +376,7 @@ def tune_status_table(summary: dict, db_dir) -> Table:
 
 
 def tune_compare_table(comparison: dict, db_dir, other) -> Table:
-    """The kernels two databases both tuned (tuning.compare), slowest ratio first."""
+    """The kernels two databases both tuned (toolchain.tune.db.compare), slowest ratio first."""
     rows, geomean = comparison["kernels"], comparison["geomean"]
     title = (f"{len(rows)} kernels tuned in both" + (f", geometric mean {geomean:.2f}×" if geomean is not None else "")
              + f" (model estimates {comparison['estimate_ms']:.3f} ÷ {comparison['other_estimate_ms']:.3f} ms)")

@@ -495,7 +495,7 @@ class RpcSession:
     device, each an ``agoc tracker serve`` process (agents are processes, not threads: a blocking
     TVM call holds the interpreter lock, so an in-process relay could stall its own caller). With
     only ``tracker`` and ``key``: the farm someone else runs (``agoc tracker start`` + ``agoc
-    tracker serve`` per device). ``measure()`` gives the :class:`toolchain.tuning.Measure` to tune
+    tracker serve`` per device). ``measure()`` gives the :class:`toolchain.tune.adapter.Measure` to tune
     with; ``report()`` says what each device did.
     """
 
@@ -573,7 +573,7 @@ class RpcSession:
 
         from host.measure import export_so, make_rpc_runner, time_in_one_session
         from toolchain.targets import find_compiler
-        from toolchain.tuning import Measure
+        from toolchain.tune.adapter import Measure
 
         compiler = None if self.spec.runs_on_host else find_compiler(self.spec).path
         runner = make_rpc_runner(self.tracker, self.key, self.servers, self.hygiene, self.log, self.retries)

@@ -195,7 +195,7 @@ def mark_weights(mod):
     split into three) had its bias inlined into the three split blocks and rewritten for the first
     block's reads, so the second and third read the first third of the bias — every one of its five
     best candidates wrong (caught by the numeric check; the kernel was left untuned). The static check
-    :func:`toolchain.schedule_check.partial_weight_reads` rejects such a schedule before it is measured.
+    :func:`toolchain.tune.schedule_check.partial_weight_reads` rejects such a schedule before it is measured.
 
     TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
     import tvm

@@ -228,7 +228,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
 
 
 #: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does
-#: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.intensive`)
+#: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.tune.intensive`)
 INTENSIVE_DOWNSTREAM = frozenset({"depthwise_conv", "pointwise_conv", "matmul"})
 #: bytes per element of the tensors the zoo and the supported ONNX subset compute in (float32)
 ELEMENT_BYTES = 4

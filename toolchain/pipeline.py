@@ -176,9 +176,9 @@ def compile_model(
 
     tuned = None  # the tuning database the build applies
     if request.db is not None:
-        from toolchain import tuning
+        from toolchain.tune.db import TuneDB
 
-        tuned = tuning.TuneDB(request.db)
+        tuned = TuneDB(request.db)
         made = tuned.activation_layout
         if made != request.target.layout:
             raise UnsupportedModelError(
@@ -221,9 +221,9 @@ def compile_model(
     plan = partition.plan(request.partition, mod, request.target, request.threshold, graph, request.keep_inside)
     unfused: list[dict] = []
     if request.db is not None and request.partition == "ago":
-        from toolchain import tuning
+        from toolchain.tune.apply import unfuse_slower
 
-        plan, unfused = tuning.unfuse_slower(plan, request.db, request.joins, dict(request.join_builds))
+        plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds))
     partition.check(graph, plan)
     partition_record = {
         "method": plan.method,
@@ -245,10 +245,10 @@ def compile_model(
     kernels = build.built_kernels(mod, request.target)
     tuning_record = None
     if request.db is not None:
-        from toolchain import tuning
+        from toolchain.tune.apply import apply_verified
 
         on_stage("applying tuned schedules")
-        mod, applied, tasks = tuning.apply_verified(mod, request.db, request.target)
+        mod, applied, tasks = apply_verified(mod, request.db, request.target)
         tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
         kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
             dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))

@@ -131,7 +131,7 @@ def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_
 def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_without_it(monkeypatch, tmp_path):
     """tvm-ago-from-stock starts from tvm-stock-tuned's database (agoc tune --from): listed first or not,
     it is tuned after its base, which it is handed; without its base in the run it fails, saying so."""
-    from toolchain import tuning
+    from toolchain.tune import session as tune_session
 
     calls = []
 
@@ -143,7 +143,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
             on_event("imported", base=str(base), tasks={"k": 3})
         return {"tasks": [], "estimate_ms": 1.0}
 
-    monkeypatch.setattr(tuning, "tune_model", fake_tune)
+    monkeypatch.setattr(tune_session, "tune_model", fake_tune)
     case = Case("tiny-dwsep", (1, 8, 16, 16))
     variants = [bench.VARIANTS_BY_NAME[n] for n in ("tvm-ago-from-stock", "tvm-stock-tuned")]
     results = bench.run_case(case, variants, bench.SUITES["tiny"], tiny_settings(rounds=1), tmp_path,
@@ -322,15 +322,16 @@ def test_bench_layout_tunes_the_same_kernel_in_both_layouts_and_writes_the_ratio
 def test_a_tuned_variant_records_how_its_search_did_on_the_kernels_the_baseline_tuned(tmp_path):
     """Beside its tuning record, a tuned variant gets the geometric mean of its verified latencies over
     the stock partition's on the same kernels (by structural hash, whatever the partition named them)."""
-    from toolchain import tuning
+    from toolchain.tune.db import TuneDB
+    from toolchain.tune.settings import SCHEMA, Task, TuneSettings
 
     hashes = ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc")
     for name, ms, names in (("tvm-ago-tuned", [0.2, 0.3, 1.0], ("mini", "mini", "joined")),
                             ("tvm-stock-tuned", [0.1, 0.3], ("k", "k"))):
-        db = tuning.TuneDB(tmp_path / f"{name}.db")
-        db.open_session({"schema": tuning.SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
-                         "settings": tuning.TuneSettings().to_json()})
-        tasks = [tuning.Task(f"{n}{i}-{h}", "kernel", (), None, 1.0, 16) for i, (n, h) in enumerate(zip(names, hashes))]
+        db = TuneDB(tmp_path / f"{name}.db")
+        db.open_session({"schema": SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
+                         "settings": TuneSettings().to_json()})
+        tasks = [Task(f"{n}{i}-{h}", "kernel", (), None, 1.0, 16) for i, (n, h) in enumerate(zip(names, hashes))]
         db.save_tasks(tasks)
         db.save_verified({t.name: {"status": "verified", "latency_ms": m} for t, m in zip(tasks, ms)})
     results = {"tvm-ago-tuned": {"tuning": {}}, "tvm-stock-tuned": {"tuning": {}}, "tvm-ago-ni": {"status": "failed"}}

@@ -23,7 +23,12 @@ def pair_db(tmp_path_factory):
     from tvm import s_tir
 
     from tests.runner.test_runner import build_runner
-    from toolchain import build, onnx_import, tuning
+    from toolchain import build, onnx_import
+    from toolchain.tune.adapter import workload_module
+    from toolchain.tune.db import TuneDB
+    from toolchain.tune.plan import plan_tasks
+    from toolchain.tune.settings import SCHEMA, TuneSettings
+    from toolchain.tune.traces import plain
     from toolchain.opgraph import op_graph
     from toolchain.targets import resolve_target
 
@@ -31,23 +36,23 @@ def pair_db(tmp_path_factory):
     model = models.build(*PAIR)
     spec = resolve_target("host-avx2", layout="NHWC")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, op_graph(mod), spec, settings)
-    db = tuning.TuneDB(tmp_path_factory.mktemp("judge") / "pair.db")
-    db.open_session({"schema": tuning.SCHEMA, "model_sha256": onnx_import.model_hash(model),
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
+    db = TuneDB(tmp_path_factory.mktemp("judge") / "pair.db")
+    db.open_session({"schema": SCHEMA, "model_sha256": onnx_import.model_hash(model),
                      "target": spec.tvm_target, "layout": "NHWC", "settings": settings.to_json()})
     db.save_tasks(plan.tasks)
     db.save_layout(plan)
     db.save_verified({
         t.name: {"status": "verified", "latency_ms": 1.0, "phase": t.phase,
-                 "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[t.name])).trace.as_json())}
+                 "trace": plain(s_tir.Schedule(workload_module(plan.funcs[t.name])).trace.as_json())}
         for t in plan.tasks})
     (joined, parts), = plan.compositions.items()
     return model, db.root, joined, [name for name, _ in parts]
 
 
 def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(pair_db, tmp_path, cli):
-    from toolchain import tuning
+    from toolchain.tune.db import TuneDB
     from toolchain.artifact import load_artifact
 
     model, db, joined, minis = pair_db
@@ -59,16 +64,16 @@ def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(p
     assert 0 < measured["joined_bytes"] < measured["minis_bytes"]
     assert record["baseline_bytes"] == measured["joined_bytes"]  # by latency (1 ms vs 2 ms) the join is built
     assert record["final_bytes"] == record["baseline_bytes"] and record["method"] == judge.METHOD
-    assert tuning.TuneDB(db).traffic["a76"] == json.loads(json.dumps(record))  # kept in the database
+    assert TuneDB(db).traffic["a76"] == json.loads(json.dumps(record))  # kept in the database
     # the baseline and the one flipped build, both checked; their kernels name the tasks they were scheduled with
     tasks = {build: {k.get("task") for k in load_artifact(tmp_path / "judged" / build).manifest.kernels
                      if "conv2d" in k["name"]} for build in ("baseline", "flip-1")}
     assert tasks == {"baseline": {joined}, "flip-1": set(minis)}
     assert judge.pending_joins(db, "a76") == [] and judge.pending_joins(db, "a55") == [joined]
     assert judge.judge_joins(model, PAIR[0], {}, db, "a76") == record  # current: nothing rebuilt
-    tuning.TuneDB(db).save_traffic("a76", {**record, "method": "per kernel"})  # judged another way: again
+    TuneDB(db).save_traffic("a76", {**record, "method": "per kernel"})  # judged another way: again
     assert judge.pending_joins(db, "a76") == [joined]
-    tuning.TuneDB(db).save_traffic("a76", record)
+    TuneDB(db).save_traffic("a76", record)
 
     done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "-o", tmp_path / "a76")
     assert done.exit_code == 0, done.output
@@ -77,7 +82,7 @@ def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(p
     assert info["joins"] == "traffic:a76" and info["unfused"] == []
     # judged the other way, the same command builds the minis, and says why
     flipped = {**record, "joins": {joined: {**measured, "joined_bytes": measured["minis_bytes"] + 1}}}
-    tuning.TuneDB(db).save_traffic("a76", flipped)
+    TuneDB(db).save_traffic("a76", flipped)
     done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "-o", tmp_path / "minis")
     assert done.exit_code == 0, done.output
     assert "built as their mini-subgraphs: the model moved no fewer simulated DRAM bytes with it joined" in done.stdout

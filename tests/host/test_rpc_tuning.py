@@ -125,7 +125,7 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
 def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
     """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run; a join
     and its minis are timed against each other on one of them, never across the two."""
-    from toolchain.pairing import PAIR_ROUNDS
+    from toolchain.tune.pairing import PAIR_ROUNDS
 
     db = sandboxes / "db2"
     result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "qemu", "--device", "emulator-5554",
@@ -163,7 +163,9 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     from host.devices import get_device
     from host.measure import read_log
     from models.registry import build as build_model
-    from toolchain import build, onnx_import, tuning
+    from toolchain import build, onnx_import
+    from toolchain.tune.session import tune_model
+    from toolchain.tune.settings import TuneSettings
     from toolchain.targets import resolve_target
 
     spec = resolve_target("linux-arm64", num_cores=2, layout="NCHW")  # convs only: every task tunes to its budget
@@ -172,7 +174,7 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     db = sandboxes / "db3"
     db.mkdir()
     log = db / "measurements.jsonl"
-    settings = tuning.TuneSettings(trials=24, per_iter=8)
+    settings = TuneSettings(trials=24, per_iter=8)
     killed = {}
 
     with rpc_mod.RpcSession(spec, [get_device("qemu")], log=log, work_dir=db / "agents") as session:
@@ -185,7 +187,7 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, measure=session.measure())
+        summary = tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, measure=session.measure())
         thread.join(timeout=5)
         report = session.report()
     assert killed, "the runner was never killed"

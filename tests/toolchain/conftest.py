@@ -3,7 +3,8 @@
 import pytest
 
 import models
-from toolchain import build, onnx_import, partition, reform, tuning
+from toolchain import build, onnx_import, partition, reform
+from toolchain.tune.plan import group_kernels
 from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
@@ -20,8 +21,8 @@ def dwsep_split():
     graph = op_graph(mod)
     plan = partition.plan("ago", mod, spec, threshold=1e9, graph=graph)
     split = reform.split_plan(graph, plan)
-    (joined,) = tuning.group_kernels(fuse_groups(mod, plan.groups, spec))
-    minis = tuning.group_kernels(fuse_groups(mod, split.plan.groups, spec))
+    (joined,) = group_kernels(fuse_groups(mod, plan.groups, spec))
+    minis = group_kernels(fuse_groups(mod, split.plan.groups, spec))
     return mod, graph, plan, split, joined, minis
 
 

@@ -177,7 +177,8 @@ def test_a_truncated_library_is_reported_not_loaded(tmp_path):
 
 
 def test_a_tuning_database_is_never_made_inside_a_foreign_folder(tmp_path):
-    from toolchain.tuning import TuneDB, TuningError
+    from toolchain.tune.db import TuneDB
+    from toolchain.tune.settings import TuningError
 
     (tmp_path / "db").mkdir()
     (tmp_path / "db" / "thesis.tex").write_text("precious")

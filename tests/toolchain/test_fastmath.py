@@ -7,7 +7,9 @@ import pytest
 import models
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
-from toolchain import build, fastmath, onnx_import, tuning
+from toolchain import build, fastmath, onnx_import
+from toolchain.tune.db import TuneDB
+from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.errors import UnsupportedModelError
 from toolchain.pipeline import CompileRequest, compile_model
 from toolchain.targets import find_compiler, resolve_target
@@ -66,12 +68,12 @@ def test_a_model_computed_with_fast_math_matches_onnxruntime(partition, tmp_path
 def test_a_database_keeps_the_math_it_was_tuned_with(tmp_path):
     """Fast and exact kernels are different kernels: a database made before the setting (exact) resumes
     only with exact math, and compiles only with it, where the model has such an op."""
-    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
-           "settings": tuning.TuneSettings(trials=8).to_json()}
-    db = tuning.TuneDB(tmp_path)
+    old = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
+           "settings": TuneSettings(trials=8).to_json()}
+    db = TuneDB(tmp_path)
     db.open_session(old)
     assert db.fast_math is False
-    with pytest.raises(tuning.TuningError, match="different fast math.*--exact-math"):
+    with pytest.raises(TuningError, match="different fast math.*--exact-math"):
         db.open_session({**old, "fast_math": True})
     db.open_session({**old, "fast_math": False})
     spec = resolve_target("host")

@@ -9,16 +9,11 @@ from host.fit_weights import Calibration, extract
 from models.builder import GraphBuilder
 from toolchain import build, onnx_import
 from toolchain.fusion import fuse_groups
-from toolchain.intensive import (
-    block_infos,
-    find_pair,
-    intensive_schedule,
-    make_space_generator,
-    random_args,
-    run,
-)
 from toolchain.opgraph import op_graph
-from toolchain.schedule_check import execution_counts, format_counts
+from toolchain.tune.candidates import random_args, run
+from toolchain.tune.intensive import block_infos, find_pair, intensive_schedule
+from toolchain.tune.schedule_check import execution_counts, format_counts
+from toolchain.tune.space import make_space_generator
 from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")  # NHWC activations (the default)
@@ -209,18 +204,19 @@ def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion()
     tile, where the other conv is not): the space leaves consumer fusion out, so the kernel is tuned."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain import intensive, tuning
+    from toolchain.tune import space
+    from toolchain.tune.adapter import workload_module
 
     func = tiny("fire")
-    assert "consumer T_concat has other producers" in intensive.shared_consumer(func)
-    assert intensive.shared_consumer(func_of("pw->dw")) is None
-    stock = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), num_threads=1,
-                           space_generator=intensive.space(None, SPEC.tvm()))
+    assert "consumer T_concat has other producers" in space.shared_consumer(func)
+    assert space.shared_consumer(func_of("pw->dw")) is None
+    stock = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), num_threads=1,
+                           space_generator=space.space(None, SPEC.tvm()))
     with pytest.raises(Exception, match="reverse-compute-at"):
         stock.generate_design_space()  # the TVM behaviour this works around: if it goes, so can the workaround
     chosen = make_space_generator(func, SPEC.tvm())
     assert chosen.kind == "default-no-write-fusion" and "T_concat" in chosen.reason
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
                          num_threads=1)
     (design, *_) = ctx.generate_design_space()
     args = random_args(func, 0)
@@ -236,20 +232,21 @@ def test_a_pair_beside_a_conv_into_one_concat_gets_the_intensive_space_tiling_th
     whole schedule now, so a failure outside the pair falls back to the stock space, not a dead search."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain import intensive, tuning
+    from toolchain.tune import space
+    from toolchain.tune.adapter import workload_module
 
     func = tiny("branches")
     pair = find_pair(func)
     assert pair is not None and pair.kind == "dw->pw"
-    assert "T_concat" in intensive.shared_consumer(func)
+    assert "T_concat" in space.shared_consumer(func)
     chosen = make_space_generator(func, SPEC.tvm(), num_cores=2)
     assert chosen.kind == "intensive", chosen.reason
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
                          num_threads=1)
     args = random_args(func, 0)
     want = run(func, args, SPEC.tvm())[-1]
     for seed in (1, 2, 3):
-        sch = intensive.schedule_fn(pair, SPEC.tvm(), 2)(schedule(func, seed))[0]
+        sch = space.schedule_fn(pair, SPEC.tvm(), 2)(schedule(func, seed))[0]
         counts = execution_counts(sch.mod)
         assert not any(c.dropped for c in counts), format_counts(counts)
         np.testing.assert_allclose(run(sch.mod, args, SPEC.tvm())[-1], want, rtol=1e-5, atol=1e-5)
@@ -269,18 +266,18 @@ def test_the_space_carries_the_check_and_the_llvm_mutators():
 
 
 def test_the_tuners_space_tiles_the_complex_ops_outside_the_pair():
-    """pw → dw → pw through ``tuning.space_for`` (what ``agoc tune`` uses): the first pw is not left as a
+    """pw → dw → pw through ``space_for`` (what ``agoc tune`` uses): the first pw is not left as a
     naive loop nest (it once was, when the tuner built the space without a target: 10-20x slower kernels)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain import tuning
+    from toolchain.tune.adapter import space_for, workload_module
 
     func = zoo("class:pointwise_conv", 3, 11)
     pair = find_pair(func)
     rest = [b.name for b in block_infos(func) if b.kind != "simple" and b.name not in pair.blocks]
     assert pair.kind == "dw->pw" and rest
-    gen = tuning.space_for(func, SPEC, intensive=True).generator
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator=gen, num_threads=1)
+    gen = space_for(func, SPEC, intensive=True).generator
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=gen, num_threads=1)
     (first, *_) = ctx.generate_design_space()
     assert any(inst.kind.name == "SamplePerfectTile" for inst in first.trace.insts)  # tile sizes are sampled ...
     names = {str(a) for inst in first.trace.insts if inst.kind.name == "GetSBlock" for a in inst.attrs[:1]}
@@ -294,7 +291,7 @@ def test_a_third_convs_epilogue_is_inlined_as_the_stock_space_does():
     tiling can fuse, as AutoInline does in the stock space — not three full passes over the expanded
     tensor (they were until 2026-11-23: the e2e run showed those joins losing to their minis) —
     and nothing is inlined into the pair (that made MultiLevelTiling drop iterations)."""
-    from toolchain.intensive import schedule_fn
+    from toolchain.tune.space import schedule_fn
 
     func = zoo("class:pointwise_conv", 3, 11)
     pair = find_pair(func)
@@ -309,7 +306,7 @@ def test_a_third_convs_epilogue_is_inlined_as_the_stock_space_does():
 @pytest.mark.slow
 def test_other_complex_ops_get_multilevel_tiling(tmp_path):
     """pw → dw → pw: the (dw, pw) pair is fused; the first pw gets the stock MultiLevelTiling branches."""
-    from toolchain.intensive import schedule_fn
+    from toolchain.tune.space import schedule_fn
 
     func = zoo("class:pointwise_conv", 3, 11)
     pair = find_pair(func)
@@ -329,7 +326,7 @@ def test_tuning_smoke_with_the_intensive_space(tmp_path):
     import tvm
     from tvm import s_tir
 
-    from toolchain.intensive import tune_func
+    from toolchain.tune.adapter import tune_func
 
     func = func_of("pw->dw")
     result = tune_func(func, SPEC, tmp_path / "tune", trials=8, intensive=True, per_iter=8)
@@ -347,7 +344,7 @@ def test_tuning_smoke_with_the_intensive_space(tmp_path):
 
 
 def test_the_vector_cap_follows_the_targets_registers():
-    from toolchain.intensive import VECTOR_FACTOR_MAX, vector_cap, vector_lanes
+    from toolchain.tune.intensive import VECTOR_FACTOR_MAX, vector_cap, vector_lanes
 
     assert vector_lanes(resolve_target("linux-arm64").tvm()) == 4  # NEON: 128 bits
     assert vector_lanes(resolve_target("host-avx2").tvm()) == 8
@@ -375,7 +372,7 @@ def test_a_tile_cache_caps_each_tiles_slice_of_the_intermediate():
     """--keep-inside KIB also caps the intensive tile: the tile's slice of the intermediate fits KIB
     (a phone core's L2 share), where the uncapped space samples wider tiles too (the host's L2 is 4x a
     phone's: tuned there, MobileNet-V2's 56x56 expand + dw pair kept a 602 KB slice)."""
-    from toolchain import intensive
+    from toolchain.tune import intensive
 
     func = func_of("pw->dw")
     pair = find_pair(func)

@@ -1,11 +1,19 @@
 """The intensive join's composed seed: a point of the Fig. 7 space whose choices come from the minis
-(toolchain/intensive_seed.py), exact, and committed beside the side-by-side composition."""
+(toolchain/tune/intensive_seed.py), exact, and committed beside the side-by-side composition."""
 
 import numpy as np
 import pytest
 
-from toolchain import intensive, intensive_seed, tuning
-from toolchain.schedule_check import execution_counts, format_counts
+from toolchain.tune import intensive, intensive_seed
+from toolchain.tune.candidates import random_args, run
+from toolchain.tune.space import rest_complex
+from toolchain.tune.adapter import postprocess, trial_latencies, workload_module
+from toolchain.tune.compose import seed_joined
+from toolchain.tune.db import TuneDB
+from toolchain.tune.plan import map_blocks, plan_tasks
+from toolchain.tune.settings import TuneSettings
+from toolchain.tune.traces import plain, unroll_of
+from toolchain.tune.schedule_check import execution_counts, format_counts
 from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host", num_cores=2)
@@ -48,10 +56,10 @@ def dwsep(dwsep_split):
     mod, graph, plan, split, (_, joined), minis = dwsep_split
     parts = []
     for (_, func), group in zip(minis, split.plan.groups):
-        ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
+        ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
                              num_threads=1, rand_state=7)
         (design, *_) = ctx.space_generator.generate_design_space(ctx.mod)
-        parts.append((tuning.plain(design.trace.as_json()), tuning._map_blocks(graph, group, plan.groups[0], func, joined)))
+        parts.append((plain(design.trace.as_json()), map_blocks(graph, group, plan.groups[0], func, joined)))
     return mod, graph, plan, joined, parts
 
 
@@ -79,11 +87,11 @@ def test_a_traces_tile_decisions_are_read_per_loop_of_a_block(dwsep):
     from tvm import s_tir
 
     *_, joined, _ = dwsep
-    sch = s_tir.Schedule(tuning.workload_module(joined))
+    sch = s_tir.Schedule(workload_module(joined))
     loops = sch.get_loops(sch.get_sblock("conv2d_nchw1"))
     sch.sample_perfect_tile(loops[1], n=4, max_innermost_factor=64, decision=[1, 2, 2, 2])
     sch.sample_perfect_tile(loops[3], n=2, max_innermost_factor=64, decision=[2, 8])
-    trace = tuning.plain(sch.trace.as_json())
+    trace = plain(sch.trace.as_json())
     assert intensive_seed.tile_decisions(trace, "conv2d_nchw1") == {1: [1, 2, 2, 2], 3: [2, 8]}
     assert intensive_seed.tile_decisions(trace, "conv2d_nchw") == {}
 
@@ -101,7 +109,7 @@ def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable
         assert counts[name].executed == counts[name].needed == counts[name].domain, table  # nothing recomputed
     u_loops, d_loops = (sch.get_loops(sch.get_sblock(b)) for b in (pair.upstream, pair.downstream))
     assert sch.get(u_loops[0]).same_as(sch.get(d_loops[0]))  # U inside D's tile
-    trace = tuning.plain(sch.trace.as_json())
+    trace = plain(sch.trace.as_json())
     # D's tile: what tile_factors says for its 32-channel 16×16 intermediate (rows of 16, 2 tiles for 2 cores)
     assert pair.layout == "NCHW"
     tile = intensive_seed.tile_factors("pw", intensive.data_shape(joined, pair), 2)
@@ -109,21 +117,21 @@ def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable
     first = intensive_seed.tile_decisions(trace, pair.downstream)
     assert first[2] == [2, 8] and first[3] == [1, 16]
     # the block outside the pair: MultiLevelTiling with exactly its mini's decisions
-    (rest,) = intensive._rest_complex(sch, pair)
+    (rest,) = rest_complex(sch, pair)
     mini_trace, block_map = next((t, m) for t, m in parts if rest in m.values())
     mini_block = next(k for k, v in block_map.items() if v == rest)
     assert intensive_seed.tile_decisions(trace, rest) == intensive_seed.tile_decisions(mini_trace, mini_block)
     # the auto-unroll depth: D's mini's
     d_trace = next(t for t, m in parts if pair.downstream in m.values())
-    assert tuning._unroll_of(trace) == tuning._unroll_of(d_trace)
+    assert unroll_of(trace) == unroll_of(d_trace)
     # every choice is a sampling decision: the search can mutate the seed
     kinds = [inst[0] for inst in trace[0]]
     assert kinds.count("SamplePerfectTile") >= 6 and len(trace[1]) == kinds.count("SamplePerfectTile") + 1
     # and it computes what the unscheduled kernel computes, postprocessed as a candidate would be
-    done = tuning.postprocess(sch, SPEC)
-    args = intensive.random_args(joined, 0)
-    want = intensive.run(joined, args, SPEC.tvm())
-    got = intensive.run(done.mod, args, SPEC.tvm())
+    done = postprocess(sch, SPEC)
+    args = random_args(joined, 0)
+    want = run(joined, args, SPEC.tvm())
+    got = run(done.mod, args, SPEC.tvm())
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5
 
 
@@ -132,14 +140,14 @@ def test_a_join_is_seeded_in_its_own_space_too_but_not_under_ago_ni(dwsep, tmp_p
     candidate); AGO-NI searches the stock space, so it gets the side-by-side one only."""
     mod, graph, _, joined, parts = dwsep
     for intensive_on, want in ((True, 1 + len(intensive_seed.TILE_BYTES) * len(intensive_seed.VECTORS)), (False, 1)):
-        settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, intensive=intensive_on)
-        _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+        settings = TuneSettings(trials=64, per_iter=8, threshold=1e9, intensive=intensive_on)
+        _, plan = plan_tasks(mod, graph, SPEC, settings)
         (task,) = [t for t in plan.tasks if t.phase == "joined"]
         by_block = {frozenset(m.values()): t for t, m in parts}
         verified = {name: {"status": "verified", "trace": by_block[frozenset(m.values())]}
                     for name, m in plan.compositions[task.name]}
-        db = tuning.TuneDB(tmp_path / str(intensive_on))
-        assert tuning.seed_joined(task, plan, db.ms_database(), SPEC, verified, settings)
-        latencies = tuning.trial_latencies(db.ms_dir, plan.funcs[task.name])
+        db = TuneDB(tmp_path / str(intensive_on))
+        assert seed_joined(task, plan, db.ms_database(), SPEC, verified, settings)
+        latencies = trial_latencies(db.ms_dir, plan.funcs[task.name])
         assert len(latencies) <= want and len(latencies) >= (2 if intensive_on else 1)
         assert all(0 < x < float("inf") for x in latencies)

@@ -5,7 +5,9 @@ import pytest
 import models
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
-from toolchain import build, onnx_import, padding, tuning
+from toolchain import build, onnx_import, padding
+from toolchain.tune.db import TuneDB
+from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.errors import UnsupportedModelError
 from toolchain.pipeline import CompileRequest, compile_model
 from toolchain.targets import find_compiler, resolve_target
@@ -154,12 +156,12 @@ def test_a_database_keeps_the_channels_it_was_tuned_with(tmp_path):
     """Padded and unpadded kernels are different kernels: a database made before the setting (its
     kernels unpadded) resumes only without padding, and compiles only without it — where the model has
     something to pad (the session records what the padding did, not the flag)."""
-    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
-           "settings": tuning.TuneSettings(trials=8).to_json()}
-    db = tuning.TuneDB(tmp_path)
+    old = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "layout": "NHWC",
+           "settings": TuneSettings(trials=8).to_json()}
+    db = TuneDB(tmp_path)
     db.open_session(old)
     assert db.channel_padding is False
-    with pytest.raises(tuning.TuningError, match="different pad channels.*--no-pad-channels"):
+    with pytest.raises(TuningError, match="different pad channels.*--no-pad-channels"):
         db.open_session({**old, "pad_channels": True})
     db.open_session({**old, "pad_channels": False})
     spec = resolve_target("host")  # padded by default

@@ -1,8 +1,15 @@
-"""A join or its minis, decided on their kept schedules timed together (toolchain/pairing.py)."""
+"""A join or its minis, decided on their kept schedules timed together (toolchain/tune/pairing.py)."""
 
 import pytest
 
-from toolchain import pairing, tuning
+from toolchain.tune import pairing
+from toolchain.tune.adapter import workload_module
+from toolchain.tune.apply import unfuse_slower
+from toolchain.tune.db import status
+from toolchain.tune.pairing import first_batch_vs_minis
+from toolchain.tune.plan import plan_tasks
+from toolchain.tune.settings import TuneSettings, TuningError
+from toolchain.tune.traces import plain
 from tests.toolchain.test_tuning import SPEC, _fake_db
 
 
@@ -48,17 +55,17 @@ def test_a_current_pairing_overrules_the_recorded_latencies_and_a_stale_one_does
 
 def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
     db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
-    assert tuning.unfuse_slower(plan, tmp_path)[0].groups == split.plan.groups  # recorded: slower
+    assert unfuse_slower(plan, tmp_path)[0].groups == split.plan.groups  # recorded: slower
     verified = db.verified
     joined = next(t.name for t in db.tasks if t.phase == "joined")
     minis = db.layout["minis"][joined]
     verified[joined]["paired"] = {"joined_ms": 0.25, "minis_ms": 0.3, "ratio": 1.2, "rounds": 3,
                                   "of": pairing.pairing_key(joined, minis, verified)}
     db.save_verified(verified)
-    assert tuning.unfuse_slower(plan, tmp_path) == (plan, [])  # timed together the join is faster
-    summary = tuning.status(tmp_path)
+    assert unfuse_slower(plan, tmp_path) == (plan, [])  # timed together the join is faster
+    summary = status(tmp_path)
     assert summary["estimate_ms"] == pytest.approx(0.5)  # the join is built; its recorded latency counts
     (row,) = [r for r in summary["tasks"] if r["task"] == joined]
     assert row["build"] == "joined" and row["paired"]["ratio"] == 1.2
@@ -69,13 +76,13 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     from tvm import s_tir
 
     mod, graph, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = plan.compositions
     minis = [name for name, _ in plan.compositions[joined]]
     verified = {
         name: {"status": "verified", "latency_ms": 1.0,
-               "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[name])).trace.as_json())}
+               "trace": plain(s_tir.Schedule(workload_module(plan.funcs[name])).trace.as_json())}
         for name in [joined, *minis]
     }
     events = []
@@ -100,24 +107,24 @@ def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):
     from tvm.s_tir import meta_schedule as ms
 
     mod, graph, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = plan.compositions
     minis = [name for name, _ in plan.compositions[joined]]
     func = plan.funcs[joined]
     database = ms.database.MemoryDatabase()
-    assert tuning.first_batch_vs_minis(joined, plan, database, {}, SPEC, settings) is None  # no records
-    workload = database.commit_workload(tuning.workload_module(func))
-    trace = s_tir.Schedule(tuning.workload_module(func)).trace
+    assert first_batch_vs_minis(joined, plan, database, {}, SPEC, settings) is None  # no records
+    workload = database.commit_workload(workload_module(func))
+    trace = s_tir.Schedule(workload_module(func)).trace
     database.commit_tuning_record(ms.database.TuningRecord(
         trace, workload, [0.001], SPEC.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)))
     verified = {m: {"status": "verified", "latency_ms": 1.0,
-                    "trace": tuning.plain(s_tir.Schedule(tuning.workload_module(plan.funcs[m])).trace.as_json())}
+                    "trace": plain(s_tir.Schedule(workload_module(plan.funcs[m])).trace.as_json())}
                 for m in minis}
-    together = tuning.first_batch_vs_minis(joined, plan, database, verified, SPEC, settings)
+    together = first_batch_vs_minis(joined, plan, database, verified, SPEC, settings)
     assert together["rounds"] == pairing.PAIR_ROUNDS and together["joined_ms"] > 0 and together["ratio"] > 0
     verified[minis[0]]["status"] = "unverified"
-    assert tuning.first_batch_vs_minis(joined, plan, database, verified, SPEC, settings) is None
+    assert first_batch_vs_minis(joined, plan, database, verified, SPEC, settings) is None
 
 
 def _traffic(verified, minis, joined_bytes, minis_bytes):
@@ -160,22 +167,22 @@ def test_the_traffic_rule_builds_the_side_that_moves_fewer_bytes_while_its_judge
 
 def test_compile_builds_each_join_as_its_traffic_judgement_says(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
     db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])  # by latency: joined
-    with pytest.raises(tuning.TuningError, match=r"no current traffic judgement for a76 .*--joins a76` judges"):
-        tuning.unfuse_slower(plan, tmp_path, "traffic:a76")
+    with pytest.raises(TuningError, match=r"no current traffic judgement for a76 .*--joins a76` judges"):
+        unfuse_slower(plan, tmp_path, "traffic:a76")
     verified = db.verified
     joined = next(t.name for t in db.tasks if t.phase == "joined")
     minis = db.layout["minis"][joined]
     judged = {joined: {"joined_bytes": 500_000, "minis_bytes": 200_000, "cache": "2MiB",
                        "of": pairing.pairing_key(joined, minis, verified)}}
     db.save_traffic("a76", {"geometry": "a76", "cache": "2MiB", "joins": judged})
-    assert tuning.unfuse_slower(plan, tmp_path) == (plan, [])  # the latency rule does not read them
-    built, unfused = tuning.unfuse_slower(plan, tmp_path, "traffic:a76")
+    assert unfuse_slower(plan, tmp_path) == (plan, [])  # the latency rule does not read them
+    built, unfused = unfuse_slower(plan, tmp_path, "traffic:a76")
     assert built.groups == split.plan.groups
     assert unfused[0]["joined_bytes"] == 500_000 and unfused[0]["minis_bytes"] == 200_000
     assert "the model moves no fewer simulated DRAM bytes with it joined" in unfused[0]["reason"]
-    with pytest.raises(tuning.TuningError, match="no current traffic judgement for a55"):
-        tuning.unfuse_slower(plan, tmp_path, "traffic:a55")  # judged per geometry
-    assert tuning.unfuse_slower(plan, tmp_path, "minis")[0].groups == split.plan.groups
-    assert tuning.unfuse_slower(plan, tmp_path, "joined") == (plan, [])
+    with pytest.raises(TuningError, match="no current traffic judgement for a55"):
+        unfuse_slower(plan, tmp_path, "traffic:a55")  # judged per geometry
+    assert unfuse_slower(plan, tmp_path, "minis")[0].groups == split.plan.groups
+    assert unfuse_slower(plan, tmp_path, "joined") == (plan, [])

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 import models
-from toolchain import build, onnx_import, tuning
+from toolchain import build, onnx_import
+from toolchain.tune.adapter import postprocess, space_for, workload_module
+from toolchain.tune.apply import apply_verified
+from toolchain.tune.db import TuneDB
+from toolchain.tune.plan import group_kernels, task_name
+from toolchain.tune.settings import SCHEMA, Task, TuneSettings
+from toolchain.tune.traces import plain
 from toolchain.reference import run_onnxruntime
 from toolchain.targets import resolve_target
 
@@ -55,17 +61,17 @@ def _prepacked_db(fused, db_dir):
     from tvm.s_tir import meta_schedule as ms
 
     marked = build.mark_weights(fused)
-    name, func = next((n, f) for n, f in tuning.group_kernels(marked) if "conv2d" in n)
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
-    sch = tuning.postprocess(ctx.generate_design_space()[0], SPEC)
+    name, func = next((n, f) for n, f in group_kernels(marked) if "conv2d" in n)
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(),
+                         space_generator=space_for(func, SPEC, False).generator, num_threads=1)
+    sch = postprocess(ctx.generate_design_space()[0], SPEC)
     assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
-    db = tuning.TuneDB(db_dir)
-    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-                     "settings": tuning.TuneSettings().to_json()})
-    task = tuning.task_name(name, func)
-    db.save_tasks([tuning.Task(task, "kernel", (), None, 1.0, 16)])
-    db.save_verified({task: {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}})
+    db = TuneDB(db_dir)
+    db.open_session({"schema": SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
+                     "settings": TuneSettings().to_json()})
+    task = task_name(name, func)
+    db.save_tasks([Task(task, "kernel", (), None, 1.0, 16)])
+    db.save_verified({task: {"status": "verified", "trace": plain(sch.trace.as_json()), "latency_ms": 0.1}})
     return name
 
 
@@ -79,7 +85,7 @@ def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_
 
     model, fused = cnn
     _prepacked_db(fused, tmp_path)
-    out, applied, _ = tuning.apply_verified(fused, tmp_path, SPEC)
+    out, applied, _ = apply_verified(fused, tmp_path, SPEC)
     assert applied == 1
     assert "layout_rewrite_preproc" not in out.script()
     assert _param_shapes(out) - _param_shapes(fused)  # the weight, stored in the schedule's order
@@ -96,12 +102,12 @@ def test_a_rewritten_weight_is_folded_at_build_time_and_the_model_still_matches_
 
 def test_a_database_tuned_without_prepack_compiles_with_the_weights_as_they_are(cnn, tmp_path):
     _, fused = cnn
-    name, func = tuning.group_kernels(fused)[0]
-    db = tuning.TuneDB(tmp_path)
-    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-                     "settings": tuning.TuneSettings(prepack=False).to_json()})
-    db.save_tasks([tuning.Task(tuning.task_name(name, func), "kernel", (), None, 1.0, 16)])
-    out, applied, _ = tuning.apply_verified(fused, tmp_path, SPEC)
+    name, func = group_kernels(fused)[0]
+    db = TuneDB(tmp_path)
+    db.open_session({"schema": SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
+                     "settings": TuneSettings(prepack=False).to_json()})
+    db.save_tasks([Task(task_name(name, func), "kernel", (), None, 1.0, 16)])
+    out, applied, _ = apply_verified(fused, tmp_path, SPEC)
     assert applied == 0 and _param_shapes(out) == _param_shapes(fused)
     assert not any(f.attrs and "layout_free_buffers" in f.attrs for f in out.functions.values()
                    if hasattr(f, "attrs") and type(f).__name__ == "PrimFunc")
@@ -162,7 +168,7 @@ def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error(laye
     func = fused[name].with_attr("layout_free_buffers", every)
     results = []
     for seed in range(1, 4):
-        ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), rand_state=seed,
-                             space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
-        results += [tuning.postprocess(sch, SPEC) is not None for sch in ctx.generate_design_space()]
+        ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), rand_state=seed,
+                             space_generator=space_for(func, SPEC, False).generator, num_threads=1)
+        results += [postprocess(sch, SPEC) is not None for sch in ctx.generate_design_space()]
     assert False in results and True in results

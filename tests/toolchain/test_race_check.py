@@ -4,7 +4,7 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from toolchain.race_check import parallel_races
+from toolchain.tune.race_check import parallel_races
 
 
 @T.prim_func(s_tir=True)

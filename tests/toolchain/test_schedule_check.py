@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from host.fit_weights import Calibration, extract
-from toolchain.schedule_check import (
-    RejectDroppedIterations,
+from toolchain.tune.schedule_check import (
     dropped_blocks,
     execution_counts,
     format_counts,
     max_recompute,
     partial_weight_reads,
 )
+from toolchain.tune.space import RejectDroppedIterations
 from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host", layout="NCHW")  # the hand-made schedules below name NCHW blocks
@@ -177,7 +177,7 @@ def test_the_stock_space_produces_the_reuse_write_bug_and_the_check_catches_it(p
         import sys
         import numpy as np
         from tvm.script import from_source
-        from toolchain.intensive import random_args, run
+        from toolchain.tune.candidates import random_args, run
         from toolchain.targets import resolve_target
         ref, bad = (from_source(open(p).read()) for p in sys.argv[1:3])
         target = resolve_target("host").tvm()
@@ -200,16 +200,17 @@ def test_a_gathered_intermediate_is_needed_whole_and_its_schedules_are_analysed(
     the kernel's postprocessed schedules are analysed (none dropped) rather than left unchecked."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain import build, tuning
+    from toolchain import build
+    from toolchain.tune.adapter import postprocess, space_for, workload_module
 
     fused, (name, _) = layer_norm_take
     func = build.mark_weights(fused)[name]
     counts = {c.name: c for c in execution_counts(func)}
     norm = counts["T_layer_norm"]
     assert norm.needed == norm.domain == 16 * 32 and norm.executed == norm.domain
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(), rand_state=1,
-                         space_generator=tuning.space_for(func, SPEC, False).generator, num_threads=1)
-    spaces = [tuning.postprocess(sch, SPEC) for sch in ctx.generate_design_space()]
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), rand_state=1,
+                         space_generator=space_for(func, SPEC, False).generator, num_threads=1)
+    spaces = [postprocess(sch, SPEC) for sch in ctx.generate_design_space()]
     assert spaces and None not in spaces
     assert all(dropped_blocks(sch.mod) == [] for sch in spaces)
 
@@ -297,20 +298,22 @@ def test_metaschedule_layout_rewrites_of_a_conv_and_a_matmul_are_read_whole():
     from tvm.s_tir import meta_schedule as ms
 
     import models
-    from toolchain import build, onnx_import, tuning
+    from toolchain import build, onnx_import
+    from toolchain.tune.adapter import postprocess, space_for, workload_module
+    from toolchain.tune.plan import group_kernels
 
     spec = resolve_target("host")
     checked = 0
     for model in (models.build("tiny-cnn"), models.build("tiny-transformer")):
         mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
         marked = build.mark_weights(build.fuse_stock(mod, spec))
-        for name, func in tuning.group_kernels(marked):
+        for name, func in group_kernels(marked):
             if not func.attrs or "layout_free_buffers" not in func.attrs:
                 continue
-            ctx = ms.TuneContext(mod=tuning.workload_module(func), target=spec.tvm(), rand_state=1,
-                                 space_generator=tuning.space_for(func, spec, False).generator, num_threads=1)
+            ctx = ms.TuneContext(mod=workload_module(func), target=spec.tvm(), rand_state=1,
+                                 space_generator=space_for(func, spec, False).generator, num_threads=1)
             for sch in ctx.generate_design_space():
-                sch = tuning.postprocess(sch, spec)
+                sch = postprocess(sch, spec)
                 if sch is None or "layout_rewrite_preproc" not in sch.mod.script():
                     continue
                 assert partial_weight_reads(sch.mod, func) == [], name

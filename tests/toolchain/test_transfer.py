@@ -1,4 +1,4 @@
-"""Sibling seeds (toolchain/transfer.py): a kernel's search starts from the verified schedule of a
+"""Sibling seeds (toolchain/tune/transfer.py): a kernel's search starts from the verified schedule of a
 kernel with the same blocks at other loop extents, re-fitted, measured and checked like any candidate."""
 
 import math
@@ -7,7 +7,15 @@ from dataclasses import replace
 import pytest
 
 import models
-from toolchain import build, onnx_import, transfer, tuning
+from toolchain import build, onnx_import
+from toolchain.tune import transfer
+from toolchain.tune.adapter import postprocess, space_for, trial_latencies, workload_module
+from toolchain.tune.candidates import check_candidate
+from toolchain.tune.compose import seed_from_siblings
+from toolchain.tune.db import TuneDB
+from toolchain.tune.plan import TaskPlan, group_kernels
+from toolchain.tune.settings import Task, TuneSettings
+from toolchain.tune.traces import plain, rename_blocks
 from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")
@@ -40,7 +48,7 @@ def test_a_refitted_split_always_multiplies_out_to_the_extent(extent):
 def _conv_kernels(shape):
     model = models.build("tiny-dwsep", shape)
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    return dict(tuning.group_kernels(build.fuse_stock(mod, SPEC)))
+    return dict(group_kernels(build.fuse_stock(mod, SPEC)))
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +100,20 @@ def _spaces(func, intensive: bool = False):
     """MetaSchedule's design spaces of the kernel ``func``, as a session generates them."""
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=tuning.workload_module(func), target=SPEC.tvm(),
-                         space_generator=tuning.space_for(func, SPEC, intensive).generator, num_threads=1)
+    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(),
+                         space_generator=space_for(func, SPEC, intensive).generator, num_threads=1)
     return ctx.generate_design_space()
 
 
 def _session_after(src, dst, db_dir):
     """A session's state when it has verified ``src`` (its first design space) and comes to ``dst``:
     the plan, the verified records and the database."""
-    sch = tuning.postprocess(_spaces(src)[0], SPEC)
-    plan = tuning.TaskPlan(
-        tasks=(tuning.Task("src", "kernel", (), None, 1.0, 16), tuning.Task("dst", "kernel", (), None, 1.0, 16)),
-        funcs={"src": src, "dst": dst}, compositions={})
-    verified = {"src": {"status": "verified", "trace": tuning.plain(sch.trace.as_json()), "latency_ms": 0.1}}
-    return plan, verified, tuning.TuneDB(db_dir)
+    sch = postprocess(_spaces(src)[0], SPEC)
+    plan = TaskPlan(
+    tasks=(Task("src", "kernel", (), None, 1.0, 16), Task("dst", "kernel", (), None, 1.0, 16)),
+    funcs={"src": src, "dst": dst}, compositions={})
+    verified = {"src": {"status": "verified", "trace": plain(sch.trace.as_json()), "latency_ms": 0.1}}
+    return plan, verified, TuneDB(db_dir)
 
 
 def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_same(two_sizes):
@@ -114,10 +122,10 @@ def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_s
     small, large = two_sizes
     name = PW1
     sch = _spaces(small[name])[0]
-    trace = tuning.plain(sch.trace.as_json())
+    trace = plain(sch.trace.as_json())
     assert any(inst[0] == "SamplePerfectTile" for inst in trace[0])
-    moved = transfer.transfer_schedule(tuning.workload_module(small[name]), tuning._rename_blocks(trace, {}),
-                                       tuning.workload_module(large[name]))
+    moved = transfer.transfer_schedule(workload_module(small[name]), rename_blocks(trace, {}),
+                        workload_module(large[name]))
     assert moved is not None
 
     def splits(sch):
@@ -128,13 +136,13 @@ def test_a_schedule_carries_over_to_a_kernel_of_other_extents_and_computes_the_s
     assert len(splits(moved)) == len(splits(sch))
     assert set(splits(moved)) <= set(transfer.extents(large[name]))
     assert splits(moved) != splits(sch)
-    moved = tuning.postprocess(moved, SPEC)
+    moved = postprocess(moved, SPEC)
     assert moved is not None
 
     class Record:  # what check_candidate reads of a tuning record
         trace = moved.trace
 
-    assert tuning.check_candidate(large[name], Record(), SPEC)["ok"]
+    assert check_candidate(large[name], Record(), SPEC)["ok"]
 
 
 def _joined_kernel(shape):
@@ -147,7 +155,7 @@ def _joined_kernel(shape):
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
     plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=op_graph(mod))
     # NHWC: the input's transpose is a kernel of its own (partition.KEEP_APART)
-    (func,) = [f for name, f in tuning.group_kernels(fuse_groups(mod, plan.groups, SPEC)) if "conv2d" in name]
+    (func,) = [f for name, f in group_kernels(fuse_groups(mod, plan.groups, SPEC)) if "conv2d" in name]
     return func
 
 
@@ -160,17 +168,17 @@ def test_an_intensive_join_schedule_carries_over_to_a_join_of_other_extents():
     assert spaces
     carried = 0
     for sch in spaces:
-        moved = transfer.transfer_schedule(tuning.workload_module(small),
-                                           tuning._rename_blocks(tuning.plain(sch.trace.as_json()), {}),
-                                           tuning.workload_module(large))
-        moved = tuning.postprocess(moved, SPEC) if moved is not None else None
+        moved = transfer.transfer_schedule(workload_module(small),
+                                           rename_blocks(plain(sch.trace.as_json()), {}),
+                                    workload_module(large))
+        moved = postprocess(moved, SPEC) if moved is not None else None
         if moved is None:
             continue
 
         class Record:  # what check_candidate reads of a tuning record
             trace = moved.trace
 
-        assert tuning.check_candidate(large, Record(), SPEC)["ok"]
+        assert check_candidate(large, Record(), SPEC)["ok"]
         carried += 1
     assert carried  # (the intensive space's schedule and the fallback ones alike)
 
@@ -178,8 +186,8 @@ def test_an_intensive_join_schedule_carries_over_to_a_join_of_other_extents():
 def test_a_schedule_that_does_not_replay_is_no_seed(two_sizes):
     small, large = two_sizes
     bogus = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
-    assert transfer.transfer_schedule(tuning.workload_module(small[PW1]), bogus,
-                                      tuning.workload_module(large[PW1])) is None
+    assert transfer.transfer_schedule(workload_module(small[PW1]), bogus,
+                                      workload_module(large[PW1])) is None
 
 
 def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tmp_path):
@@ -189,11 +197,11 @@ def test_seeds_from_siblings_are_measured_and_committed_as_records(two_sizes, tm
     name = PW1
     plan, verified, db = _session_after(small[name], large[name], tmp_path)
     database = db.ms_database()
-    settings = tuning.TuneSettings(transfer=2)
-    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["src"]
-    (lat,) = tuning.trial_latencies(db.ms_dir, large[name])
+    settings = TuneSettings(transfer=2)
+    assert seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, settings) == ["src"]
+    (lat,) = trial_latencies(db.ms_dir, large[name])
     assert 0 < lat < math.inf
-    assert tuning.seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace(settings, transfer=0)) == []
+    assert seed_from_siblings(plan.tasks[1], plan, database, SPEC, verified, replace(settings, transfer=0)) == []
 
 
 def test_a_negative_transfer_is_refused_before_anything_runs(cli, tmp_path):
@@ -212,7 +220,7 @@ def _pointwise(act, size, cin=8, cout=16):
     x = g.conv(g.input("input", (1, cin, size, size)), cin, cout, 1, name="c", act=act)
     model = g.finish(g.op("Identity", [x], "o", outputs=["output"]), (1, cout, size, size))
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    (func,) = [f for name, f in tuning.group_kernels(build.fuse_stock(mod, SPEC)) if "conv2d" in name]
+    (func,) = [f for name, f in group_kernels(build.fuse_stock(mod, SPEC)) if "conv2d" in name]
     return func
 
 
@@ -277,18 +285,18 @@ def test_a_plain_conv_schedule_carries_over_to_the_conv_with_hard_swish_and_comp
                 for inst in sch.trace.insts if inst.kind.name == "SamplePerfectTile"]
 
     for sch in spaces:
-        moved = transfer.transfer_schedule(tuning.workload_module(bias),
-                                           tuning._rename_blocks(tuning.plain(sch.trace.as_json()), {}),
-                                           tuning.workload_module(hswish))
+        moved = transfer.transfer_schedule(workload_module(bias),
+                                           rename_blocks(plain(sch.trace.as_json()), {}),
+                                    workload_module(hswish))
         assert moved is not None
         assert tiles(moved) == tiles(sch)  # same extents: the plain conv's own tiles
-        moved = tuning.postprocess(moved, SPEC)
+        moved = postprocess(moved, SPEC)
         assert moved is not None
 
         class Record:  # what check_candidate reads of a tuning record
             trace = moved.trace
 
-        assert tuning.check_candidate(hswish, Record(), SPEC)["ok"]
+        assert check_candidate(hswish, Record(), SPEC)["ok"]
 
 
 def test_a_conv_with_hard_swish_is_seeded_from_the_verified_plain_conv(epilogues, tmp_path):
@@ -296,7 +304,7 @@ def test_a_conv_with_hard_swish_is_seeded_from_the_verified_plain_conv(epilogues
     schedule as the hard-swish conv's first record, measured."""
     bias, hswish = epilogues["bias"], epilogues["hswish-large"]
     plan, verified, db = _session_after(bias, hswish, tmp_path)
-    assert tuning.seed_from_siblings(plan.tasks[1], plan, db.ms_database(), SPEC, verified,
-                                     tuning.TuneSettings(transfer=2)) == ["src"]
-    (lat,) = tuning.trial_latencies(db.ms_dir, hswish)
+    assert seed_from_siblings(plan.tasks[1], plan, db.ms_database(), SPEC, verified,
+                              TuneSettings(transfer=2)) == ["src"]
+    (lat,) = trial_latencies(db.ms_dir, hswish)
     assert 0 < lat < math.inf

@@ -11,7 +11,18 @@ import re
 import pytest
 
 import models
-from toolchain import build, onnx_import, partition, tuning
+from toolchain import build, onnx_import, partition
+from toolchain.tune import adapter, candidates, compose, pairing
+from toolchain.tune.adapter import (latency, postprocess, records_of, session_cost_model, space_for,
+                                    trial_latencies, tune_trials, workload_module)
+from toolchain.tune.apply import unfuse_slower
+from toolchain.tune.budget import budgets, expected_gain, roofline_gain, stabilised
+from toolchain.tune.compose import compose_joined, restore_unroll
+from toolchain.tune.db import TuneDB, compare, import_records, status
+from toolchain.tune.plan import block_names, first_pass_trials, map_blocks, plan_tasks, planned_trials
+from toolchain.tune.session import model_times, tune_model
+from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
+from toolchain.tune.traces import plain, rename_blocks, replay_tolerant, unroll_of
 from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
 
@@ -20,21 +31,21 @@ NCHW = resolve_target("host", layout="NCHW")  # plans counted in kernels: no edg
 
 
 def test_budgets_follow_weights_in_whole_batches_and_add_up():
-    assert tuning._budgets([1.0, 3.0], total=64, minimum=16) == [16, 48]
-    assert tuning._budgets([1.0, 100.0], total=64, minimum=16) == [16, 48]  # every kernel gets a batch
-    assert sum(tuning._budgets([1.0, 1.0, 1.0], total=64, minimum=16)) == 64  # remainders are not lost
-    assert tuning._budgets([1.0] * 5, total=64, minimum=16) == [16] * 5  # more kernels than batches
-    assert tuning._budgets([], total=64, minimum=16) == []
+    assert budgets([1.0, 3.0], total=64, minimum=16) == [16, 48]
+    assert budgets([1.0, 100.0], total=64, minimum=16) == [16, 48]  # every kernel gets a batch
+    assert sum(budgets([1.0, 1.0, 1.0], total=64, minimum=16)) == 64  # remainders are not lost
+    assert budgets([1.0] * 5, total=64, minimum=16) == [16] * 5  # more kernels than batches
+    assert budgets([], total=64, minimum=16) == []
     # the one-batch floor never pushes the sum over the budget: the heavy kernels give way
-    assert tuning._budgets([2.5, 0.3, 0.2], total=48, minimum=16) == [16, 16, 16]
-    assert sum(tuning._budgets([50.0, 1.0, 1.0, 1.0, 30.0], total=160, minimum=16)) == 160
+    assert budgets([2.5, 0.3, 0.2], total=48, minimum=16) == [16, 16, 16]
+    assert sum(budgets([50.0, 1.0, 1.0, 1.0, 30.0], total=160, minimum=16)) == 160
 
 
 def test_stabilised_means_no_gain_over_the_last_window():
-    assert not tuning.stabilised([5, 4, 3, 2], window=2, tolerance=0.02)  # still improving
-    assert tuning.stabilised([5, 4, 3, 3, 3, 2.99], window=2, tolerance=0.02)
-    assert not tuning.stabilised([5, 4, 3], window=2, tolerance=0.02)  # too few trials to tell
-    assert not tuning.stabilised([math.inf] * 6, window=2, tolerance=0.02)
+    assert not stabilised([5, 4, 3, 2], window=2, tolerance=0.02)  # still improving
+    assert stabilised([5, 4, 3, 3, 3, 2.99], window=2, tolerance=0.02)
+    assert not stabilised([5, 4, 3], window=2, tolerance=0.02)  # too few trials to tell
+    assert not stabilised([math.inf] * 6, window=2, tolerance=0.02)
 
 
 def test_rename_blocks_rewrites_block_lookups_and_drops_postprocessing():
@@ -47,16 +58,16 @@ def test_rename_blocks_rewrites_block_lookups_and_drops_postprocessing():
         ],
         [[1, [4, 8]], [3, [0]]],
     ]
-    renamed = tuning._rename_blocks(trace, {"conv2d_nchw": "conv2d_nchw_1"})
+    renamed = rename_blocks(trace, {"conv2d_nchw": "conv2d_nchw_1"})
     assert renamed[0][0][2] == ["conv2d_nchw_1", "main"] and renamed[0][1] == trace[0][1]
     assert len(renamed[0]) == 2 and renamed[1] == [[1, [4, 8]]]  # postproc steps depend on the whole func
 
 
 def test_block_map_sends_each_mini_block_to_the_same_op_block_in_the_joined_kernel(dwsep_split):
     _, graph, plan, split, (_, joined), minis = dwsep_split
-    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], minis[1][1], joined)
-    joined_blocks = tuning._block_names(joined)
-    mini_blocks = tuning._block_names(minis[1][1])
+    mapping = map_blocks(graph, split.plan.groups[1], plan.groups[0], minis[1][1], joined)
+    joined_blocks = block_names(joined)
+    mini_blocks = block_names(minis[1][1])
     assert len(mapping) == len(mini_blocks) and set(mapping.values()) <= set(joined_blocks)
     # the depthwise conv block of the mini is the depthwise conv block of the joined kernel
     assert mapping["group_conv2d_nchw"].startswith("group_conv2d_nchw")
@@ -67,17 +78,17 @@ def test_composing_a_mini_schedule_onto_the_joined_kernel(dwsep_split):
 
     _, graph, plan, split, (_, joined), minis = dwsep_split
     mini_func = minis[1][1]  # the depthwise mini
-    sch = s_tir.Schedule(tuning.workload_module(mini_func))
+    sch = s_tir.Schedule(workload_module(mini_func))
     block = sch.get_sblock("group_conv2d_nchw")
     outer, _ = sch.split(sch.get_loops(block)[1], [None, 8])
     sch.parallel(outer)
-    trace = tuning.plain(sch.trace.as_json())
-    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
-    composed = tuning.compose_joined(joined, [(trace, mapping)])
+    trace = plain(sch.trace.as_json())
+    mapping = map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
+    composed = compose_joined(joined, [(trace, mapping)])
     assert composed is not None
     assert "T.parallel" in composed.mod["main"].script()
     # a trace that names blocks the joined kernel lacks is skipped, not fatal
-    assert tuning.compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
+    assert compose_joined(joined, [(trace, {"group_conv2d_nchw": "nope"})]) is None
 
 
 def test_scheduling_a_workload_leaves_the_kernel_it_was_made_from_as_it_was(dwsep_split):
@@ -85,7 +96,7 @@ def test_scheduling_a_workload_leaves_the_kernel_it_was_made_from_as_it_was(dwse
 
     func = dwsep_split[-1][1][1]
     before = func.script()
-    sch = s_tir.Schedule(tuning.workload_module(func))  # a module nothing else holds: edited in place
+    sch = s_tir.Schedule(workload_module(func))  # a module nothing else holds: edited in place
     sch.split(sch.get_loops(sch.get_sblock("group_conv2d_nchw"))[1], [None, 2])
     assert func.script() == before
 
@@ -97,19 +108,19 @@ def test_a_kernels_latencies_come_in_commit_order_the_database_lists_them_best_f
     from tvm.s_tir import meta_schedule as ms
 
     (_, first), (_, second) = dwsep_split[-1][:2]
-    db = tuning.TuneDB(tmp_path)
+    db = TuneDB(tmp_path)
     database = db.ms_database()
     order = {first: [3e-3, 1e-3, 2e-3], second: [5e-3, 4e-3]}
     for i in range(3):
         for func, secs in order.items():
             if i < len(secs):
-                mod = tuning.workload_module(func)
+                mod = workload_module(func)
                 database.commit_tuning_record(ms.database.TuningRecord(
                     s_tir.Schedule(mod).trace, database.commit_workload(mod), [secs[i]], SPEC.tvm(),
                     ms.arg_info.ArgInfo.from_prim_func(func)))
-    assert tuning.trial_latencies(db.ms_dir, first) == pytest.approx([3e-3, 1e-3, 2e-3])
-    assert tuning.trial_latencies(db.ms_dir, second) == pytest.approx([5e-3, 4e-3])
-    assert [tuning.latency(r) for r in tuning.records_of(database, first)] == pytest.approx([1e-3, 2e-3, 3e-3])
+    assert trial_latencies(db.ms_dir, first) == pytest.approx([3e-3, 1e-3, 2e-3])
+    assert trial_latencies(db.ms_dir, second) == pytest.approx([5e-3, 4e-3])
+    assert [latency(r) for r in records_of(database, first)] == pytest.approx([1e-3, 2e-3, 3e-3])
 
 
 def _mini_trace(func, block: str, unroll: int):
@@ -117,13 +128,13 @@ def _mini_trace(func, block: str, unroll: int):
     depth as the root annotation (how ParallelizeVectorizeUnroll records it)."""
     from tvm import s_tir
 
-    sch = s_tir.Schedule(tuning.workload_module(func))
+    sch = s_tir.Schedule(workload_module(func))
     b = sch.get_sblock(block)
     outer, _ = sch.split(sch.get_loops(b)[1], [None, 2])
     sch.parallel(outer)
     depth = sch.sample_categorical([0, 16, 64, 512], [0.25] * 4, decision=[0, 16, 64, 512].index(unroll))
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", depth)
-    return tuning.plain(sch.trace.as_json())
+    return plain(sch.trace.as_json())
 
 
 def test_each_composed_nest_keeps_its_own_minis_unroll_depth(dwsep_split):
@@ -133,12 +144,12 @@ def test_each_composed_nest_keeps_its_own_minis_unroll_depth(dwsep_split):
     parts = []
     for i, depth in ((0, 512), (1, 16)):  # the pointwise mini (depth 512), the depthwise one (16)
         func = minis[i][1]
-        block = next(n for n in tuning._block_names(func) if "conv" in n)
+        block = next(n for n in block_names(func) if "conv" in n)
         trace = _mini_trace(func, block, depth)
-        assert tuning._unroll_of(trace) == depth
-        parts.append((trace, tuning._map_blocks(graph, split.plan.groups[i], plan.groups[0], func, joined)))
-    sch = tuning.postprocess(tuning.compose_joined(joined, parts), SPEC)
-    assert tuning.restore_unroll(sch, parts) >= 2
+        assert unroll_of(trace) == depth
+        parts.append((trace, map_blocks(graph, split.plan.groups[i], plan.groups[0], func, joined)))
+    sch = postprocess(compose_joined(joined, parts), SPEC)
+    assert restore_unroll(sch, parts) >= 2
     depths = re.findall(r'"pragma_auto_unroll_max_step": (\d+)', sch.mod["main"].script())
     assert "512" in depths and "16" in depths
 
@@ -154,13 +165,13 @@ def test_a_step_that_does_not_replay_on_the_joined_kernel_is_left_out(dwsep_spli
     # a step that fails anywhere (inlining the conv, a reduction) and has no results, right after the lookup
     bad = ["ComputeInline", [insts[lookup][3][0]], [], []]
     trace = [insts[: lookup + 1] + [bad] + insts[lookup + 1:], [[d[0] + (d[0] > lookup), d[1]] for d in decisions]]
-    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], func, joined)
-    replayed, kept, dropped = tuning._replay_tolerant(
-        __import__("tvm").s_tir.Schedule(tuning.workload_module(joined)), tuning._rename_blocks(trace, mapping))
+    mapping = map_blocks(graph, split.plan.groups[1], plan.groups[0], func, joined)
+    replayed, kept, dropped = replay_tolerant(
+    __import__("tvm").s_tir.Schedule(workload_module(joined)), rename_blocks(trace, mapping))
     assert dropped == ["ComputeInline"] and "T.parallel" in replayed.mod["main"].script()
-    assert tuning._unroll_of(kept) == 64  # decisions re-indexed past the dropped step
-    assert tuning.compose_joined(joined, [(trace, mapping)]) is not None
-    assert tuning.compose_joined(joined, [(trace, {block: "nope"})]) is None  # only the failed lookup: nothing
+    assert unroll_of(kept) == 64  # decisions re-indexed past the dropped step
+    assert compose_joined(joined, [(trace, mapping)]) is not None
+    assert compose_joined(joined, [(trace, {block: "nope"})]) is None  # only the failed lookup: nothing
 
 
 def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
@@ -170,14 +181,14 @@ def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
 
     _, graph, plan, split, (_, joined), minis = dwsep_split
     mini_func = minis[1][1]
-    sch = s_tir.Schedule(tuning.workload_module(mini_func))
+    sch = s_tir.Schedule(workload_module(mini_func))
     sch.annotate(sch.get_sblock("root"), "meta_schedule.parallel", 32)
     sch.annotate(sch.get_sblock("root"), "meta_schedule.vectorize", 64)
-    trace = tuning.plain(sch.trace.as_json())
-    mapping = tuning._map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
-    composed = tuning.compose_joined(joined, [(trace, mapping)])
+    trace = plain(sch.trace.as_json())
+    mapping = map_blocks(graph, split.plan.groups[1], plan.groups[0], mini_func, joined)
+    composed = compose_joined(joined, [(trace, mapping)])
     assert "T.parallel" not in composed.mod["main"].script()  # an annotation only, so far
-    done = tuning.postprocess(composed, SPEC)
+    done = postprocess(composed, SPEC)
     script = done.mod["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script
     assert any(inst.kind.name == "EnterPostproc" for inst in done.trace.insts)  # replayable as a record
@@ -185,19 +196,19 @@ def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
 
 def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwsep_split):
     mod, graph, *_ = dwsep_split  # one subgraph of three complex ops (pw, dw, pw)
-    roomy = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, roomy)
+    roomy = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, roomy)
     assert [t.phase for t in plan.tasks] == ["mini", "mini", "mini", "joined"]  # minis first, then the join
     assert sum(t.budget for t in plan.tasks[:3]) == 32 and plan.tasks[3].budget == 32  # split_fraction 0.5
-    assert tuning.planned_trials(mod, SPEC, roomy) == 64
+    assert planned_trials(mod, SPEC, roomy) == 64
     # a tight budget still splits: the subgraph's floor is a batch per mini and one for the join
-    tight = tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
+    tight = TuneSettings(trials=8, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 8)]
-    assert tuning.planned_trials(mod, SPEC, tight) == 32  # over --trials (and stated so by `agoc tune`)
+    assert planned_trials(mod, SPEC, tight) == 32  # over --trials (and stated so by `agoc tune`)
     # without the reformer the subgraph is one kernel with one batch
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=8, per_iter=8, threshold=1e9,
-                                                                      reformer=False))
+    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=8, per_iter=8, threshold=1e9,
+                                                        reformer=False))
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
@@ -229,8 +240,8 @@ def test_a_kernel_the_model_calls_three_times_gets_three_times_the_trials():
         x = b.conv(x, 16, 16, 1, name=f"pw{i}", act="relu")
     x = b.conv(x, 16, 16, 1, name="last")  # no activation: a kernel of its own, called once
     mod, graph = _legalized(b.finish(x, (1, 16, 16, 16)))
-    settings = tuning.TuneSettings(trials=64, per_iter=16, partition="stock")
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=16, partition="stock")
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     assert sorted((t.calls, t.budget) for t in plan.tasks) == [(1, 16), (3, 48)]
 
 
@@ -241,14 +252,14 @@ def test_a_mini_tuned_elsewhere_is_not_charged_to_the_join_again(threshold, grou
     nothing here: charged again, they took batches from the kernels (MobileNet-V2 at 960 trials: every
     kernel one batch while late joins got three)."""
     mod, graph = _twin_blocks()
-    tight = tuning.TuneSettings(trials=8, per_iter=8, threshold=threshold)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, tight)
+    tight = TuneSettings(trials=8, per_iter=8, threshold=threshold)
+    _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert len(plan.groups) == groups
     # one subgraph dw pw dw pw (two distinct minis); or dw pw dw + the kernel pw (one mini of its own)
     assert sorted(t.phase for t in plan.tasks) == sorted(["mini", "mini", "joined"] if groups == 1
                                                          else ["mini", "kernel", "joined"])
     assert [t.budget for t in plan.tasks] == [8, 8, 8]  # a batch each: 24 trials, not 40
-    assert tuning.planned_trials(mod, SPEC, tight) == 24
+    assert planned_trials(mod, SPEC, tight) == 24
 
 
 def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
@@ -256,7 +267,7 @@ def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
     subgraph in another (one task). A join is composed from its minis' verified schedules, so that
     kernel must be tuned before the joins (it was not: a join started with one conv unscheduled)."""
     mod, graph = _legalized(models.build("mnasnet", (1, 3, 56, 56)))
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=256))
+    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=256))
     phase = {t.name: t.phase for t in plan.tasks}
     shared = {n for parts in plan.compositions.values() for n, _ in parts if phase[n] == "kernel"}
     assert shared  # the case exists
@@ -275,20 +286,20 @@ def fake_search(monkeypatch):
 
     trials = Trials()
     ms = lambda func: trials.speed_ms.get(func.script(), 1.0)  # noqa: E731
-    monkeypatch.setattr(tuning, "records_of", lambda database, func: trials.get(func.script(), []))
-    monkeypatch.setattr(tuning, "latency", lambda record: record)
-    monkeypatch.setattr(tuning, "trial_latencies", lambda work_dir, func: list(trials.get(func.script(), [])))
-    monkeypatch.setattr(tuning, "trial_latencies_of", lambda work_dir, funcs, hashes=None: {
+    monkeypatch.setattr(adapter, "records_of", lambda database, func: trials.get(func.script(), []))
+    monkeypatch.setattr(adapter, "latency", lambda record: record)
+    monkeypatch.setattr(adapter, "trial_latencies", lambda work_dir, func: list(trials.get(func.script(), [])))
+    monkeypatch.setattr(adapter, "trial_latencies_of", lambda work_dir, funcs, hashes=None: {
         name: list(trials.get(func.script(), [])) for name, func in funcs.items()})
-    monkeypatch.setattr(tuning, "tune_trials", lambda func, spec, database, n, *a, **k:
+    monkeypatch.setattr(adapter, "tune_trials", lambda func, spec, database, n, *a, **k:
                         trials.setdefault(func.script(), []).extend([ms(func) / 1e3] * n))
-    monkeypatch.setattr(tuning, "seed_joined", lambda *a, **k: False)
-    monkeypatch.setattr(tuning, "seed_from_siblings", lambda *a, **k: [])  # (tests/toolchain/test_transfer.py)
-    monkeypatch.setattr(tuning, "session_cost_model", lambda *a, **k: None)  # (no records to learn from)
+    monkeypatch.setattr(compose, "seed_joined", lambda *a, **k: False)
+    monkeypatch.setattr(compose, "seed_from_siblings", lambda *a, **k: [])  # (tests/toolchain/test_transfer.py)
+    monkeypatch.setattr(adapter, "session_cost_model", lambda *a, **k: None)  # (no records to learn from)
     # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
-    monkeypatch.setattr(tuning, "pair_joins", lambda *a, **k: 0)
-    monkeypatch.setattr(tuning, "first_batch_vs_minis", lambda *a, **k: None)
-    monkeypatch.setattr(tuning, "verify_task", lambda task, func, *a, **k: {
+    monkeypatch.setattr(pairing, "pair_joins", lambda *a, **k: 0)
+    monkeypatch.setattr(pairing, "first_batch_vs_minis", lambda *a, **k: None)
+    monkeypatch.setattr(candidates, "verify_task", lambda task, func, *a, **k: {
         "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": ms(func),
         "trials": len(trials.get(func.script(), []))})
     return trials
@@ -299,19 +310,19 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     resumed session neither re-tunes a stabilised mini nor adds trials."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=256, per_iter=8, stable_window=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=256, per_iter=8, stable_window=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     assert all(t.budget > 16 for t in minis)  # room to stop early
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
     used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert all(used[t.name] == 16 for t in minis)  # stable after two windows
     assert used[joined.name] == joined.budget + sum(t.budget - 16 for t in minis)
-    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, settings) == 256
+    assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 256
     assert [i["budget"] for k, i in events if k == "task" and i["task"] == joined.name] == [used[joined.name]]
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
 
 
@@ -321,36 +332,36 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     built as its minis anyway, so those trials are better spent on them. Nothing more on resume."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     trials.speed_ms[plan.funcs[joined.name].script()] = 5.0
     events = []
-    summary = tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path,
-                                lambda kind, **info: events.append((kind, info)))
+    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path,
+                         lambda kind, **info: events.append((kind, info)))
     used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert used[joined.name] == settings.per_iter  # one batch, then it yields
     ((_, info),) = [e for e in events if e[0] == "join_yields"]
     assert info["best_ms"] == 5.0 and info["minis_ms"] == 3.0 and info["left"] == joined.budget - settings.per_iter
     assert sum(used[t.name] for t in minis) == sum(t.budget for t in minis) + info["left"]  # nothing lost
-    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, settings) == 64
+    assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 64
     rows = {r["task"]: r for r in summary["tasks"]}
     assert rows[joined.name]["handed_back"] == info["left"]
     assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
     # a database whose join handed trials to a mini an older split had (not in this plan): resuming skips it
-    db = tuning.TuneDB(tmp_path)
+    db = TuneDB(tmp_path)
     progress = db.progress
     progress[joined.name]["handed_back"]["fused_gone-000000000000"] = 99
     db.save_progress(progress)
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
     # a join that keeps up with its minis (1 ms vs 3 ms) and has no seed to beat spends its whole budget
     trials.clear()
     trials.speed_ms.clear()
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "fast")
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "fast")
     assert len(trials[plan.funcs[joined.name].script()]) == joined.budget
 
 
@@ -363,26 +374,26 @@ def test_a_resumed_session_with_a_larger_budget_spends_it_where_a_join_handed_ba
     topped up from 2x to 4x spent 3189 of 3968 trials). It goes to the join's minis now, once."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    small = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, stable_window=8 if stable else 10_000)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, small)
+    small = TuneSettings(trials=64, per_iter=8, threshold=1e9, stable_window=8 if stable else 10_000)
+    _, plan = plan_tasks(mod, graph, SPEC, small)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     trials.speed_ms[plan.funcs[joined.name].script()] = 5.0  # slower than its minis: it hands back
-    tuning.tune_model(mod, "a" * 64, SPEC, small, tmp_path)
+    tune_model(mod, "a" * 64, SPEC, small, tmp_path)
     used = lambda: {t.name: len(trials.get(plan.funcs[t.name].script(), [])) for t in plan.tasks}  # noqa: E731
     assert sum(used().values()) == 64
-    before = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}[joined.name]["handed_back"]
+    before = {r["task"]: r for r in status(tmp_path)["tasks"]}[joined.name]["handed_back"]
     large = dataclasses.replace(small, trials=256)
-    tuning.tune_model(mod, "a" * 64, SPEC, large, tmp_path)
+    tune_model(mod, "a" * 64, SPEC, large, tmp_path)
     after = used()
     assert after[joined.name] == small.per_iter  # still the one batch: the growth went to the minis
-    assert sum(after.values()) == tuning.planned_trials(mod, SPEC, large) == 256
+    assert sum(after.values()) == planned_trials(mod, SPEC, large) == 256
     assert all(after[t.name] > 16 for t in minis)
-    handed = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}[joined.name]["handed_back"]
-    _, big = tuning.plan_tasks(mod, graph, SPEC, large)
+    handed = {r["task"]: r for r in status(tmp_path)["tasks"]}[joined.name]["handed_back"]
+    _, big = plan_tasks(mod, graph, SPEC, large)
     own = sum(16 if stable else t.budget for t in big.tasks if t.phase == "mini")  # what minis tune by themselves
     assert handed > before and handed == 256 - small.per_iter - own  # the rest, recorded as handed back
-    tuning.tune_model(mod, "a" * 64, SPEC, large, tmp_path)  # resumed again at that budget: nothing more
+    tune_model(mod, "a" * 64, SPEC, large, tmp_path)  # resumed again at that budget: nothing more
     assert used() == after
 
 
@@ -393,8 +404,8 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
     and the join is composed again from their (better) schedules."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     script = plan.funcs[joined.name].script()
     seeds = []
@@ -404,9 +415,9 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
         trials.setdefault(script, []).append(1e-3)  # the composed seed: 1 ms, as fast as the search gets
         return True
 
-    monkeypatch.setattr(tuning, "seed_joined", seed)
+    monkeypatch.setattr(compose, "seed_joined", seed)
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
     ((_, info),) = [e for e in events if e[0] == "join_yields"]
     assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 1.0
     assert seeds == [joined.name, joined.name]  # seeded, then seeded again after the minis went on
@@ -414,7 +425,7 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
     assert [i.get("again") for k, i in events if k == "seeded"] == [None, True]
     used = sum(len(v) for k, v in trials.items() if k != script)
     assert used == sum(t.budget for t in plan.tasks if t.phase == "mini") + info["left"]
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: no third seed, no more trials
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: no third seed, no more trials
     assert seeds == [joined.name, joined.name] and len(trials[script]) == 1 + settings.per_iter + 1
 
 
@@ -425,8 +436,8 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
     batch must beat."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=2)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=2)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     script = plan.funcs[joined.name].script()
 
@@ -440,22 +451,22 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
         trials.setdefault(script, []).extend([0.5e-3, 2e-3])  # one sibling's seed faster than the composed one
         return ["another join", "a third join"]
 
-    monkeypatch.setattr(tuning, "seed_joined", composed)
-    monkeypatch.setattr(tuning, "seed_from_siblings", siblings)
+    monkeypatch.setattr(compose, "seed_joined", composed)
+    monkeypatch.setattr(compose, "seed_from_siblings", siblings)
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
     ((_, seeded),) = [(k, i) for k, i in events if k == "seeded" and i["task"] == joined.name and not i.get("again")]
     assert seeded["composed"] and seeded["siblings"] == ["another join", "a third join"] and seeded["best_ms"] == 0.5
     ((_, info),) = [e for e in events if e[0] == "join_yields"]
     assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 0.5  # the search's 1 ms does not beat it
     assert trials[script][:3] == [1e-3, 0.5e-3, 2e-3]
     assert len(trials[script]) == 3 + settings.unit + 1  # three seeds, a batch, the composition again
-    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[joined.name]["seeded_from"] == 2
-    none = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=0)
+    none = TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=0)
     calls = []
-    monkeypatch.setattr(tuning, "seed_from_siblings", lambda *a, **k: calls.append(a[0].name) or [])
-    tuning.tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda kind, **info: None)
+    monkeypatch.setattr(compose, "seed_from_siblings", lambda *a, **k: calls.append(a[0].name) or [])
+    tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda kind, **info: None)
     assert joined.name not in calls  # --transfer 0: the composed seed only
 
 
@@ -464,30 +475,30 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
     module, two convs into one concat) is recorded; the session goes on; compile --db builds the
     subgraph as its verified minis."""
     mod, graph, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
-    fake = tuning.tune_trials
+    fake = adapter.tune_trials
 
     def tune_trials(func, *args, **kwargs):
         if func.script() == plan.funcs[joined.name].script():
             raise RuntimeError("ScheduleError: An error occurred in the schedule primitive 'reverse-compute-at'.")
         return fake(func, *args, **kwargs)
 
-    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    summary = tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append(kind))
+    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append(kind))
     rows = {r["task"]: r for r in summary["tasks"]}
     assert "search_failed" in events and "reverse-compute-at" in rows[joined.name]["search_error"]
     assert rows[joined.name]["status"] == "untuned"
     assert all(rows[t.name]["status"] == "verified" for t in plan.tasks if t.phase == "mini")
     assert summary["estimate_ms"] == pytest.approx(3.0)  # the three minis, built in its place
-    built, unfused = tuning.unfuse_slower(partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph), tmp_path)
+    built, unfused = unfuse_slower(partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph), tmp_path)
     assert len(unfused) == 1 and unfused[0]["joined_ms"] is None and "no verified schedule" in unfused[0]["reason"]
     assert len(built.groups) == 3
     # without the reformer: a kernel whose search fails leaves its trials to the next kernel
-    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
     first, second = plan.tasks[:2]
     fake_search.clear()
     failing = plan.funcs[first.name].script()
@@ -497,18 +508,18 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
             raise RuntimeError("ScheduleError")
         return fake(func, *args, **kwargs)
 
-    monkeypatch.setattr(tuning, "tune_trials", tune_first_fails)
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path / "flat")
+    monkeypatch.setattr(adapter, "tune_trials", tune_first_fails)
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path / "flat")
     assert len(fake_search.get(plan.funcs[second.name].script(), [])) == second.budget + first.budget
 
 
 def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_again(
         dwsep_split, tmp_path, fake_search, monkeypatch):
     mod, graph, *_ = dwsep_split
-    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
     first, second = plan.tasks[:2]
-    fake, small = tuning.tune_trials, plan.funcs[first.name].script()
+    fake, small = adapter.tune_trials, plan.funcs[first.name].script()
 
     def tune_trials(func, spec, database, n, *args, **kwargs):  # the first kernel has 5 schedules in all
         if func.script() != small:
@@ -517,16 +528,16 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
         fake(func, spec, database, max(1, min(n, left)), *args, **kwargs)  # ignored the flag would go on)
         return True
 
-    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
     assert ("exhausted", {"task": first.name, "done": 5, "left": first.budget - 5}) in events
     assert len(fake_search[small]) == 5
     assert len(fake_search[plan.funcs[second.name].script()]) == second.budget + first.budget - 5
-    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[first.name]["exhausted"] and not rows[second.name]["exhausted"]
     events.clear()
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
     assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
 
 
@@ -535,10 +546,10 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
     """The weight plan's carry has no task after the last kernel: it goes in rounds to the kernels
     that save the model most, as with the latency scheduler; a resumed session adds nothing."""
     mod, graph, *_ = dwsep_split
-    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
     last, others = plan.tasks[-1], plan.tasks[:-1]
-    fake, small = tuning.tune_trials, plan.funcs[last.name].script()
+    fake, small = adapter.tune_trials, plan.funcs[last.name].script()
     slow = plan.funcs[others[0].name].script()
     fake_search.speed_ms[slow] = 5.0  # the model's slowest kernel: where the rounds go
 
@@ -548,16 +559,16 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
         fake(func, spec, database, max(1, min(n, 5 - len(fake_search.get(small, [])))), *args, **kwargs)
         return True
 
-    monkeypatch.setattr(tuning, "tune_trials", tune_trials)
+    monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
     used = {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert used[last.name] == 5 and last.budget > 5
-    assert sum(used.values()) == tuning.planned_trials(mod, SPEC, flat)  # before: 5 - last.budget short
+    assert sum(used.values()) == planned_trials(mod, SPEC, flat)  # before: 5 - last.budget short
     rounds = [i for k, i in events if k == "round"]
     assert rounds and {r["task"] for r in rounds} == {others[0].name} and rounds[0]["left"] == last.budget - 5
     assert used[others[0].name] == others[0].budget + last.budget - 5
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path)  # resumed: nothing left to spend
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path)  # resumed: nothing left to spend
     assert {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks} == used
 
 
@@ -567,8 +578,8 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
     the seeds are records of its own, so the search adds only what is left of its budget, and a
     resumed session does not seed again."""
     mod, graph, *_ = dwsep_split
-    flat = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False, transfer=2)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, flat)
+    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False, transfer=2)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
     offered = []
 
     def seed(task, plan_, database, spec, verified, settings, measure=None):
@@ -579,9 +590,9 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
         fake_search.setdefault(plan_.funcs[task.name].script(), []).extend([0.5e-3] * settings.transfer)
         return ready[: settings.transfer]
 
-    monkeypatch.setattr(tuning, "seed_from_siblings", seed)
+    monkeypatch.setattr(compose, "seed_from_siblings", seed)
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
     assert [name for name, _ in offered] == [t.name for t in plan.tasks]
     assert offered[0][1] == [] and offered[1][1] == [plan.tasks[0].name]  # what is verified by then
     for t in plan.tasks:  # seeds included, every kernel ends at its budget
@@ -589,18 +600,18 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
     seeded = [info for kind, info in events if kind == "seeded"]
     assert [info["task"] for info in seeded] == [t.name for t in plan.tasks[1:]]
     assert all(info["siblings"] and info["best_ms"] == 0.5 for info in seeded)
-    rows = {r["task"]: r for r in tuning.status(tmp_path)["tasks"]}
+    rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[plan.tasks[0].name]["seeded_from"] == 0 and rows[plan.tasks[1].name]["seeded_from"] == 1
     offered.clear()
-    tuning.tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: None)
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: None)
     assert offered == []  # resumed: every kernel has its records
 
 
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     """A tuning database whose verified latencies are given (no trials run)."""
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
-    db = tuning.TuneDB(path)
-    db.open_session({"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
+    db = TuneDB(path)
+    db.open_session({"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
                      "settings": settings.to_json()})
     db.save_tasks(plan.tasks)
     db.save_layout(plan)
@@ -613,19 +624,19 @@ def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
 
 
 def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_called(dwsep_split, tmp_path, cli):
-    """tuning.compare matches kernels by structural hash: another partition's session names the same
+    """compare matches kernels by structural hash: another partition's session names the same
     PrimFunc otherwise. Unverified kernels are left out; databases for other targets are refused."""
     mod, graph, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
     ago = _fake_db(tmp_path / "ago", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.2, 0.4])
     tasks = ago.tasks
-    other = tuning.TuneDB(tmp_path / "stock")  # the same kernels under other names, one of them unverified
+    other = TuneDB(tmp_path / "stock")  # the same kernels under other names, one of them unverified
     other.open_session({**ago.session, "settings": {**settings.to_json(), "partition": "stock"}})
     renamed = [dataclasses.replace(t, name="stock_" + t.name, phase="kernel", parent=None) for t in tasks]
     other.save_tasks(renamed)
     ms = dict(zip([t.name for t in renamed], [0.1, 0.1, 0.1, 0.25]))  # minis first, then the join
     other.save_verified({n: {"status": "verified", "latency_ms": v} for n, v in ms.items()})
-    c = tuning.compare(tmp_path / "ago", tmp_path / "stock")
+    c = compare(tmp_path / "ago", tmp_path / "stock")
     assert [t.phase for t in tasks] == ["mini"] * 3 + ["joined"]
     assert sorted(r["ratio"] for r in c["kernels"]) == pytest.approx([1.0, 2.0, 2.0, 4.0])
     assert c["geomean"] == pytest.approx(2.0) and c["kernels"][0]["ratio"] == pytest.approx(4.0)  # worst first
@@ -634,76 +645,76 @@ def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_calle
     verified = other.verified
     verified[renamed[2].name]["status"] = "failed"  # the 4x mini: not verified there, not compared
     other.save_verified(verified)
-    c = tuning.compare(tmp_path / "ago", tmp_path / "stock")
+    c = compare(tmp_path / "ago", tmp_path / "stock")
     assert len(c["kernels"]) == 3 and c["geomean"] == pytest.approx(4 ** (1 / 3))
     shown = cli("tune", "--status", tmp_path / "ago", "--against", tmp_path / "stock")
     assert shown.exit_code == 0 and "3 kernels tuned in both, geometric mean 1.59×" in shown.stdout
     assert "2.00×" in shown.stdout and "4.00×" not in shown.stdout
     refused = cli("tune", "--against", tmp_path / "stock")
     assert refused.exit_code == 1 and "--against compares two databases" in refused.stderr
-    arm = tuning.TuneDB(tmp_path / "arm")
+    arm = TuneDB(tmp_path / "arm")
     arm.open_session({**ago.session, "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}})
     arm.save_tasks(tasks)
-    with pytest.raises(tuning.TuningError, match="different targets"):
-        tuning.compare(tmp_path / "ago", tmp_path / "arm")
+    with pytest.raises(TuningError, match="different targets"):
+        compare(tmp_path / "ago", tmp_path / "arm")
 
 
 def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
     _fake_db(tmp_path / "slow", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
-    built, unfused = tuning.unfuse_slower(plan, tmp_path / "slow")
+    built, unfused = unfuse_slower(plan, tmp_path / "slow")
     assert built.groups == split.plan.groups and len(unfused) == 1
     assert unfused[0]["joined_ms"] == 0.5 and unfused[0]["minis_ms"] == pytest.approx(0.3)
     assert unfused[0]["ops"] == list(plan.groups[0]) and unfused[0]["minis"] == 3
     partition.check(graph, built)
-    assert tuning.status(tmp_path / "slow")["estimate_ms"] == pytest.approx(0.3)  # what compile --db builds
+    assert status(tmp_path / "slow")["estimate_ms"] == pytest.approx(0.3)  # what compile --db builds
     # a joined kernel that pays for itself stays fused
     _fake_db(tmp_path / "fast", mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])
-    assert tuning.unfuse_slower(plan, tmp_path / "fast") == (plan, [])
-    assert tuning.status(tmp_path / "fast")["estimate_ms"] == pytest.approx(0.2)
+    assert unfuse_slower(plan, tmp_path / "fast") == (plan, [])
+    assert status(tmp_path / "fast")["estimate_ms"] == pytest.approx(0.2)
     # a mini without a verified schedule: nothing to compare, stays fused
     db = _fake_db(tmp_path / "partial", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
     verified = db.verified
     verified[next(iter(verified))]["status"] = "failed"
     db.save_verified(verified)
-    assert tuning.unfuse_slower(plan, tmp_path / "partial") == (plan, [])
+    assert unfuse_slower(plan, tmp_path / "partial") == (plan, [])
     # a database made for another threshold (another partition) changes nothing
-    other = tuning.TuneSettings(trials=64, per_iter=8, threshold=1.0)
+    other = TuneSettings(trials=64, per_iter=8, threshold=1.0)
     _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
-    assert tuning.unfuse_slower(plan, tmp_path / "other") == (plan, [])
+    assert unfuse_slower(plan, tmp_path / "other") == (plan, [])
 
 
 def test_a_database_for_another_model_is_refused(tmp_path):
-    db = tuning.TuneDB(tmp_path)
-    session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
+    db = TuneDB(tmp_path)
+    session = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
     db.open_session(session)
     db.open_session(session)  # same session: resumes
     db.open_session({**session, "settings": {"trials": 32}})  # a larger budget continues the same session
     assert db.session["settings"]["trials"] == 32
-    with pytest.raises(tuning.TuningError, match="different model sha256"):
+    with pytest.raises(TuningError, match="different model sha256"):
         db.open_session({**session, "model_sha256": "b" * 64})
-    with pytest.raises(tuning.TuningError, match="not a tuning database"):
-        tuning.status(tmp_path / "elsewhere")
+    with pytest.raises(TuningError, match="not a tuning database"):
+        status(tmp_path / "elsewhere")
 
 
 def test_a_database_timed_warm_is_not_continued_cold(tmp_path):
     """Records timed with weights in cache and flushed are not comparable: a database made before
     cold timing existed (no such setting recorded) resumes only with --warm-weights (and, made before
     weights were pre-packed, --no-prepack)."""
-    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
-    tuning.TuneDB(tmp_path).open_session(old)
-    cold = {**old, "settings": tuning.TuneSettings(trials=8).to_json()}
-    with pytest.raises(tuning.TuningError, match="different settings"):
-        tuning.TuneDB(tmp_path).open_session(cold)
-    with pytest.raises(tuning.TuningError, match="different settings"):
-        tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False).to_json()})
-    tuning.TuneDB(tmp_path).open_session(
-        {**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False, prepack=False).to_json()})
+    old = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"}, "settings": {"trials": 8}}
+    TuneDB(tmp_path).open_session(old)
+    cold = {**old, "settings": TuneSettings(trials=8).to_json()}
+    with pytest.raises(TuningError, match="different settings"):
+        TuneDB(tmp_path).open_session(cold)
+    with pytest.raises(TuningError, match="different settings"):
+        TuneDB(tmp_path).open_session({**old, "settings": TuneSettings(trials=8, cold_weights=False).to_json()})
+    TuneDB(tmp_path).open_session(
+    {**old, "settings": TuneSettings(trials=8, cold_weights=False, prepack=False).to_json()})
     for transfer in (0, 3):  # sibling seeds only start tasks not yet started: any number resumes
-        tuning.TuneDB(tmp_path).open_session(
-            {**old, "settings": tuning.TuneSettings(trials=8, cold_weights=False, prepack=False,
-                                                    transfer=transfer).to_json()})
+        TuneDB(tmp_path).open_session(
+     {**old, "settings": TuneSettings(trials=8, cold_weights=False, prepack=False,
+                                      transfer=transfer).to_json()})
 
 
 @pytest.mark.slow
@@ -712,8 +723,8 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     args = ["tune", "zoo:tiny-dwsep", "--db", db, "--trials", "32", "--per-iter", "8"]  # minis, then the join
     result = cli(*args)
     assert result.exit_code == 0, result.stderr
-    status = tuning.status(db)
-    assert all(r["status"] == "verified" for r in status["tasks"]) and status["estimate_ms"] > 0
+    summary = status(db)
+    assert all(r["status"] == "verified" for r in summary["tasks"]) and summary["estimate_ms"] > 0
     records = (db / "ms" / "database_tuning_record.json").read_text().count("\n")
     assert cli(*args).exit_code == 0  # resume: budget already spent, nothing new, nothing lost
     assert (db / "ms" / "database_tuning_record.json").read_text().count("\n") == records
@@ -731,26 +742,26 @@ def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path,
     the session did (here the pw → dw pair in one kernel although Td 1 merges nothing else), and a
     session with another value is refused; databases made before the setting hold 0."""
     model = models.build("tiny-dwsep")
-    session = {"schema": tuning.SCHEMA, "model_sha256": onnx_import.model_hash(model), "target": SPEC.tvm_target,
-               "layout": "NHWC", "settings": tuning.TuneSettings(threshold=1.0, keep_inside=32 * 1024).to_json()}
-    db = tuning.TuneDB(tmp_path / "db")
+    session = {"schema": SCHEMA, "model_sha256": onnx_import.model_hash(model), "target": SPEC.tvm_target,
+               "layout": "NHWC", "settings": TuneSettings(threshold=1.0, keep_inside=32 * 1024).to_json()}
+    db = TuneDB(tmp_path / "db")
     db.open_session(session)
     result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
     assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2
-    with pytest.raises(tuning.TuningError, match="different settings"):
-        db.open_session({**session, "settings": tuning.TuneSettings(threshold=1.0).to_json()})
-    old = {k: v for k, v in tuning.TuneSettings(threshold=1.0).to_json().items() if k != "keep_inside"}
-    tuning.TuneDB(tmp_path / "old").open_session({**session, "settings": old})
-    tuning.TuneDB(tmp_path / "old").open_session({**session, "settings": tuning.TuneSettings(threshold=1.0).to_json()})
+    with pytest.raises(TuningError, match="different settings"):
+        db.open_session({**session, "settings": TuneSettings(threshold=1.0).to_json()})
+    old = {k: v for k, v in TuneSettings(threshold=1.0).to_json().items() if k != "keep_inside"}
+    TuneDB(tmp_path / "old").open_session({**session, "settings": old})
+    TuneDB(tmp_path / "old").open_session({**session, "settings": TuneSettings(threshold=1.0).to_json()})
 
 
 def _loop_schedule(func, parallel: bool, factor: int):
     """``func``'s first block with its second loop split by ``factor``, the outer part parallel or not."""
     from tvm import s_tir
 
-    sch = s_tir.Schedule(tuning.workload_module(func))
+    sch = s_tir.Schedule(workload_module(func))
     block = sch.get_child_blocks(sch.get_sblock("root"))[-1]
     outer, _ = sch.split(sch.get_loops(block)[1], [None, factor])
     if parallel:
@@ -766,37 +777,37 @@ def test_a_session_starts_from_another_databases_records_of_the_same_kernels(dws
     from tvm.s_tir import meta_schedule as ms
 
     (_, first), (_, second), (_, third) = dwsep_split[-1][:3]
-    session = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-               "settings": tuning.TuneSettings(partition="stock").to_json()}
-    base = tuning.TuneDB(tmp_path / "stock")
+    session = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
+               "settings": TuneSettings(partition="stock").to_json()}
+    base = TuneDB(tmp_path / "stock")
     base.open_session(session)
     database = base.ms_database()
     for func, latencies in ((first, [4e-3, 1e-3, 2e-3]), (second, [3e-3, 5e-3])):  # interleaved, as a session commits
-        workload = database.commit_workload(tuning.workload_module(func))
+        workload = database.commit_workload(workload_module(func))
         for i, secs in enumerate(latencies):
             database.commit_tuning_record(ms.database.TuningRecord(
                 _loop_schedule(func, i % 2 == 0, 2 ** i).trace, workload, [secs], SPEC.tvm(),
                 ms.arg_info.ArgInfo.from_prim_func(func)))
     del database
-    ours = tuning.TuneDB(tmp_path / "ago")
-    ours.open_session({**session, "settings": tuning.TuneSettings().to_json()})
+    ours = TuneDB(tmp_path / "ago")
+    ours.open_session({**session, "settings": TuneSettings().to_json()})
     funcs = {"mini-a": first, "mini-b": second, "mini-c": third}
-    assert tuning.import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {"mini-a": 3, "mini-b": 2}
-    assert tuning.trial_latencies(ours.ms_dir, first) == pytest.approx([4e-3, 1e-3, 2e-3])  # commit order
-    assert tuning.trial_latencies(ours.ms_dir, second) == pytest.approx([3e-3, 5e-3])
-    assert tuning.trial_latencies(ours.ms_dir, third) == []
+    assert import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {"mini-a": 3, "mini-b": 2}
+    assert trial_latencies(ours.ms_dir, first) == pytest.approx([4e-3, 1e-3, 2e-3])  # commit order
+    assert trial_latencies(ours.ms_dir, second) == pytest.approx([3e-3, 5e-3])
+    assert trial_latencies(ours.ms_dir, third) == []
     loaded = ours.ms_database()  # MetaSchedule reads them as its own: replayable records of our workloads
-    assert sorted(tuning.latency(r) for r in tuning.records_of(loaded, first)) == pytest.approx([1e-3, 2e-3, 4e-3])
+    assert sorted(latency(r) for r in records_of(loaded, first)) == pytest.approx([1e-3, 2e-3, 4e-3])
     del loaded
-    assert tuning.import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {}  # resumed: nothing twice
-    assert len(tuning.trial_latencies(ours.ms_dir)) == 5
+    assert import_records(tmp_path / "ago", tmp_path / "stock", funcs) == {}  # resumed: nothing twice
+    assert len(trial_latencies(ours.ms_dir)) == 5
     assert ours.imported == {"mini-a": 3, "mini-b": 2}  # kept: a resumed session still says what it started from
-    arm = tuning.TuneDB(tmp_path / "arm")
+    arm = TuneDB(tmp_path / "arm")
     arm.open_session({**session, "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}})
-    with pytest.raises(tuning.TuningError, match="another target"):
-        tuning.import_records(tmp_path / "ago", tmp_path / "arm", funcs)
-    with pytest.raises(tuning.TuningError, match="not a tuning database"):
-        tuning.import_records(tmp_path / "ago", tmp_path / "nothing", funcs)
+    with pytest.raises(TuningError, match="another target"):
+        import_records(tmp_path / "ago", tmp_path / "arm", funcs)
+    with pytest.raises(TuningError, match="not a tuning database"):
+        import_records(tmp_path / "ago", tmp_path / "nothing", funcs)
     refused = cli("tune", "zoo:tiny-dwsep", "--db", tmp_path / "new", "--trials", "8", "--from", tmp_path / "nothing")
     assert refused.exit_code == 1 and "not a tuning database" in refused.stderr
     assert not (tmp_path / "new" / "ms" / "database_tuning_record.json").exists()  # refused before any trial
@@ -810,17 +821,17 @@ def test_the_session_cost_model_ranks_a_new_kernels_candidates_by_what_other_ker
     from tvm.s_tir import meta_schedule as ms
 
     (_, first), (_, second) = dwsep_split[-1][:2]
-    database = tuning.TuneDB(tmp_path).ms_database()
-    mod = tuning.workload_module(first)
+    database = TuneDB(tmp_path).ms_database()
+    mod = workload_module(first)
     workload = database.commit_workload(mod)
     for i in range(120):  # the first kernel: parallel schedules measured 4x faster than serial ones
         parallel, factor = i % 2 == 0, [1, 2, 4, 8][i // 2 % 4]
         database.commit_tuning_record(ms.database.TuningRecord(
             _loop_schedule(first, parallel, factor).trace, workload, [1e-3 if parallel else 4e-3], SPEC.tvm(),
             ms.arg_info.ArgInfo.from_prim_func(first)))
-    model = tuning.session_cost_model({"first": first, "second": second}, database, SPEC)
+    model = session_cost_model({"first": first, "second": second}, database, SPEC)
     assert model.data_size == 120
-    context = ms.TuneContext(mod=tuning.workload_module(second), target=SPEC.tvm(), num_threads=1)
+    context = ms.TuneContext(mod=workload_module(second), target=SPEC.tvm(), num_threads=1)
     args = ms.arg_info.ArgInfo.from_prim_func(second)
     scores = [model.predict(context, [ms.search_strategy.MeasureCandidate(_loop_schedule(second, p, 2), args)])[0]
               for p in (True, False, True)]
@@ -838,12 +849,12 @@ def test_kernels_and_joins_search_with_the_sessions_two_cost_models(dwsep_split,
         made[frozenset(funcs)] = object()
         return made[frozenset(funcs)]
 
-    monkeypatch.setattr(tuning, "session_cost_model", model)
-    search = tuning.tune_trials
-    monkeypatch.setattr(tuning, "tune_trials", lambda func, *a, **k: used.append((func, a[-1])) or search(func, *a, **k))
-    settings = tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9)
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    monkeypatch.setattr(adapter, "session_cost_model", model)
+    search = adapter.tune_trials
+    monkeypatch.setattr(adapter, "tune_trials", lambda func, *a, **k: used.append((func, a[-1])) or search(func, *a, **k))
+    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     phase = {plan.funcs[t.name].script(): t.phase for t in plan.tasks}
     every = frozenset(plan.funcs)
     singles = frozenset(t.name for t in plan.tasks if t.phase != "joined")
@@ -870,36 +881,36 @@ def test_a_search_space_with_nothing_left_to_try_ends_its_task(tmp_path):
     """A layout kernel has a handful of distinct schedules; once they are measured MetaSchedule would
     go on sampling rounds of 0-1 new candidates for ever: the search stops and says so."""
     func = _transpose_func().with_attr("global_symbol", "main")
-    db = tuning.TuneDB(tmp_path / "db")
-    settings = tuning.TuneSettings(per_iter=16)
-    exhausted = tuning.tune_trials(func, SPEC, db.ms_database(), 256, settings, False, tmp_path / "logs")
-    measured = len(tuning.trial_latencies(db.ms_dir))  # (the database holds this workload only)
+    db = TuneDB(tmp_path / "db")
+    settings = TuneSettings(per_iter=16)
+    exhausted = tune_trials(func, SPEC, db.ms_database(), 256, settings, False, tmp_path / "logs")
+    measured = len(trial_latencies(db.ms_dir))  # (the database holds this workload only)
     assert exhausted and 0 < measured < 16
 
 
 def test_expected_gain_is_optimistic_early_and_follows_the_search_after():
-    assert tuning.expected_gain([], 8) == pytest.approx(0.5)  # a fresh task: the whole prior
-    assert tuning.expected_gain([1.0] * 8, 8) == pytest.approx(0.25)  # one round, no record to go by
-    flat = tuning.expected_gain([1.0] * 24, 8)  # its last round brought nothing: half the prior
+    assert expected_gain([], 8) == pytest.approx(0.5)  # a fresh task: the whole prior
+    assert expected_gain([1.0] * 8, 8) == pytest.approx(0.25)  # one round, no record to go by
+    flat = expected_gain([1.0] * 24, 8)  # its last round brought nothing: half the prior
     assert flat == pytest.approx(0.5 * 0.5 * 8 / 32)
-    improving = tuning.expected_gain([1.0] * 16 + [0.5] * 8, 8)  # its last round halved its time
+    improving = expected_gain([1.0] * 16 + [0.5] * 8, 8)  # its last round halved its time
     assert improving == pytest.approx((0.5 + 0.5 * 8 / 32) / 2) and improving > flat
-    assert tuning.expected_gain([math.inf] * 16 + [1.0] * 8, 8) == pytest.approx(0.5 * 8 / 32)  # nothing to compare
+    assert expected_gain([math.inf] * 16 + [1.0] * 8, 8) == pytest.approx(0.5 * 8 / 32)  # nothing to compare
 
 
 def test_model_times_count_what_the_model_is_built_with(dwsep_split):
     mod, graph, *_ = dwsep_split
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, tuning.TuneSettings(trials=64, per_iter=8, threshold=1e9))
+    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=64, per_iter=8, threshold=1e9))
     minis = [t.name for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t.name for t in plan.tasks if t.phase == "joined"]
     verified = {n: {"status": "verified", "latency_ms": 1.0} for n in minis}
     verified[joined] = {"status": "verified", "latency_ms": 2.0}
-    assert tuning.model_times(plan, verified, {}) == {joined: 2.0}  # faster than its minis: built joined
+    assert model_times(plan, verified, {}) == {joined: 2.0}  # faster than its minis: built joined
     verified[joined]["latency_ms"] = 5.0
-    assert tuning.model_times(plan, verified, {}) == {n: 1.0 for n in minis}  # built as its minis
+    assert model_times(plan, verified, {}) == {n: 1.0 for n in minis}  # built as its minis
     del verified[minis[0]]  # not verified yet: the best it measured, when it has one
-    assert tuning.model_times(plan, verified, {minis[0]: {"best_ms": 0.5}}) == {joined: 5.0}  # 2.5 < 5
-    assert tuning.model_times(plan, verified, {}) == {joined: 5.0}  # a mini without a time: the join
+    assert model_times(plan, verified, {minis[0]: {"best_ms": 0.5}}) == {joined: 5.0}  # 2.5 < 5
+    assert model_times(plan, verified, {}) == {joined: 5.0}  # a mini without a time: the join
 
 
 def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dwsep_split, tmp_path, fake_search):
@@ -908,39 +919,39 @@ def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dws
     The whole budget is spent, and a resumed session adds nothing."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=96, per_iter=8, warmup=4, scheduler="latency", threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=96, per_iter=8, warmup=4, scheduler="latency", threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     assert [t.budget for t in plan.tasks] == [4] * 4  # the first pass: a batch of 4 per mini and one for the join
-    assert tuning.first_pass_trials(mod, SPEC, settings) == 16 and tuning.planned_trials(mod, SPEC, settings) == 96
+    assert first_pass_trials(mod, SPEC, settings) == 16 and planned_trials(mod, SPEC, settings) == 96
     for t, speed in zip(minis, (4.0, 2.0, 1.0)):
         trials.speed_ms[plan.funcs[t.name].script()] = speed
     trials.speed_ms[plan.funcs[joined.name].script()] = 9.0
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
     used = [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)]
     assert sum(used) == 96 and used[3] == 4  # all spent; none on the join, which is built as its minis
     assert used[0] > used[1] > used[2] >= 4
     rounds = [i for k, i in events if k == "round"]
     assert len(rounds) == (96 - 16) // 8 and rounds[0]["task"] == minis[0].name and rounds[0]["left"] == 80
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == used
     # where the join is the faster, the rounds all go to it
     trials.clear()
     trials.speed_ms[plan.funcs[joined.name].script()] = 1.0
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "again")
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "again")
     assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == [4, 4, 4, 84]
 
 
 def test_roofline_gain_is_the_gap_times_what_a_round_is_expected_to_close():
-    assert tuning.roofline_gain([1e-3] * 8, 8, floor_s=1e-3) == 0.0  # at its floor: nothing to gain, however slow
-    assert tuning.roofline_gain([], 8, floor_s=0.0) == 0.0  # nothing measured
+    assert roofline_gain([1e-3] * 8, 8, floor_s=1e-3) == 0.0  # at its floor: nothing to gain, however slow
+    assert roofline_gain([], 8, floor_s=0.0) == 0.0  # nothing measured
     # half its time above the floor, one round so far: the gap × the prior
-    assert tuning.roofline_gain([2e-3] * 8, 8, floor_s=1e-3) == pytest.approx(0.5 * 0.5 * 8 / 16)
-    flat = tuning.roofline_gain([2e-3] * 24, 8, floor_s=1e-3)  # its last round closed nothing
+    assert roofline_gain([2e-3] * 8, 8, floor_s=1e-3) == pytest.approx(0.5 * 0.5 * 8 / 16)
+    flat = roofline_gain([2e-3] * 24, 8, floor_s=1e-3)  # its last round closed nothing
     assert flat == pytest.approx(0.5 * (0.5 * 8 / 32) / 2)
-    closing = tuning.roofline_gain([3e-3] * 16 + [2e-3] * 8, 8, floor_s=1e-3)  # it closed half its gap
+    closing = roofline_gain([3e-3] * 16 + [2e-3] * 8, 8, floor_s=1e-3)  # it closed half its gap
     assert closing == pytest.approx(0.5 * (0.5 * 8 / 32 + 0.5) / 2) and closing > flat
 
 
@@ -953,34 +964,34 @@ def test_the_roofline_scheduler_sends_its_rounds_to_the_task_furthest_above_its_
 
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = tuning.TuneSettings(trials=128, per_iter=8, scheduler="roofline", threshold=1e9)
-    _, plan = tuning.plan_tasks(mod, graph, SPEC, settings)
+    settings = TuneSettings(trials=128, per_iter=8, scheduler="roofline", threshold=1e9)
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
-    assert tuning.first_pass_trials(mod, SPEC, settings) == 96 and tuning.planned_trials(mod, SPEC, settings) == 128
+    assert first_pass_trials(mod, SPEC, settings) == 96 and planned_trials(mod, SPEC, settings) == 128
     costs = {plan.funcs[t.name].script(): roofline.Cost(work, 1) for t, work in zip((*minis, joined), (400, 20, 50, 470))}
     monkeypatch.setattr(roofline, "cost", lambda func: costs[func.script()])
     for t, speed in zip(minis, (4.0, 2.0, 1.0)):  # work rates 100 / 10 / 50 per ms; bytes 0.25 / 0.5 / 1
         trials.speed_ms[plan.funcs[t.name].script()] = speed
     trials.speed_ms[plan.funcs[joined.name].script()] = 9.0  # slower than its minis: built as them
     events = []
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
     rounds = [i["task"] for k, i in events if k == "round"]
     assert rounds and set(rounds) == {minis[1].name}  # floor max(20/100, 1/1) = 1 ms of its 2
     assert sum(len(v) for v in trials.values()) == 128  # the whole budget spent
-    tuning.tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resumed: nothing left to do
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resumed: nothing left to do
     assert sum(len(v) for v in trials.values()) == 128
 
 
 def test_a_database_keeps_its_scheduler_and_a_bad_one_is_refused(tmp_path, cli):
-    old = {"schema": tuning.SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
-           "settings": {k: v for k, v in tuning.TuneSettings(trials=8).to_json().items()
+    old = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": {"kind": "llvm"},
+           "settings": {k: v for k, v in TuneSettings(trials=8).to_json().items()
                         if k not in ("scheduler", "warmup")}}  # made before there was a choice: by weight
-    tuning.TuneDB(tmp_path).open_session(old)
-    with pytest.raises(tuning.TuningError, match="different settings"):
-        tuning.TuneDB(tmp_path).open_session(
-            {**old, "settings": tuning.TuneSettings(trials=8, scheduler="latency").to_json()})
-    tuning.TuneDB(tmp_path).open_session({**old, "settings": tuning.TuneSettings(trials=64).to_json()})
+    TuneDB(tmp_path).open_session(old)
+    with pytest.raises(TuningError, match="different settings"):
+        TuneDB(tmp_path).open_session(
+     {**old, "settings": TuneSettings(trials=8, scheduler="latency").to_json()})
+    TuneDB(tmp_path).open_session({**old, "settings": TuneSettings(trials=64).to_json()})
     result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--scheduler", "fastest")
     assert result.exit_code == 1 and "unknown scheduler 'fastest'" in result.stderr
     assert not (tmp_path / "db").exists()
@@ -989,17 +1000,17 @@ def test_a_database_keeps_its_scheduler_and_a_bad_one_is_refused(tmp_path, cli):
 def test_a_database_holds_one_activation_layout(tmp_path):
     """Kernels tuned in one layout are other workloads in the other: a session refuses to mix them; a
     database made before the layout was recorded holds NCHW kernels."""
-    session = {"schema": tuning.SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
-               "settings": tuning.TuneSettings().to_json()}
-    db = tuning.TuneDB(tmp_path / "db")
+    session = {"schema": SCHEMA, "model_sha256": "m", "target": {"kind": "llvm"},
+               "settings": TuneSettings().to_json()}
+    db = TuneDB(tmp_path / "db")
     db.open_session({**session, "layout": "NHWC"})
     db.open_session({**session, "layout": "NHWC"})  # the same session resumes
-    with pytest.raises(tuning.TuningError, match="layout"):
+    with pytest.raises(TuningError, match="layout"):
         db.open_session({**session, "layout": "NCHW"})
-    old = tuning.TuneDB(tmp_path / "old")
+    old = TuneDB(tmp_path / "old")
     old.open_session(session)  # as written before layouts: no key
     old.open_session({**session, "layout": "NCHW"})
-    with pytest.raises(tuning.TuningError, match="layout"):
+    with pytest.raises(TuningError, match="layout"):
         old.open_session({**session, "layout": "NHWC"})
 
 
@@ -1012,23 +1023,23 @@ def test_the_search_population_reaches_metaschedule_and_may_change_on_resume(dws
     *_, (name, func), _ = dwsep_split
     seen = []
     monkeypatch.setattr(ms, "tune_tir", lambda *a, **k: seen.append(k["strategy"]))
-    settings = tuning.TuneSettings(trials=16, population=64)
-    tuning.tune_trials(func, NCHW, None, 16, settings, True, tmp_path / "w")
+    settings = TuneSettings(trials=16, population=64)
+    tune_trials(func, NCHW, None, 16, settings, True, tmp_path / "w")
     (strategy,) = seen
     assert isinstance(strategy, ms.search_strategy.EvolutionarySearch)
     assert strategy.population_size == 64 and strategy.init_min_unmeasured == 50
     session = {"model_sha256": "a" * 64, "target": NCHW.tvm_target, "layout": "NCHW",
-               "settings": tuning.TuneSettings(population=512).to_json()}
-    db = tuning.TuneDB(tmp_path / "db")
+               "settings": TuneSettings(population=512).to_json()}
+    db = TuneDB(tmp_path / "db")
     db.open_session(session)
-    db.open_session({**session, "settings": tuning.TuneSettings(population=128).to_json()})  # no error
+    db.open_session({**session, "settings": TuneSettings(population=128).to_json()})  # no error
     assert db.session["settings"]["population"] == 128
-    with pytest.raises(tuning.TuningError, match=r"different settings \(per_iter: \d+ → 8\)"):  # one that matters,
-        db.open_session({**session, "settings": tuning.TuneSettings(per_iter=8).to_json()})  # named
-    newer = {**session, "settings": {**tuning.TuneSettings().to_json(), "search_depth": 3}}
+    with pytest.raises(TuningError, match=r"different settings \(per_iter: \d+ → 8\)"):  # one that matters,
+        db.open_session({**session, "settings": TuneSettings(per_iter=8).to_json()})  # named
+    newer = {**session, "settings": {**TuneSettings().to_json(), "search_depth": 3}}
     (tmp_path / "db" / "session.json").write_text(json.dumps(newer))  # as a newer agoc would leave it
-    with pytest.raises(tuning.TuningError, match=r"tuned by a newer agoc, with settings this one does not know "
-                                                 r"\(search_depth\); upgrade agoc"):
+    with pytest.raises(TuningError, match=r"tuned by a newer agoc, with settings this one does not know "
+                                          r"\(search_depth\); upgrade agoc"):
         db.open_session(session)
     assert json.loads((tmp_path / "db" / "session.json").read_text()) == newer  # left as it was
 
@@ -1039,12 +1050,12 @@ def test_keep_inside_caps_the_intensive_tiles_of_every_search(dwsep_split, tmp_p
     from tvm.s_tir import meta_schedule as ms
 
     *_, (name, func), _ = dwsep_split
-    seen, real = [], tuning.space_for
-    monkeypatch.setattr(tuning, "space_for", lambda f, s, i, tile_cache=0: seen.append(tile_cache) or real(f, s, i, tile_cache))
+    seen, real = [], space_for
+    monkeypatch.setattr(adapter, "space_for", lambda f, s, i, tile_cache=0: seen.append(tile_cache) or real(f, s, i, tile_cache))
     monkeypatch.setattr(ms, "tune_tir", lambda *a, **k: None)
     for keep_inside in (0, 64 * 1024):
-        tuning.tune_trials(func, NCHW, None, 16, tuning.TuneSettings(trials=16, keep_inside=keep_inside), True,
-                           tmp_path / str(keep_inside))
+        tune_trials(func, NCHW, None, 16, TuneSettings(trials=16, keep_inside=keep_inside), True,
+                    tmp_path / str(keep_inside))
     assert seen == [0, 64 * 1024]
 
 
@@ -1071,9 +1082,9 @@ def test_an_index_argument_is_measured_in_range_so_a_gathers_candidates_run(tmp_
     every candidate of a gather failed (BERT-tiny's embedding kernels were built untuned). Integer
     arguments are zeros now: the candidates run and get real latencies."""
     func = _gather_func()
-    db = tuning.TuneDB(tmp_path / "db")
-    tuning.tune_trials(func, SPEC, db.ms_database(), 16, tuning.TuneSettings(per_iter=16), False, tmp_path / "logs")
-    latencies = tuning.trial_latencies(db.ms_dir)
+    db = TuneDB(tmp_path / "db")
+    tune_trials(func, SPEC, db.ms_database(), 16, TuneSettings(per_iter=16), False, tmp_path / "logs")
+    latencies = trial_latencies(db.ms_dir)
     assert latencies and all(math.isfinite(x) for x in latencies)
 
 

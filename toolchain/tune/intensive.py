@@ -1,69 +1,13 @@
-"""AGO intensive operator fusion (§III-B) as a MetaSchedule search space.
-
-A fused PrimFunc (``toolchain.fusion.fuse_groups``) may hold two complex ops
-joined by elementwise / padding blocks. Tiling the downstream op D and
-computing the upstream op U inside D's tile keeps U's output in cache, and
-recomputes nothing when D is tiled only on dimensions along which it does
-not reuse its input:
-
-* D depthwise conv: every output channel reads only its own input channel,
-  but a whole H×W window → tile the channel dim, H and W whole (Fig. 7a);
-* D pointwise conv or matmul: every output pixel / row reads only its own
-  input pixel / row, but all of its channels → tile H, W (matmul: rows and
-  batch dims), output channels / columns whole (Fig. 7b).
-
-Any other D (a full k×k conv) would recompute U's overlap in every tile: no
-intensive fusion there (:func:`find_pair` returns None), only joint tuning.
-
-**The schedule** (:func:`intensive_schedule`, the Fig. 7 structure):
-elementwise blocks are inlined where that duplicates no work (identity
-copies anywhere, other elementwise blocks only into elementwise consumers;
-padding blocks stay materialised), D's tiled loops are split with
-``sample_perfect_tile`` and fused (with the batch) into one outer tile loop,
-D's epilogue is ``reverse_compute_at`` into it, and D's input chain, U's
-epilogue and U are ``compute_at`` into it (producers in reverse order,
-``preserve_unit_loops=True``). U's own input padding joins the tile where
-each tile reads only part of U's input (dw→dw channel tiles; row tiles of a
-pw / matmul D, whose neighbouring tiles copy the (kernel − stride)-wide halo
-again: a copy, no arithmetic); where every tile reads all of it (a pw / conv U under dw channel
-tiles) it stays one nest before the tile loop (:data:`INPUT_IN_TILE`). Inside the tile, U and D each get
-MultiLevelTiling's "SRS" register tile: every spatial loop split in two with
-a sampled inner factor (the vector — NCHW W, NHWC output channels, matmul
-columns — at most four registers of the target: 16 on NEON, 64 on AVX-512,
-:func:`vector_cap`; the other register dim ≤ 8; H: ≤ 4; a depthwise conv's
-channels are not blocked, they share nothing), order [outer spatials, reductions, inner spatials], innermost
-vectorised. AGO leaves this inner tiling free (Fig. 7, red dashes). The root block gets
-``meta_schedule.parallel`` / ``vectorize`` / ``unroll_explicit`` (sampled)
-annotations, which ``RewriteParallelVectorizeUnroll`` turns into a parallel
-tile loop, vectorised innermost loops and auto-unroll. Every tile size and
-the unroll depth is a sampling decision, so ``MutateTileSize`` /
-``MutateUnroll`` / ``MutateParallel`` explore them.
-
-Blocks outside the pair get what the stock space gives them, applied inside
-the same schedule function so that the trace stays one replayable trace:
-elementwise blocks the stock ``AutoInline`` rule, except into the pair (a third
-conv's bias + relu6 becomes one block the conv's tiling fuses, not three full
-passes over its output), then
-complex blocks (a third conv in the group) the stock ``MultiLevelTiling``.
-
-**The space** (:func:`make_space_generator`): when :func:`find_pair` finds a
-pair and a dry run of the schedule is exact (no dropped iterations, U
-computed once), the space is that ``ScheduleFn`` alone — the AGO space. With
-``include_default=True`` it is ``SpaceGeneratorUnion([intensive, default])``
-so the search may also pick the unfused stock schedules. Without a pair (or
-with ``intensive=False``) it is the stock ``PostOrderApply``. In every case the
-generator carries ``postprocs = Postproc.create("llvm") +
-[RejectDroppedIterations()]`` and ``mutator_probs="llvm"`` explicitly —
-``tune_tir(space=<callable>)`` would silently drop both.
-"""
+"""AGO intensive operator fusion (§III-B): find the pair of complex ops a kernel can fuse, and schedule
+it in the Fig. 7 structure. How and why: docs/tuning-internals.md (Intensive fusion)."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
+
+from toolchain.tune.schedule_check import free_vars
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -153,8 +97,6 @@ class _Info:
 
 
 def _vars_in(expr) -> set[int]:
-    from toolchain.schedule_check import free_vars
-
     return set(free_vars(expr).keys())
 
 
@@ -357,7 +299,7 @@ def _try(fn, *args, **kwargs) -> bool:
         return False
 
 
-def _exists(sch, name: str) -> bool:
+def block_exists(sch, name: str) -> bool:
     try:
         sch.get_sblock(name)
         return True
@@ -389,7 +331,7 @@ def _inline(sch, pair: IntensivePair) -> None:
 #: random sample ("tile": D's tiled dims; "vector": the innermost, vectorised dim of a register tile inside
 #: the tile; "register": its other dims), or the
 #: auto-unroll depth ("unroll"); None leaves it to sampling. The sampled instruction records the
-#: choice as its decision, so the search mutates it like any other (toolchain/intensive_seed.py).
+#: choice as its decision, so the search mutates it like any other (toolchain/tune/intensive_seed.py).
 Decide = Callable[[str, str, int, int, int], "int | None"]
 
 
@@ -488,13 +430,13 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         tile = sch.fuse(*batch, i_o) if batch else i_o
         d_inner, d_reg = 2, 0
     for name in pair.epilogue:
-        if _exists(sch, name):
+        if block_exists(sch, name):
             sch.reverse_compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
     for name in reversed(pair.chain):
-        if _exists(sch, name):
+        if block_exists(sch, name):
             sch.compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
     sch.compute_at(sch.get_sblock(pair.upstream), tile, preserve_unit_loops=True)
-    if pair.upstream_input and _exists(sch, pair.upstream_input) and _input_joins_tile(pair):
+    if pair.upstream_input and block_exists(sch, pair.upstream_input) and _input_joins_tile(pair):
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
@@ -568,337 +510,3 @@ def _annotate_root(sch, num_cores: int | None, unroll: int | None = None) -> Non
 
 # --------------------------------------------------------------------------------------------
 # The space
-
-
-def postprocs(check: bool = True) -> list:
-    """``Postproc.create("llvm")`` plus the dropped-iteration check."""
-    from tvm.s_tir.meta_schedule.postproc import Postproc
-
-    from toolchain.schedule_check import RejectDroppedIterations
-
-    return list(Postproc.create("llvm")) + ([RejectDroppedIterations()] if check else [])
-
-
-def _rest_rules(target, mod, kind: str = "MultiLevelTiling", write_fusion: bool = True):
-    """The stock rule ``kind`` (MultiLevelTiling for complex blocks outside the pair, AutoInline for
-    simple ones), initialised for ``target``; ``write_fusion=False``: MultiLevelTiling without its
-    consumer fusion (see :func:`shared_consumer`)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    stock = ms.schedule_rule.ScheduleRule.create("llvm") if write_fusion else _rules_without_write_fusion()
-    rules = [r for r in stock if type(r).__name__ == kind]
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply")
-    for r in rules:
-        r._initialize_with_tune_context(ctx)
-    return rules
-
-
-def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decide: Decide | None = None,
-                tile_cache: int = 0):
-    """The function a ``ScheduleFn`` calls: intensive schedule, then MultiLevelTiling for other complex blocks
-    (initialised for ``target``, a ``tvm.target.Target``); ``decide``: see :data:`Decide`.
-
-    MultiLevelTiling's consumer fusion can fail on every sample where a block's consumer has other
-    producers outside its tile (ShuffleNet's downsampling unit: the pair and a third conv into one
-    concat, :func:`shared_consumer`); when the first schedule of such a kernel fails with it, the
-    blocks outside the pair are tiled without it from then on (as the stock space does)."""
-    state: dict = {}
-    lanes = vector_lanes(target)
-
-    def schedule(sch, write_fusion: bool):
-        intensive_schedule(sch, pair, num_cores, decide, lanes, tile_cache)
-        outside = _rest_simple(sch, pair)
-        if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
-            if "inline" not in state:
-                state["inline"] = _rest_rules(target, sch.mod, "AutoInline")
-            mine = set(pair.blocks)
-            for name in outside:
-                # not into a block of the pair: moved into D's tile, it would leave the third conv's
-                # write fusion reaching into the tile (MultiLevelTiling then drops iterations)
-                if _exists(sch, name) and not any(
-                        sch.get(c).name_hint in mine for c in sch.get_consumers(sch.get_sblock(name))):
-                    for rule in state["inline"]:
-                        (sch,) = rule.apply(sch, sch.get_sblock(name))
-        rest = _rest_complex(sch, pair)
-        if not rest:
-            return [sch]
-        key = ("rules", write_fusion)
-        if key not in state:
-            state[key] = _rest_rules(target, sch.mod, write_fusion=write_fusion)
-        schs = [sch]
-        for name in rest:
-            nxt = []
-            for s in schs:
-                for rule in state[key]:
-                    nxt.extend(rule.apply(s, s.get_sblock(name)))
-            schs = nxt or schs
-        return schs
-
-    def apply(sch):
-        if "write_fusion" not in state:  # decided on the first schedule, on a copy of it
-            state["write_fusion"] = True
-            if shared_consumer(sch.mod["main"]) is not None:
-                try:
-                    schedule(sch.copy(), True)
-                except Exception:  # noqa: BLE001 - e.g. reverse-compute-at: tiled without it then
-                    state["write_fusion"] = False
-        return schedule(sch, state["write_fusion"])
-
-    return apply
-
-
-def _rest_simple(sch, pair: IntensivePair) -> list[str]:
-    """Root-level elementwise / padding blocks not in the pair, consumers first: what the stock space's
-    AutoInline would inline before tiling (a third conv's epilogue, written out in full otherwise)."""
-    mine = set(pair.blocks)
-    names = [sch.get(rv).name_hint for rv in sch.get_child_blocks(sch.get_sblock("root"))]
-    return [n for n in names[::-1] if n not in mine
-            and not any(int(iv.iter_type) == 2 for iv in sch.get(sch.get_sblock(n)).iter_vars)]
-
-
-def _rest_complex(sch, pair: IntensivePair) -> list[str]:
-    """Root-level reduction blocks not in the pair, consumers first (as PostOrderApply visits them)."""
-    mine = set(pair.blocks)
-    root = sch.get_sblock("root")
-    names = []
-    for rv in sch.get_child_blocks(root):
-        b = sch.get(rv)
-        if b.name_hint not in mine and any(int(iv.iter_type) == 2 for iv in b.iter_vars):
-            names.append(b.name_hint)
-    return names[::-1]
-
-
-def shared_consumer(func) -> str | None:
-    """Why TVM's stock space cannot schedule ``func``, or None: a reduction block (a conv, a matmul)
-    whose consumer — past elementwise blocks, which the stock space inlines into it first — also
-    reads another block's output (SqueezeNet's fire module: two convs into one concat).
-    MultiLevelTiling's write fusion moves that consumer under the reduction's tile with
-    ``reverse_compute_at``, which needs every producer there: the whole space generation fails."""
-    import tvm
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
-
-    def reduces(rv) -> bool:
-        return any(int(iv.iter_type) == 2 for iv in sch.get(rv).iter_vars)
-
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if not reduces(block):
-            continue
-        todo, seen = list(sch.get_consumers(block)), set()
-        while todo:
-            consumer = todo.pop()
-            name = sch.get(consumer).name_hint
-            if name in seen:
-                continue
-            seen.add(name)
-            if len(sch.get_producers(consumer)) > 1:
-                return f"{sch.get(block).name_hint}'s consumer {name} has other producers"
-            if not reduces(consumer):
-                todo.extend(sch.get_consumers(consumer))
-    return None
-
-
-def _rules_without_write_fusion() -> list:
-    """TVM's llvm schedule rules, with MultiLevelTiling's consumer fusion (``reuse_write``) off."""
-    from tvm.s_tir import meta_schedule as ms
-
-    rules = ms.schedule_rule.ScheduleRule.create("llvm")
-    plain = ms.schedule_rule.MultiLevelTiling(structure="SSRSRS", max_innermost_factor=64)
-    return [plain if type(r).__name__ == "MultiLevelTiling" else r for r in rules]
-
-
-def space(pair: IntensivePair | None, target, num_cores: int | None = None, check: bool = True,
-          write_fusion: bool = True, tile_cache: int = 0):
-    """A ``SpaceGenerator``: the intensive ``ScheduleFn`` for ``pair``, or the stock space when None
-    (``write_fusion=False``: with :func:`_rules_without_write_fusion`)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    if pair is None:
-        rules = "llvm" if write_fusion else _rules_without_write_fusion()
-        return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs(check), mutator_probs="llvm")
-    return ms.space_generator.ScheduleFn(
-        schedule_fn(pair, target, num_cores, tile_cache=tile_cache), sch_rules=[], postprocs=postprocs(check),
-        mutator_probs="llvm")
-
-
-@dataclass(frozen=True)
-class SpaceChoice:
-    """What :func:`make_space_generator` chose, and why."""
-
-    generator: object  # tvm.s_tir.meta_schedule.SpaceGenerator
-    pair: IntensivePair | None
-    kind: str  # "intensive" | "intensive+default" | "default" | "default-no-write-fusion"
-    reason: str
-
-
-def dry_run(func, pair: IntensivePair, target, seeds=(1, 2, 3), num_cores: int | None = None) -> str | None:
-    """Apply the space's whole schedule (:func:`schedule_fn`: the blocks outside the pair too) with a few
-    random decisions; None when exact and U runs once, else why not."""
-    import tvm
-    from tvm import s_tir
-
-    from toolchain.schedule_check import execution_counts
-
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    whole = schedule_fn(pair, target, num_cores)
-    for seed in seeds:
-        try:
-            (sch, *_) = whole(s_tir.Schedule(mod, seed=seed))
-        except Exception as exc:  # noqa: BLE001
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-            return f"schedule failed: {(lines[-1] if lines else type(exc).__name__)[:200]}"
-        counts = {c.name: c for c in execution_counts(sch.mod)}
-        bad = [c for c in counts.values() if c.dropped]
-        if bad:
-            return f"drops iterations of {bad[0].name}"
-        u = counts.get(pair.upstream)
-        if u is None or u.executed != u.needed:
-            return f"recomputes {pair.upstream} ({u.ratio if u else '?'}x)"
-    return None
-
-
-def make_space_generator(func, target, intensive: bool = True, include_default: bool = False,
-                         num_cores: int | None = None, check: bool = True, tile_cache: int = 0) -> SpaceChoice:
-    """The search space for one fused PrimFunc on ``target`` (a ``tvm.target.Target``; see the module doc
-    for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
-    initialised for it. ``tile_cache``: see :func:`intensive_schedule`."""
-    from tvm.s_tir import meta_schedule as ms
-
-    def stock(pair, reason: str) -> SpaceChoice:
-        blocked = shared_consumer(func)  # the stock space then goes without consumer fusion
-        gen = space(None, target, check=check, write_fusion=blocked is None)
-        if blocked is None:
-            return SpaceChoice(gen, pair, "default", reason)
-        return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
-
-    if not intensive:
-        return stock(None, "intensive fusion disabled")
-    pair = find_pair(func)
-    if pair is None:
-        return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
-    why_not = dry_run(func, pair, target, num_cores=num_cores)
-    if why_not:
-        return stock(pair, f"{pair.kind}: {why_not}")
-    gen = space(pair, target, num_cores, check, tile_cache=tile_cache)
-    if include_default:
-        union = ms.space_generator.SpaceGeneratorUnion(
-            [gen, stock(pair, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",
-        )
-        return SpaceChoice(union, pair, "intensive+default", f"{pair.kind}, {pair.tiled}")
-    return SpaceChoice(gen, pair, "intensive", f"{pair.kind}, {pair.tiled}")
-
-
-# --------------------------------------------------------------------------------------------
-# Tuning
-
-
-@dataclass
-class TuneResult:
-    latencies: list[float]  # per trial (s), measurement order; inf = failed
-    database: object  # ms.database.JSONDatabase
-    space: str  # SpaceChoice.kind
-    reason: str
-    pair: IntensivePair | None
-    rejected: int  # candidates RejectDroppedIterations rejected (all sampled ones, not only measured)
-    checked: int  # candidates it looked at
-    work_dir: Path
-
-    @property
-    def best(self) -> float:
-        finite = [x for x in self.latencies if math.isfinite(x)]
-        return min(finite) if finite else math.inf
-
-
-def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include_default: bool = False,
-              per_iter: int = 16, seed: int = 0, check: bool = True) -> TuneResult:
-    """Tune one PrimFunc with the intensive (or default) space and the dropped-iteration check.
-
-    Same measuring setup as ``host.fit_weights.tune`` (fast builder, 5 repeats
-    of ≥ 30 ms, a fresh JSON database in ``work_dir``).
-    """
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from toolchain.timing import Timing, local_runner
-    from toolchain.tuning import BUILD_TIMEOUT_S, fast_build, trial_latencies
-    from toolchain import schedule_check
-    from toolchain.artifact import fresh_work_dir
-
-    os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
-    work_dir = fresh_work_dir(work_dir)
-    func = func.with_attr("global_symbol", "main")
-    mod = tvm.IRModule({"main": func})
-    target = spec.tvm()
-    choice = make_space_generator(func, target, intensive, include_default, spec.num_cores, check)
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=BUILD_TIMEOUT_S)
-    runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
-    database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    before = dict(schedule_check.STATS)
-    ms.tune_tir(
-        mod,
-        target=target,
-        work_dir=str(work_dir),
-        max_trials_global=trials,
-        num_trials_per_iter=min(per_iter, trials),
-        builder=builder,
-        runner=runner,
-        database=database,
-        space=choice.generator,
-        num_tuning_cores=spec.num_cores,
-        seed=seed,
-    )
-    after = schedule_check.STATS
-    return TuneResult(
-        latencies=trial_latencies(work_dir),
-        database=database,
-        space=choice.kind,
-        reason=choice.reason,
-        pair=choice.pair,
-        rejected=after["rejected"] - before["rejected"],
-        checked=after["applied"] - before["applied"],
-        work_dir=work_dir,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Checking a schedule numerically
-
-
-def random_args(func, seed: int = 0) -> list:
-    """Numpy arrays for every parameter of ``func`` (inputs random, outputs zero)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for p in func.params:
-        ty = p.ty
-        shape = [int(s) for s in ty.shape]
-        arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(str(ty.dtype)))
-    return arrays
-
-
-def run(mod_or_func, arrays: list, target) -> list:
-    """Compile with ``tvm.compile`` and run ``main`` on copies of ``arrays``; returns every buffer after the call."""
-    import numpy as np
-    import tvm
-    from tvm import tirx
-
-    mod = mod_or_func
-    if isinstance(mod, tirx.PrimFunc):
-        mod = tvm.IRModule({"main": mod.with_attr("global_symbol", "main")})
-    lib = tvm.compile(mod, target=target)
-    dev = tvm.cpu()
-    tensors = [tvm.runtime.tensor(np.array(a), dev) for a in arrays]
-    lib["main"](*tensors)
-    return [t.numpy() for t in tensors]
-
-
-def max_abs_error(func, scheduled, target, seed: int = 0) -> float:
-    """Largest |scheduled - unscheduled| over every parameter after the call (outputs; inputs stay equal)."""
-    import numpy as np
-
-    arrays = random_args(func, seed)
-    ref = run(func, arrays, target)
-    got = run(scheduled, arrays, target)
-    return max(float(np.max(np.abs(r - g))) if r.size else 0.0 for r, g in zip(ref, got))

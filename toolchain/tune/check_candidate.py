@@ -1,17 +1,6 @@
-"""Numeric check of one tuned schedule, run in a fresh process: ``python -m toolchain.check_candidate``.
-
-Reads one JSON request on stdin — ``workload`` (``tvm.ir.save_json`` of the
-unscheduled one-function IRModule), ``trace`` (the candidate's trace as JSON),
-``target`` (dict), ``seed`` — builds the unscheduled function (the reference:
-TVM's default lowering of the unfused-equivalent loop nest) and the scheduled
-one, runs both on the same seeded random buffers and prints one JSON line:
-``{"ok": bool, "max_abs": x, "max_ref": x, "reason": ...}``.
-
-Why a fresh process with glibc's malloc perturbation (design §3): the known
-wrong candidates read a padding halo that is never written; in a long-lived
-process a reused, still-zero page hides that. Here every fresh allocation is
-filled with a non-zero byte, so an unwritten halo shows.
-"""
+"""Numeric check of one tuned schedule against the unscheduled kernel, run in a fresh process with glibc's
+malloc perturbation: ``python -m toolchain.tune.check_candidate`` (JSON request on stdin, one JSON line out).
+The request and why a fresh process: docs/tuning-internals.md."""
 
 from __future__ import annotations
 

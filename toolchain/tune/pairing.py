@@ -1,38 +1,18 @@
-"""Whether a joined kernel pays for itself, decided on measurements taken together.
-
-A join is built as its mini-subgraphs when it is slower than they are together (``tuning.unfuse_slower``).
-The verified latencies the tuner recorded cannot settle that on their own: each was measured when its
-kernel was tuned, minutes apart, and on these shared 2-vCPU machines the same build runs at different
-speeds from one minute — and one process — to the next (measured: one MobileNet-V2 build 2.1-3.2 ms
-within one process, 2.0-3.4 ms between processes; a MobileNet-V2 join recorded at 0.048 ms while tuned
-ran 0.035 ms next to its minis' 0.034). So once every kernel is tuned, each join's kept schedule and its
-minis' kept schedules are built once and timed in turn by one runner — one worker process on this
-machine, one device session over RPC (a farm's runner would spread them over its devices) — for a
-few rounds, the order reversed every round; the decision reads
-the median over rounds of the minis' sum divided by the join's time in the same round.
-
-A pairing is stored with the join's verified entry (``verified.json``, key ``paired``) together with
-the recorded latencies it paired; when the join or one of its minis gets a new schedule (a resumed
-session) it no longer matches and is measured again.
-
-Latency on this host is one rule of several (``compile --joins``, :data:`JOIN_RULES`): without a phone,
-a join can also be judged by the memory traffic it moves in a simulated phone cache
-(``host/judge.py``, stored per geometry in the database's ``traffic.json`` with the same key).
-"""
+"""Whether a joined kernel pays for itself, decided on its kept schedule and its minis' timed together
+in turn on one runner (recorded latencies, minutes apart, do not settle it). Why: docs/tuning-internals.md."""
 
 from __future__ import annotations
 
-import functools
+import logging
 import math
-import shutil
 import statistics
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-#: rounds of the join and its minis timed in turn (each round: every kernel once, one measurement)
-PAIR_ROUNDS = 3
+from toolchain.errors import first_line
+from toolchain.tune.adapter import PAIR_ROUNDS, latency, records_of, time_together
+from toolchain.tune.traces import plain
 
+log = logging.getLogger("agoc.tuning")
 
 @dataclass(frozen=True)
 class Choice:
@@ -145,71 +125,6 @@ def choose_by(rule: str, joined: str, minis: list[str], verified: dict, traffic:
                   joined_bytes, minis_bytes)
 
 
-def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,
-                  rounds: int = PAIR_ROUNDS) -> list[list[float]]:
-    """Build each (PrimFunc, trace JSON) once and time them all in turn, ``rounds`` times (the order
-    reversed every other round), on one runner — one worker process here, one device session over
-    RPC (``measure.together``): per round, each kernel's latency in ms.
-    Raises RuntimeError naming the kernel when one does not build or run."""
-    from tvm.s_tir.meta_schedule.builder import BuilderInput
-
-    from toolchain.tuning import _builder, as_built, scheduled
-
-    mods = [scheduled(func, trace).mod for func, trace in kernels]
-    built = _builder(spec, measure, 1).build([BuilderInput(m, spec.tvm()) for m in mods])
-    try:
-        for i, b in enumerate(built):
-            if b.error_msg:
-                raise RuntimeError(f"kernel {i} does not build: {b.error_msg.strip().splitlines()[-1]}")
-        paths = [b.artifact_path for b in built]
-        together = getattr(measure, "together", None) or functools.partial(_rounds_on_runner, settings, measure)
-        return together(paths, [as_built(m)["main"] for m in mods], rounds)  # the parameters as built
-    finally:
-        for b in built:  # the builder's files (each in a temporary directory of its own)
-            if b.artifact_path:
-                path = Path(b.artifact_path)
-                path.unlink(missing_ok=True)
-                try:
-                    path.parent.rmdir()
-                except OSError:
-                    pass
-
-
-def round_order(n: int, r: int) -> list[int]:
-    """The order kernels are timed in round ``r``: as given, reversed every other round."""
-    return list(range(n))[::-1] if r % 2 else list(range(n))
-
-
-def _rounds_on_runner(settings, measure, paths: list[str], funcs: list, rounds: int) -> list[list[float]]:
-    """:func:`time_together`'s rounds on MetaSchedule's runner (this machine's: one worker process)."""
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
-
-    from toolchain.tuning import _runner
-
-    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
-    runner = _runner(settings, measure)
-    table: list[list[float]] = []
-    with tempfile.TemporaryDirectory(prefix="agoc-pair-") as tmp:
-        for r in range(rounds):
-            order = round_order(len(paths), r)
-            inputs = []
-            for i in order:  # a runner may delete what it ran: every round runs its own copy
-                source = Path(paths[i])
-                copy = Path(tmp) / f"r{r}-k{i}{''.join(source.suffixes)}"
-                shutil.copyfile(source, copy)
-                inputs.append(RunnerInput(str(copy), "cpu", args[i]))
-            row = [0.0] * len(paths)
-            for i, future in zip(order, runner.run(inputs)):
-                result = future.result()
-                if result.error_msg or not result.run_secs:
-                    raise RuntimeError(f"kernel {i} failed to run: {(result.error_msg or 'no timing').strip()[-200:]}")
-                secs = [float(getattr(x, "value", x)) for x in result.run_secs]
-                row[i] = statistics.median(secs) * 1e3
-            table.append(row)
-    return table
-
-
 def summarise(table: list[list[float]]) -> dict:
     """A pairing from :func:`time_together`'s rows (the joined kernel first, then its minis)."""
     joined = [row[0] for row in table]
@@ -249,8 +164,6 @@ def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lamb
             paired = {**time_join(plan, joined, verified[joined]["trace"], verified, spec, settings, measure, rounds),
                       "of": pairing_key(joined, minis, verified)}
         except Exception as exc:  # noqa: BLE001 - a pairing is advice: without it the recorded latencies decide
-            from toolchain.errors import first_line
-
             verified[joined] = {**verified[joined], "paired_error": first_line(exc)}
             on_event("paired", task=joined, error=first_line(exc))
             continue
@@ -259,3 +172,19 @@ def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lamb
         measured += 1
         on_event("paired", task=joined, **{k: paired[k] for k in ("joined_ms", "minis_ms", "ratio")})
     return measured
+
+
+def first_batch_vs_minis(joined: str, plan, database, verified: dict, spec, settings,
+                         measure=None) -> dict | None:
+    """A join's best candidate so far timed next to its minis' verified schedules (a pairing, see
+    :func:`toolchain.tune.pairing.time_join`), or None when a mini has none or the timing fails: the
+    recorded latencies then decide whether the join yields its budget."""
+    records = sorted(records_of(database, plan.funcs[joined]), key=latency)
+    minis = [name for name, _ in plan.compositions.get(joined, [])]
+    if not records or latency(records[0]) == math.inf or minis_ms(minis, verified) is None:
+        return None
+    try:
+        return time_join(plan, joined, plain(records[0].trace.as_json()), verified, spec, settings, measure)
+    except Exception as exc:  # noqa: BLE001 - advice only
+        log.info("timing a join next to its minis failed: %s", first_line(exc))
+        return None

@@ -1,18 +1,5 @@
-"""Static data-race check of a scheduled PrimFunc: parallel loops writing shared memory.
-
-A block nested in a ``parallel`` loop ``p`` (extent > 1) races when it writes a buffer that is
-shared between the iterations of ``p`` — a function parameter or a buffer allocated outside ``p``'s
-body, such as a fused intermediate allocated at the root — at an element that does not depend on
-``p``: two threads then write (or read-modify-write) the same element. That is how a parallelised
-reduction, or a fused intermediate hoisted out of the parallel loop and indexed only by the inner
-loops, goes wrong; the result depends on thread timing, so a numeric check catches it only by luck.
-Here it is caught every time.
-
-Dependence is tracked through block bindings: a block iter var depends on the loop vars of the
-expression bound to it, and a write index depends on the loop vars of the iter vars it uses.
-Writes whose indices depend on ``p`` are private per iteration (overlapping halos of recomputed
-tiles write equal values and are not reported).
-"""
+"""Static data-race check of a scheduled PrimFunc: a parallel loop writing shared memory at an element
+that does not depend on its variable. Details: docs/tuning-internals.md."""
 
 from __future__ import annotations
 

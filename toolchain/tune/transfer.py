@@ -1,21 +1,5 @@
-"""Sibling seeds: a kernel's search starts from the verified schedules of kernels like it.
-
-MobileNet-like models repeat a handful of kernel shapes — a pointwise conv with bias and
-ReLU6, a depthwise one, a linear bottleneck — at different channel counts and resolutions.
-MetaSchedule starts every kernel's search from random samples, and at the budgets a model is
-tuned with here (one or two batches of 16 for most of AGO's minis) its first batch is often
-2-5x off what the same kernel reaches after 64 trials. A kernel whose blocks are the same as an
-already verified kernel's (same block names, same iterator kinds; only the loop extents
-differ) can start from that kernel's schedule instead: the trace is replayed on the new kernel
-with every tile split re-fitted to the new extents (:func:`refit_tile`), measured like any
-candidate, and committed as the kernel's first record, which MetaSchedule's evolutionary
-search then starts from (as a join starts from its composed minis, AGO §V). Transfer-tuning
-(Gibson & Cano, PACT 2022) reuses schedules across kernels the same way.
-
-The nearest siblings in loop extents are tried first (:func:`siblings`). A seed is a
-candidate like any other: it counts against the kernel's budget, and the kernel's kept
-schedule is verified numerically whichever candidate it is.
-"""
+"""Sibling seeds: a kernel's search starts from the verified schedules of kernels with the same blocks,
+re-fitted to its loops. Why and how: docs/tuning-internals.md (Sibling seeds)."""
 
 from __future__ import annotations
 

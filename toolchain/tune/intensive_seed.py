@@ -1,34 +1,12 @@
-"""The composed seed of an intensive join: AGO §V's "schedules of the minis composed as the
-initial schedule of the joined subgraph", in the intensive-fusion space.
-
-:func:`toolchain.tuning.compose_joined` replays each mini's schedule on the joined kernel: the
-minis' loop nests side by side, every intermediate written out in full. For a join that intensive
-fusion applies to (:func:`toolchain.intensive.find_pair`), that seed lies outside the Fig. 7 space
-the join is searched in, and a first batch of 16 samples of that space, drawn at random, rarely
-beats a seed made of tuned minis (the minis' register tiles are what make a conv fast). This seed
-*is* a point of the Fig. 7 space, its choices taken from the minis:
-
-* the register tile of U and of D (inside D's tile): each loop's inner factor is the register tile
-  the loop's own mini chose for it (MultiLevelTiling's two innermost "S" levels), the nearest
-  divisor not above it that the loop's extent and the space's cap allow (:func:`register_factor`);
-  the vector (W / columns, NHWC channels): a seed each of :data:`VECTORS` — as wide as the space
-  allows, and as wide as D's / U's own mini made it (the widest can spill registers once the
-  space's cap is several registers: :func:`toolchain.intensive.vector_cap`);
-* D's tile (what stays in cache): the largest tile whose slice of the intermediate fits each of
-  :data:`TILE_BYTES` (a seed each), with at least one tile per core (:func:`tile_factors`);
-* the auto-unroll depth: D's mini's;
-* complex blocks outside the pair (a third conv of the join): MultiLevelTiling, as in the space,
-  with the decisions their own minis took.
-
-Every choice is a decision of a sampling instruction of the space's own schedule function, so
-the search mutates the seed like any candidate it drew. The seed is measured, checked and
-committed like the side-by-side one (``tuning.seed_joined``); neither is kept unless verified.
-"""
+"""The composed seed of an intensive join: the minis' choices (register tiles, vector, unroll) taken as
+decisions of the intensive-fusion space, so the seed is a point of that space. Why: docs/tuning-internals.md."""
 
 from __future__ import annotations
 
-from toolchain.intensive import (TILE_FACTOR_MAX, IntensivePair, _rest_complex, data_shape, schedule_fn,
-                                  tile_units, vector_lanes)
+from toolchain.tune.adapter import workload_module
+from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, tile_units, vector_lanes
+from toolchain.tune.space import rest_complex, schedule_fn
+from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
 #: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
@@ -61,7 +39,7 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
     dw (channel tiles, H and W whole): the most channels whose planes fit ``budget``; pw (H × W tiles,
     channels whole): whole rows if one fits, then the most rows that fit; matmul: the most rows that
     fit. Each keeps at least ``cores`` tiles where the extent allows, at most
-    :data:`~toolchain.intensive.TILE_FACTOR_MAX` per tiled dim, and a multiple of :data:`TILE_ALIGN`
+    :data:`~toolchain.tune.intensive.TILE_FACTOR_MAX` per tiled dim, and a multiple of :data:`TILE_ALIGN`
     where one fits. An NHWC dw tile's channels are the vector inside it: a multiple of the target's
     ``lanes`` (and of TILE_ALIGN) where one fits, else the fewest whole vectors even over ``budget``
     (a tile narrower than a register leaves lanes idle in every instruction; one over budget spills
@@ -119,13 +97,11 @@ def _tile_samples(trace_json, block: str) -> dict[int, int]:
 
 
 class MiniChoices:
-    """The ``decide`` callback (:data:`toolchain.intensive.Decide`) that takes the seed's choices from
+    """The ``decide`` callback (:data:`toolchain.tune.intensive.Decide`) that takes the seed's choices from
     the minis. ``parts``: (mini trace JSON, {mini block: joined block}) per mini."""
 
     def __init__(self, pair: IntensivePair, parts: list[tuple[object, dict]], tiles: dict[int, int],
                  vector: str = "widest", lanes: int = 4):
-        from toolchain.tuning import _unroll_of
-
         if vector not in VECTORS:
             raise ValueError(f"vector: one of {VECTORS}, not {vector!r}")
         self.tiles, self.vector, self.lanes = tiles, vector, lanes
@@ -136,7 +112,7 @@ class MiniChoices:
                 if joined_block in (pair.upstream, pair.downstream):
                     self.factors[joined_block] = tile_decisions(trace_json, mini_block)
                     if joined_block == pair.downstream:
-                        self.unroll = _unroll_of(trace_json)
+                        self.unroll = unroll_of(trace_json)
 
     def __call__(self, role: str, block: str, it: int, extent: int, cap: int) -> int | None:
         if role == "unroll":
@@ -206,8 +182,6 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     None when the minis give nothing to take or it does not apply."""
     from tvm import s_tir
 
-    from toolchain.tuning import _replay_tolerant, plain, workload_module
-
     if tile is None:
         shape = data_shape(joined_func, pair)
         if shape is None:
@@ -222,10 +196,10 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     except Exception:  # noqa: BLE001 - the structure does not apply at these choices
         return None
     sch = designs[0]
-    rest = _rest_complex(sch, pair)
+    rest = rest_complex(sch, pair)
     if not rest:
         return sch
     trace_json = _rest_with_mini_decisions(plain(sch.trace.as_json()), rest, parts)
-    replayed, _, dropped = _replay_tolerant(s_tir.Schedule(mod), trace_json, max_dropped=0)
+    replayed, _, dropped = replay_tolerant(s_tir.Schedule(mod), trace_json, max_dropped=0)
     return sch if dropped else replayed
 

@@ -1,0 +1,114 @@
+"""Which of a task's candidates is kept: each checked numerically against the unscheduled kernel in a
+fresh process (:mod:`toolchain.tune.check_candidate`), best first, until one passes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from toolchain.targets import resolve_target
+from toolchain.tune.adapter import latency, records_of, workload_module
+from toolchain.tune.check_candidate import CHECK_ENV
+from toolchain.tune.settings import Task, TuneSettings
+from toolchain.tune.traces import plain
+
+
+def check_target(spec) -> dict:
+    """The target a candidate is checked on: its own when it runs here; otherwise this machine's
+    (the schedule — the trace — is what is checked: the known wrong candidates are wrong in TIR,
+    on every target; the final model is verified on the device itself against onnxruntime)."""
+    if spec.runs_on_host:
+        return spec.tvm_target
+    host = dict(resolve_target("host").tvm_target)
+    host["num-cores"] = spec.num_cores
+    return host
+
+
+def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> dict:
+    """Numeric check of one record in a fresh process (see :mod:`toolchain.tune.check_candidate`)."""
+    import tvm
+
+    request = {
+        "workload": tvm.ir.save_json(workload_module(func)),
+        "trace": plain(record.trace.as_json()),
+        "target": check_target(spec),
+        "seed": seed,
+    }
+    env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolchain.tune.check_candidate"], input=json.dumps(request), capture_output=True,
+            text=True, env=env, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "reason": f"check timed out after {timeout:.0f} s"}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"ok": False, "reason": f"checker crashed (exit {done.returncode}): {done.stderr.strip()[-200:]}"}
+    return json.loads(lines[-1])
+
+
+def verify_task(task: Task, func, database, spec, settings: TuneSettings) -> dict:
+    """Check candidates best-first until one passes; returns the verified.json entry of the task."""
+    records = sorted(records_of(database, func), key=latency)
+    rejected = []
+    for record in records[: settings.verify_top]:
+        if latency(record) == math.inf:
+            break
+        result = check_candidate(func, record, spec, seed=settings.seed)
+        entry = {"latency_ms": latency(record) * 1e3, **{k: result.get(k) for k in ("max_abs", "max_ref")}}
+        if result["ok"]:
+            return {
+                "status": "verified",
+                "trace": plain(record.trace.as_json()),
+                **entry,
+                "trials": len(records),
+                "rejected": rejected,
+            }
+        rejected.append({**entry, "reason": result.get("reason", "")})
+    return {"status": "unverified" if records else "untuned", "trials": len(records), "rejected": rejected}
+
+
+# ----------------------------------------------------------------------------- running a kernel here
+
+
+def random_args(func, seed: int = 0) -> list:
+    """Numpy arrays for every parameter of ``func`` (inputs random, outputs zero)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in func.params:
+        ty = p.ty
+        shape = [int(s) for s in ty.shape]
+        arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(str(ty.dtype)))
+    return arrays
+
+
+def run(mod_or_func, arrays: list, target) -> list:
+    """Compile with ``tvm.compile`` and run ``main`` on copies of ``arrays``; returns every buffer after the call."""
+    import numpy as np
+    import tvm
+    from tvm import tirx
+
+    mod = mod_or_func
+    if isinstance(mod, tirx.PrimFunc):
+        mod = tvm.IRModule({"main": mod.with_attr("global_symbol", "main")})
+    lib = tvm.compile(mod, target=target)
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(np.array(a), dev) for a in arrays]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def max_abs_error(func, scheduled, target, seed: int = 0) -> float:
+    """Largest |scheduled - unscheduled| over every parameter after the call (outputs; inputs stay equal)."""
+    import numpy as np
+
+    arrays = random_args(func, seed)
+    ref = run(func, arrays, target)
+    got = run(scheduled, arrays, target)
+    return max(float(np.max(np.abs(r - g))) if r.size else 0.0 for r, g in zip(ref, got))

@@ -1,0 +1,135 @@
+"""Seeds: a search starts from schedules already verified — a join's minis' composed onto it (side by
+side, or in the intensive-fusion structure), or a sibling kernel's re-fitted to its loops."""
+
+from __future__ import annotations
+
+import logging
+
+from toolchain.tune import intensive, intensive_seed, transfer
+from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
+from toolchain.tune.plan import TaskPlan
+from toolchain.tune.settings import Task, TuneSettings
+from toolchain.tune.space import dry_run
+from toolchain.tune.traces import LOOKUPS, rename_blocks, replay_tolerant, unroll_of
+
+log = logging.getLogger("agoc.tuning")
+
+
+def compose_joined(joined_func, minis: list[tuple[object, dict]]):
+    """Replay each mini's kept trace on the joined kernel (block names mapped); a Schedule, or None.
+
+    ``minis`` holds (trace JSON, block map) pairs. A step that does not replay on the joined kernel
+    (seen: a mini's ``reverse_compute_at`` of a residual add, whose other operand the joined kernel
+    computes itself) is left out when nothing refers to its results, otherwise the trace stops
+    there (:func:`replay_tolerant`); a mini of which nothing but lookups replays is skipped.
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(workload_module(joined_func))
+    applied = 0
+    for trace_json, block_map in minis:
+        if not block_map:
+            continue
+        trial, kept, dropped = replay_tolerant(sch, rename_blocks(trace_json, block_map))
+        if dropped:
+            log.info("composition left out %d step(s) of a mini: %s", len(dropped), ", ".join(dropped))
+        if not any(inst[0] not in LOOKUPS for inst in kept[0]):
+            continue
+        sch, applied = trial, applied + 1
+    return sch if applied else None
+
+
+def restore_unroll(sch, minis: list[tuple[object, dict]]) -> int:
+    """Give each loop nest of a composed, postprocessed kernel its own mini's auto-unroll depth.
+
+    MetaSchedule samples one unroll depth per kernel, as a root annotation; composed, the last mini's
+    depth would rule every nest (measured on a MnasNet join of three convs: 0.19 ms with the right
+    depths, 0.34 with the last mini's 512). Returns how many nests were changed."""
+    nests: list = []  # (outermost loop, its For node, depth): the first mini to claim a nest sets it
+    for trace_json, block_map in minis:
+        depth = unroll_of(trace_json)
+        if depth is None:
+            continue
+        for name in block_map.values():  # (a reduction block is split into _init / _update by postprocessing)
+            for block in (name, f"{name}_init", f"{name}_update"):
+                try:
+                    loops = sch.get_loops(sch.get_sblock(block))
+                except Exception:  # noqa: BLE001 - inlined, or renamed: nothing of its own
+                    continue
+                if loops and not any(sch.get(loops[0]).same_as(node) for _, node, _ in nests):
+                    nests.append((loops[0], sch.get(loops[0]), depth))
+    for outer, _, depth in nests:
+        for ann in ("pragma_auto_unroll_max_step", "pragma_unroll_explicit"):  # (annotate keeps an existing value)
+            if ann in sch.get(outer).annotations:
+                sch.unannotate(outer, ann)
+        if depth:
+            sch.annotate(outer, "pragma_auto_unroll_max_step", depth)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
+    return len(nests)
+
+
+def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                measure: "Measure | None" = None) -> bool:
+    """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
+    static checks and builds, measure it and commit it as the joined kernel's first record: the
+    search then starts from it. Its latency is measured like any candidate's, never estimated."""
+    parts = [
+        (verified[name]["trace"], mapping)
+        for name, mapping in plan.compositions.get(task.name, [])
+        if verified.get(name, {}).get("status") == "verified"
+    ]
+    func = plan.funcs[task.name]
+    sch = compose_joined(func, parts) if parts else None
+    if sch is not None:
+        sch = postprocess(sch, spec)
+    if sch is not None:
+        restore_unroll(sch, parts)
+    committed = sch is not None and commit_seed(sch, func, database, spec, settings, measure)
+    if settings.intensive and settings.partition == "ago" and parts:  # and in the join's own space
+        for fused in intensive_composed(func, parts, spec, settings.keep_inside):
+            committed = commit_seed(fused, func, database, spec, settings, measure) or committed
+    return committed
+
+
+def intensive_composed(func, parts: list[tuple[object, dict]], spec, tile_cache: int = 0) -> list:
+    """The minis' schedules composed into the intensive-fusion structure of the joined kernel
+    (toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
+    unroll depths; none where the join's space is not the intensive one or nothing composes.
+    ``tile_cache``: the space's cap on a tile's slice of the intermediate (0: none)."""
+    pair = intensive.find_pair(func)
+    if pair is None or dry_run(func, pair, spec.tvm(), num_cores=spec.num_cores) is not None:
+        return []
+    inside = set(pair.blocks)
+    out = []
+    for sch in intensive_seed.intensive_seeds(func, pair, parts, spec.tvm(), spec.num_cores, tile_cache):
+        sch = postprocess(sch, spec)
+        if sch is not None:
+            restore_unroll(sch, [(t, m) for t, m in parts if not inside & set(m.values())])
+            out.append(sch)
+    return out
+
+
+def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                       measure: "Measure | None" = None) -> list[str]:
+    """Start ``task`` from the verified schedules of up to ``settings.transfer`` kernels with the same
+    blocks (toolchain/tune/transfer.py), each re-fitted to its loops, measured and committed as a record;
+    the names of the kernels whose schedules were committed."""
+    import tvm_ffi
+
+    func = plan.funcs[task.name]
+    done = {name: plan.funcs[name] for name, v in verified.items()
+            if v.get("status") == "verified" and v.get("trace") and name in plan.funcs and name != task.name}
+    seeded, seen = [], set()
+    for name in transfer.siblings(func, done, settings.transfer):
+        sch = transfer.transfer_schedule(workload_module(plan.funcs[name]), rename_blocks(verified[name]["trace"], {}),
+                                         workload_module(func))
+        sch = postprocess(sch, spec) if sch is not None else None
+        if sch is None:
+            continue
+        key = tvm_ffi.structural_hash(sch.mod)
+        if key in seen:  # two siblings' schedules may land on the same one here
+            continue
+        seen.add(key)
+        if commit_seed(sch, func, database, spec, settings, measure):
+            seeded.append(name)
+    return seeded

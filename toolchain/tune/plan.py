@@ -1,0 +1,190 @@
+"""A model's tuning tasks: its kernels (identical ones once), the minis of every subgraph the reformer
+splits and how they compose onto the join, each task's budget from AGO's weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from toolchain import build, fusion, partition, reform
+from toolchain.opgraph import OpGraph, OpNode, block_nests, op_graph
+from toolchain.tune import budget
+from toolchain.tune.settings import Task, TuneSettings
+from toolchain.weights import load_model, loop_term
+
+
+def kernel_hash(func) -> str:
+    """Identity of a kernel: identical PrimFuncs (whatever they are called) are one tuning task."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
+
+
+def task_name(kernel: str, func) -> str:
+    return f"{kernel[:60]}-{kernel_hash(func)}"
+
+
+def task_hash(name: str) -> str:
+    """The :func:`kernel_hash` a :func:`task_name` ends with: the kernel's identity across partitions."""
+    return name.rsplit("-", 1)[-1]
+
+
+def group_kernels(fused_mod) -> list[tuple[str, object]]:
+    """(kernel name, PrimFunc) of every call_tir in main, in call order (one per partition group)."""
+    from tvm import relax
+
+    out = []
+    for block in fused_mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and v.op.name == "relax.call_tir":
+                gv = v.args[0]
+                out.append((gv.name_hint, fused_mod[gv]))
+    return out
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    tasks: tuple[Task, ...]
+    funcs: dict = field(hash=False)  # task name -> PrimFunc
+    compositions: dict = field(hash=False)  # joined task -> [(mini task, {mini block: joined block}), ...]
+    groups: tuple = ()  # the partition's groups (op ids), in order
+    group_tasks: tuple = ()  # the task of each group
+    split_of: dict = field(default_factory=dict, hash=False)  # group index -> its mini-subgraphs (op ids)
+
+
+def block_names(func) -> list[str]:
+    return [b.block for b in block_nests(func)]
+
+
+def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[object, TaskPlan]:
+    """Legalized module → (fused module, the tuning tasks)."""
+    threshold = settings.threshold if settings.threshold is not None else partition.DEFAULT_THRESHOLD
+    mark = build.mark_weights if settings.prepack else (lambda m: m)
+    if settings.partition == "stock":
+        fused = mark(build.fuse_stock(mod, spec))
+        plan = partition.plan("stock", mod, spec, graph=graph)
+    else:
+        plan = partition.plan("ago", mod, spec, threshold, graph, keep_inside=settings.keep_inside)
+        fused = mark(fusion.fuse_groups(mod, plan.groups, spec))
+    kernels = group_kernels(fused)
+    groups = plan.groups if settings.partition != "stock" else [()] * len(kernels)
+    funcs, final, order, by_hash = _kernel_tasks(kernels, groups, plan.weights)
+    if settings.partition == "stock":  # weights of FuseOps kernels: from their own loop nests
+        model = load_model()
+        for name, task in final.items():
+            term = loop_term(OpNode(name, name, "simple", block_nests(funcs[name]), ()))
+            final[name] = replace(task, weight=model.c * term + model.b)
+    minis_of: dict[str, list] = {}
+    split_of: dict[int, list] = {}
+    if settings.partition == "ago" and settings.reformer:
+        split = reform.split_plan(graph, plan, threshold)
+        mini_kernels = group_kernels(mark(fusion.fuse_groups(mod, split.plan.groups, spec)))
+        for parent_index, parent in enumerate(order):
+            minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]
+            if len(minis) >= 2:  # one reducing op: tuned directly
+                minis_of.setdefault(parent, minis)
+                split_of[parent_index] = [g for _, g in minis]
+    final = _with_budgets(final, minis_of, set(by_hash), settings)
+    tasks, compositions = _mini_tasks(final, minis_of, funcs, by_hash, graph, plan.weights, settings)
+    # a kernel that is also one of a join's minis (an identical op group elsewhere, tuned once) goes with
+    # the minis, before every join: a join is composed from its minis' verified schedules
+    composed = {name for parts in compositions.values() for name, _ in parts}
+    tasks.extend(sorted(final.values(), key=lambda t: t.phase != "kernel" or t.name not in composed))
+    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of)
+
+
+def _kernel_tasks(kernels: list, groups, weights_by_node: dict):
+    """A task per distinct kernel: (funcs, {task: Task}, the task of each group, {hash: task})."""
+    funcs: dict = {}
+    final: dict[str, Task] = {}
+    order: list[str] = []
+    by_hash: dict[str, str] = {}
+    for (kernel, func), group in zip(kernels, groups):
+        name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+        order.append(name)
+        if name in final:
+            final[name] = replace(final[name], calls=final[name].calls + 1)
+            continue
+        weight = sum(weights_by_node[n] for n in group) if group else 1.0
+        funcs[name] = func
+        final[name] = Task(name, "kernel", tuple(group), None, weight, 0)
+    return funcs, final, order, by_hash
+
+
+def _with_budgets(final: dict[str, Task], minis_of: dict, charged: set, settings: TuneSettings) -> dict[str, Task]:
+    """The kernels with their first-pass budgets (``charged``: structural hashes already counted)."""
+
+    def new_minis(minis: list) -> list:
+        """The minis of a join not tuned as a kernel or as an earlier join's mini (joins in order)."""
+        fresh = [h for h in dict.fromkeys(kernel_hash(func) for (_, func), _ in minis) if h not in charged]
+        charged.update(fresh)
+        return fresh
+    # a subgraph the reformer splits gets at least a batch per mini it brings and one for its join; a mini
+    # identical to a kernel or to an earlier join's mini is tuned once, there: it is not charged again
+    floors = [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
+    first = budget.first_pass(settings.trials, settings.scheduler)
+    # a kernel's share of the model's time is its weight (one call) times its calls
+    budgets = budget.budgets([t.weight * t.calls for t in final.values()], first, settings.unit, floors)
+    return {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
+
+
+def _mini_tasks(final: dict[str, Task], minis_of: dict, funcs: dict, by_hash: dict, graph: OpGraph,
+                weights: dict, settings: TuneSettings) -> tuple[list[Task], dict]:
+    """The mini tasks (each split subgraph's budget shared with its join, which ``final`` then holds as
+    "joined") and every join's composition: {join: [(mini task, {mini block: joined block}), ...]}."""
+    tasks: list[Task] = []
+    compositions: dict = {}
+    for parent, minis in minis_of.items():
+        parent_task = final[parent]
+        new = []
+        for (kernel, func), mini in minis:
+            name = by_hash.setdefault(kernel_hash(func), task_name(kernel, func))
+            # every instance composes onto the joined kernel, even when identical minis share a task
+            compositions.setdefault(parent, []).append(
+                (name, map_blocks(graph, mini, parent_task.members, func, funcs[parent]))
+            )
+            if name in funcs:
+                continue  # an identical mini (or kernel) elsewhere is tuned once
+            funcs[name] = func
+            new.append(Task(name, "mini", tuple(mini), parent, sum(weights[n] for n in mini), 0))
+        mini_budgets, joined = budget.split_budget(parent_task.budget, [t.weight for t in new],
+                                                   settings.split_fraction, settings.unit)
+        tasks.extend(replace(t, budget=b) for t, b in zip(new, mini_budgets))
+        final[parent] = replace(parent_task, phase="joined", budget=joined)
+    return tasks, compositions
+
+
+def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
+    """Trials of the session's plan (``mod``: a legalized module): every task's share of the budget
+    ("weight"), or its first batch only ("latency")."""
+    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
+    return sum(t.budget for t in plan.tasks)
+
+
+def planned_trials(mod, spec, settings: TuneSettings) -> int:
+    """Trials a session with ``settings`` would spend on ``mod`` (a legalized module) at most: every
+    kernel gets at least one search batch, so a model with many kernels can exceed ``settings.trials``."""
+    return budget.session_trials(first_pass_trials(mod, spec, settings), settings.trials, settings.scheduler)
+
+
+def map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:
+    """Mini kernel block name → joined kernel block name, op by op.
+
+    FuseTIR lays out a group's blocks op after op in binding order, each op contributing its own
+    PrimFunc's blocks (renamed on clashes), so the k-th block of an op in one kernel is the k-th
+    block of the same op in the other.
+    """
+    sizes = {n.id: len(n.blocks) for n in graph.nodes}
+    mini_blocks, joined_blocks = block_names(mini_func), block_names(joined_func)
+    if sum(sizes[n] for n in mini) != len(mini_blocks) or sum(sizes[n] for n in joined) != len(joined_blocks):
+        return {}  # layout differs from the assumption: no composition for this mini
+    start, offset = {}, 0
+    for n in joined:
+        start[n] = offset
+        offset += sizes[n]
+    mapping, offset = {}, 0
+    for n in mini:
+        for k in range(sizes[n]):
+            mapping[mini_blocks[offset + k]] = joined_blocks[start[n] + k]
+        offset += sizes[n]
+    return mapping

@@ -1,0 +1,376 @@
+"""A tuning session (:func:`tune_model`): every task seeded, searched and verified in turn, budgets handed
+on as tasks stop early, the rest in rounds, joins paired. Resumable; the design: docs/tuning-internals.md."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from toolchain import fastmath, padding, roofline
+from toolchain.errors import first_line
+from toolchain.opgraph import op_graph
+from toolchain.tune import adapter, candidates, compose, pairing
+from toolchain.tune.adapter import Measure
+from toolchain.tune.budget import (hand_back, join_yields, next_round, round_gains, session_trials, stabilised,
+                                   task_ms, unspent)
+from toolchain.tune.db import TuneDB, import_records, status
+from toolchain.tune.plan import TaskPlan, plan_tasks
+from toolchain.tune.settings import SCHEMA, Task, TuneSettings
+
+#: ``on_event(kind, **info)``: what a session reports as it goes (host/cli.py renders it)
+Events = Callable[..., None]
+
+
+def tune_model(
+    mod,
+    model_sha256: str,
+    spec,
+    settings: TuneSettings,
+    db_dir: Path,
+    on_event: Events = lambda kind, **info: None,
+    measure: Measure | None = None,
+    base: Path | None = None,
+) -> dict:
+    """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
+
+    ``measure``: where candidates run (default: this machine; see :class:`Measure`). ``base``: another
+    tuning database to start from (:func:`import_records`: its records of the same kernels become
+    theirs, counted against the budget like their own)."""
+    db, plan = open_session(mod, model_sha256, spec, settings, db_dir, on_event, base)
+    database = db.ms_database()
+    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress)
+    first = sum(t.budget for t in plan.tasks)
+    on_event("plan", tasks=[t.to_json() for t in plan.tasks], first_pass=first,
+             total=session_trials(first, settings.trials, settings.scheduler))
+    run.cost_models = adapter.session_cost_models(plan, database, spec)
+    run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
+    for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
+        run.first_pass(task)
+    # the rest of the budget, round by round, where it saves most: with "latency" all but the first
+    # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
+    run.rounds(session_trials(first, settings.trials, settings.scheduler))
+    # join or minis: decided on the kept schedules timed together (toolchain/tune/pairing.py)
+    pairing.pair_joins(plan, run.verified, spec, settings, measure, on_event)
+    db.save_verified(run.verified)
+    return status(db_dir)
+
+
+def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: Path, on_event: Events,
+                 base: Path | None) -> tuple[TuneDB, TaskPlan]:
+    """The database opened (or checked, when resumed) for this session and its plan saved in it;
+    ``base``'s records of the same kernels copied in."""
+    graph = op_graph(mod)
+    db = TuneDB(db_dir)
+    db.open_session(
+        {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
+         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "settings": settings.to_json()}
+    )
+    _, plan = plan_tasks(mod, graph, spec, settings)
+    db.save_tasks(plan.tasks)
+    db.save_layout(plan)
+    if base is not None:
+        copied = import_records(db_dir, base, plan.funcs)
+        on_event("imported", base=str(base), tasks=copied)
+    return db, plan
+
+
+@dataclass
+class Run:
+    """A session while it runs: what it is tuning, where, and the budget it has carried so far (the
+    database holds the rest: a resumed session rebuilds this from it)."""
+
+    plan: TaskPlan
+    db: TuneDB
+    database: object  # MetaSchedule's database (adapter.open_database)
+    spec: object
+    settings: TuneSettings
+    measure: Measure | None
+    on_event: Events
+    verified: dict
+    progress: dict
+    cost_models: dict = field(default_factory=dict)  # adapter.session_cost_models
+    given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
+    spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
+    carry: int = 0  # trials a kernel whose search failed left: the next kernel gets them
+
+    @property
+    def tasks(self) -> dict[str, Task]:
+        return {t.name: t for t in self.plan.tasks}
+
+    def latencies(self, name: str) -> list[float]:
+        """A task's trial latencies, in commit order."""
+        return adapter.trial_latencies(self.db.ms_dir, self.plan.funcs[name])
+
+    # ------------------------------------------------------------------------- the first pass
+
+    def first_pass(self, task: Task) -> None:
+        """Tune ``task`` to its share of the plan (seeded first when new), verify it, and hand on what it
+        leaves: a join's rest to its minis, a kernel's unspent trials to the next."""
+        lat = self.latencies(task.name)
+        budget = self.budget_of(task)
+        handed = self.handed_before(task)
+        self.on_event("task", task=task.name, phase=task.phase, done=len(lat), budget=budget)
+        if not lat:  # a join from its minis' schedules composed (AGO §V); any task, with --transfer,
+            # from the schedules of kernels like it tuned before (siblings); the seeds are its first records
+            lat, budget = self.seed(task, budget)
+        done = len(lat)
+        started = time.perf_counter()
+        if task.phase == "mini" and stabilised(lat, self.settings.stable_window, self.settings.stable_tolerance):
+            budget = done  # it stabilised before the session was interrupted: resuming adds nothing
+        planned = budget
+        if handed is not None or self.progress.get(task.name, {}).get("exhausted"):
+            budget = done  # it handed the rest of its budget to its minis, or has no schedule left to try
+        done, search_error, left = self.search(task, done, budget, stop_when_stable=task.phase == "mini",
+                                               check_join=task.phase == "joined" and handed is None)
+        self.spent[task.name] = done - self.given.get(task.name, 0)
+        if task.phase != "mini":  # what a kernel's search could not spend (failed, exhausted) and did not
+            self.carry += max(0, budget - done - left)  # hand to its minis goes to the next (a mini's: its join)
+        if handed is not None:  # resumed with a larger --trials: the join's growth goes where its rest went
+            handed = self.grow_hand_back(task, handed,
+                                         planned - done - self.progress[task.name].get("handed_trials", 0))
+        elif self.progress.get(task.name, {}).get("exhausted") and task.phase != "mini":
+            self.carry += max(0, planned - budget)  # an exhausted kernel's growth: to the next kernel
+        self.keep(task, done, search_error, started)
+        if left:
+            handed = self.hand_back(task, left)
+        self.tune_handed(handed or {})
+        if handed and not self.progress[task.name].get("reseeded"):
+            self.reseed(task)
+
+    def budget_of(self, task: Task) -> int:
+        """The trials ``task`` tunes to in the first pass: its plan's, what its stabilised minis left (a
+        join), what the last kernel could not spend (not a mini), what joins handed it (resumed)."""
+        budget = task.budget + (unspent(self.plan.tasks, task.name, self.spent) if task.phase == "joined" else 0)
+        if task.phase != "mini":
+            budget, self.carry = budget + self.carry, 0
+        return budget + self.given.get(task.name, 0)  # not its own budget's (a kernel may be a mini too)
+
+    def handed_before(self, task: Task) -> dict[str, int] | None:
+        """{mini: trials it tunes to} when ``task`` is a join that handed its rest back before (resumed)."""
+        handed = self.progress.get(task.name, {}).get("handed_back")
+        if handed:  # a database from an older split may name minis this plan no longer has: those are gone
+            current = {name for name, _ in self.plan.compositions.get(task.name, [])}
+            handed = {name: n for name, n in handed.items() if name in current}
+        return handed
+
+    def seed(self, task: Task, budget: int) -> tuple[list[float], int]:
+        """A new task's first records: composed from its minis (a join), from its siblings (``transfer``).
+        Returns its latencies then and its budget (a join nothing composed for gets a batch at least)."""
+        plan, settings = self.plan, self.settings
+        args = (task, plan, self.database, self.spec, self.verified, settings, self.measure)
+        composed = task.phase == "joined" and compose.seed_joined(*args)
+        seeded = compose.seed_from_siblings(*args) if settings.transfer else []
+        lat = self.latencies(task.name) if composed or seeded else []
+        if lat:
+            seed = min(lat)
+            seed_ms = seed * 1e3 if seed < math.inf else None
+            self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,
+                                        **({"siblings": seeded} if seeded else {})}
+            self.db.save_progress(self.progress)
+            self.on_event("seeded", task=task.name, composed=composed, siblings=seeded,
+                          **({"best_ms": seed_ms} if seed_ms is not None else {}))
+        if task.phase == "joined" and not composed:  # nothing composed: one batch of its own at least
+            budget = max(budget, settings.unit)
+        return lat, budget
+
+    def hand_back(self, task: Task, left: int) -> dict[str, int]:
+        """A join that yielded: its ``left`` trials split over its minis, recorded in the progress file."""
+        composition = self.plan.compositions.get(task.name, [])
+        counts = self.record_counts([n for n, _ in composition])
+        handed = hand_back(self.weights(composition), left, counts)
+        self.progress[task.name] = {**self.progress.get(task.name, {}), "handed_back": handed, "handed_trials": left}
+        self.db.save_progress(self.progress)
+        return handed
+
+    def tune_handed(self, handed: dict[str, int]) -> None:
+        """The minis go on with their join's trials: each tuned to its target, what it leaves carried on."""
+        for name, target in handed.items():
+            mini, started = self.tasks[name], time.perf_counter()
+            mini_done = len(self.latencies(name))
+            self.on_event("task", task=name, phase="mini", done=mini_done, budget=target)
+            mini_done, error, _ = self.search(mini, mini_done, target, stop_when_stable=False, check_join=False)
+            self.carry += max(0, target - mini_done)
+            self.keep(mini, mini_done, error, started)
+
+    def reseed(self, task: Task) -> None:
+        """A join that handed its rest to its minis, composed once more from their better schedules."""
+        args = (task, self.plan, self.database, self.spec, self.verified, self.settings, self.measure)
+        if compose.seed_joined(*args):
+            self.on_event("seeded", task=task.name, again=True)
+            self.keep(task, len(self.latencies(task.name)), None, time.perf_counter())
+        self.progress[task.name]["reseeded"] = True
+        self.db.save_progress(self.progress)
+
+    def grow_hand_back(self, task: Task, handed: dict[str, int], growth: int) -> dict[str, int]:
+        """A join that handed its rest to its minis, resumed with a larger budget: the ``growth`` (its
+        planned budget now, less its records and what it handed back before) goes to its minis too, as
+        a fresh session at this budget would have handed it. Returns the minis' new targets (records to
+        tune to), recorded in the progress file."""
+        if growth <= 0:
+            return handed
+        composition = self.plan.compositions.get(task.name, [])
+        record = self.progress[task.name]
+        before = record.get("handed_trials", 0)
+        old, new = _shares(composition, self.tasks, before), _shares(composition, self.tasks, before + growth)
+        counts = self.record_counts(list(new))
+        grown = {**handed, **{n: counts[n] + k - old.get(n, 0) for n, k in new.items() if k > old.get(n, 0)}}
+        self.progress[task.name] = {**record, "handed_back": grown, "handed_trials": before + growth}
+        self.db.save_progress(self.progress)
+        return grown
+
+    def weights(self, composition: list) -> dict[str, float]:
+        return _weights(composition, self.tasks)
+
+    def record_counts(self, names: list[str]) -> dict[str, int]:
+        """How many records each of the tasks ``names`` has: one reading of the database."""
+        funcs = {n: self.plan.funcs[n] for n in names}
+        return {n: len(lat) for n, lat in adapter.trial_latencies_of(self.db.ms_dir, funcs).items()}
+
+    # ------------------------------------------------------------------------- searching one task
+
+    def search(self, task: Task, done: int, budget: int, stop_when_stable: bool, check_join: bool):
+        """Tune ``task`` until it has ``budget`` records; returns (done, search error, trials handed back).
+        ``check_join``: once the joined kernel has had a batch of its own, stop and hand the rest back
+        to its minis when it is still slower than they are together (by more than ``join_margin``)
+        or when that batch found nothing faster than its composed seed."""
+        settings = self.settings
+        checked = False
+        while done < budget:
+            if check_join and not checked and done >= settings.unit:
+                checked = True
+                if self.join_yields(task, done, budget):
+                    return done, None, budget - done
+            # a join's first chunk is one batch, so that the comparison above comes early
+            chunk = min(budget - done, settings.unit if check_join and not checked else 2 * settings.per_iter)
+            try:
+                exhausted = adapter.tune_trials(
+                    self.plan.funcs[task.name], self.spec, self.database, chunk, settings,
+                    settings.intensive and settings.partition == "ago", self.db.root / "logs" / task.name,
+                    self.measure, self.cost_models[task.phase == "joined"]())
+            except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
+                # fails on this kernel's structure) ends this task, not the session; what it found stays
+                error = first_line(exc)
+                self.on_event("search_failed", task=task.name, reason=error)
+                return done, error, 0
+            lat = self.latencies(task.name)  # in commit order: what stabilised() reads
+            done = len(lat)
+            self.record_progress(task, lat, budget)
+            if exhausted:  # every distinct schedule measured: the rest of its budget goes on
+                self.progress[task.name]["exhausted"] = True
+                self.db.save_progress(self.progress)
+                self.on_event("exhausted", task=task.name, done=done, left=budget - done)
+                break
+            if stop_when_stable and stabilised(lat, settings.stable_window, settings.stable_tolerance):
+                self.on_event("stable", task=task.name, done=done)
+                break
+            if chunk <= 0:
+                break
+        return done, None, 0
+
+    def record_progress(self, task: Task, lat: list[float], budget: int) -> None:
+        best = min(lat) if lat else math.inf
+        self.progress[task.name] = {**self.progress.get(task.name, {}), "trials": len(lat),
+                                    "best_ms": best * 1e3 if best < math.inf else None}
+        self.db.save_progress(self.progress)
+        self.on_event("trials", task=task.name, done=len(lat), budget=budget, best_ms=best * 1e3)
+
+    def join_yields(self, task: Task, done: int, budget: int) -> bool:
+        """Whether a join, after its first batch, hands the rest of its budget back to its minis (said)."""
+        record = self.progress.get(task.name, {})
+        best_ms, seed_ms = record.get("best_ms"), record.get("seed_ms")
+        minis_ms = pairing.minis_ms([n for n, _ in self.plan.compositions.get(task.name, [])], self.verified)
+        together = pairing.first_batch_vs_minis(task.name, self.plan, self.database, self.verified, self.spec,
+                                                self.settings, self.measure)  # timed next to its minis
+        reason = join_yields(best_ms, seed_ms, minis_ms, together["ratio"] if together is not None else None,
+                             self.settings.join_margin, self.settings.stable_tolerance)
+        if not (reason and self.plan.compositions.get(task.name)):
+            return False
+        self.on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
+                      left=budget - done, reason=reason, **({"together": together} if together else {}))
+        return True
+
+    def keep(self, task: Task, done: int, search_error: str | None, started: float) -> None:
+        """Verify the task's best candidates when it has new records (or its search failed)."""
+        entry = self.verified.get(task.name, {})
+        if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
+            self.on_event("verify", task=task.name)
+            self.verified[task.name] = {
+                **candidates.verify_task(task, self.plan.funcs[task.name], self.database, self.spec, self.settings),
+                "phase": task.phase, **({"search_error": search_error} if search_error else {})}
+            self.db.save_verified(self.verified)
+        self.on_event("task_done", task=task.name, seconds=time.perf_counter() - started,
+                      result=self.verified[task.name])
+
+    # ------------------------------------------------------------------------- rounds
+
+    def rounds(self, total: int) -> None:
+        """Rounds of ``per_iter`` trials to the task whose next round saves the most model time, until the
+        session has spent ``total`` or no task can go on."""
+        plan, settings, verified, progress = self.plan, self.settings, self.verified, self.progress
+        out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
+        hashes = {name: adapter.workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
+        costs: dict = {}  # roofline: each task's work and bytes, counted at the first round
+        while True:
+            lats = adapter.trial_latencies_of(self.db.ms_dir, plan.funcs, hashes)
+            left = total - sum(len(v) for v in lats.values())
+            times = {n: t for n, t in model_times(plan, verified, progress).items()
+                     if n not in out and not progress.get(n, {}).get("exhausted")
+                     and not verified.get(n, {}).get("search_error")}
+            if left <= 0 or not times:
+                break
+            floors = None
+            if settings.scheduler == "roofline":  # the gap to each task's floor at the session's best rates
+                costs = costs or {n: roofline.cost(f) for n, f in plan.funcs.items()}
+                peaks = roofline.peaks(costs, {n: task_ms(n, verified, progress) for n in plan.funcs})
+                floors = {n: roofline.floor_ms(costs[n], peaks) / 1e3 if peaks else 0.0 for n in times}
+            gains = round_gains(times, lats, settings.per_iter, floors)
+            name = next_round(gains)
+            task, done = self.tasks[name], len(lats[name])
+            target = done + min(settings.per_iter, left)
+            self.on_event("round", task=name, model_ms=times[name], gain_ms=gains[name], left=left)
+            self.on_event("task", task=name, phase=task.phase, done=done, budget=target)
+            started = time.perf_counter()
+            now, error, _ = self.search(task, done, target, stop_when_stable=False, check_join=False)
+            if error or now <= done:
+                out.add(name)
+            self.keep(task, now, error, started)
+
+
+def _weights(composition: list, tasks: dict[str, Task]) -> dict[str, float]:
+    """{mini: weight} of a join's minis, each once, in order."""
+    return {n: tasks[n].weight for n in dict.fromkeys(name for name, _ in composition) if n in tasks}
+
+
+def _shares(composition: list, tasks: dict[str, Task], left: int) -> dict[str, int]:
+    """How a join's ``left`` handed-back trials split over its minis: {mini: trials} (budget.hand_back)."""
+    return hand_back(_weights(composition, tasks), left, {})
+
+
+def handed_in(plan: TaskPlan, tasks: dict[str, Task], progress: dict) -> dict[str, int]:
+    """Trials each mini was handed by joins that yielded ({mini: trials}), from the progress file:
+    a resumed mini tunes to its own budget plus these (they are not its own budget's)."""
+    out: dict[str, int] = {}
+    for join, parts in plan.compositions.items():
+        record = progress.get(join, {})
+        if record.get("handed_back") is not None:
+            for name, k in _shares(parts, tasks, record.get("handed_trials", 0)).items():
+                out[name] = out.get(name, 0) + k
+    return out
+
+
+def model_times(plan: TaskPlan, verified: dict, progress: dict) -> dict[str, float]:
+    """Each task's time in one run of the model (ms, every call): only tasks the model is built with
+    now count — a split subgraph's join or its minis, as :func:`toolchain.tune.pairing.choose` decides.
+    A task's time is its verified latency, else the best it measured; a task with neither is left out."""
+    out: dict[str, float] = {}
+    for name in plan.group_tasks:  # one entry per subgraph instance: calls count themselves
+        minis = [n for n, _ in plan.compositions.get(name, [])]
+        parts = [name] if not minis or pairing.choose(name, minis, verified).build == "joined" else minis
+        for part in parts:
+            t = task_ms(part, verified, progress)
+            if t is not None:
+                out[part] = out.get(part, 0.0) + t
+    return out

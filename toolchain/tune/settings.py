@@ -1,0 +1,71 @@
+"""What a tuning session is told and what it plans: its settings, its tasks, its error.
+(The design of a session: docs/tuning-internals.md.)"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from toolchain.errors import AgocError
+
+SCHEMA = "agoc.tunedb/1"
+
+
+class TuningError(AgocError):
+    """A tuning session cannot start or continue (bad database, settings mismatch)."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int = 256  # whole-model budget
+    partition: str = "ago"
+    threshold: float | None = None  # AGO Td (default: shipped with the weight fit)
+    keep_inside: int = 0  # AGO: a complex-op pair joined by a tensor of at least this many bytes stays in one
+    # subgraph (partition.locality_units), and an intensive tile's slice of its intermediate is at most that
+    # (intensive.intensive_schedule's tile_cache); 0: AGO's clustering and TILE_FACTOR_MAX alone
+    intensive: bool = True  # False: AGO-NI
+    reformer: bool = True  # False: AGO-NR
+    split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
+    per_iter: int = 16  # candidates per search batch
+    population: int = 128  # MetaSchedule's evolutionary search: candidates the cost model scores and
+    # evolves (genetic rounds) before each batch is picked for measuring (why not its 512: docs/tuning-internals.md)
+    stable_window: int = 16  # minis stop early when the last window of trials ...
+    stable_tolerance: float = 0.02  # ... improved the best latency by less than this
+    verify_top: int = 5  # candidates checked, best first, before giving up on a task
+    cold_weights: bool = True  # time candidates with all arguments but the first flushed from cache
+    # (toolchain/timing.py: in a model a kernel's weights come from memory); False: timed warm
+    join_margin: float = 0.10  # a join still this much slower than its minis together after its first
+    # batch hands the rest of its budget back to them (it would be built as its minis anyway)
+    seed: int = 0
+    scheduler: str = "weight"  # how the budget is spread over the tasks (SCHEDULERS)
+    warmup: int = 8  # "latency" scheduler: the first batch every task gets (a split subgraph: one per
+    # mini and one for its join) before the rest goes round by round where it saves the most model time
+    prepack: bool = True  # weights layout-free: a schedule may store each weight in the order it reads
+    # it (MetaSchedule's RewriteLayout; folded at build time, build.prepack_weights)
+    transfer: int = 2  # a kernel's search starts from the verified schedules of up to this many kernels
+    # with the same blocks, re-fitted to its loops (toolchain/tune/transfer.py; each one a trial of its budget)
+
+    @property
+    def unit(self) -> int:
+        """A task's first batch: what its floor is counted in."""
+        return self.warmup if self.scheduler == "latency" else self.per_iter
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # kernel name + structural hash: identical kernels share one task
+    phase: str  # "kernel" (final kernel, tuned directly), "mini" (reformer phase 1), "joined" (phase 2)
+    members: tuple[str, ...]  # op-graph node ids (of the first instance)
+    parent: str | None  # for minis: the joined task they belong to
+    weight: float
+    budget: int
+    calls: int = 1  # how many times the model calls this kernel
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "members": list(self.members)}
+
+    @staticmethod
+    def from_json(d: dict) -> "Task":
+        return Task(**{**d, "members": tuple(d["members"])})
