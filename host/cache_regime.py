@@ -1,33 +1,5 @@
-"""What a timed call finds in the caches: the benchmark's cache regimes, as a table.
-
-The suite's workers call several engines in turn (``host.bench_worker``). Without
-care, what a call finds in cache depends on who ran before it: every TVM variant
-of a case shares one worker, so with three MobileNet-V2 builds (14 MB of
-weights each) a call finds the others' weights in this host's 32 MiB L3 and its
-own evicted, while onnxruntime, alone in its process, finds its own weights
-warm. That regime (``shared``, the protocol until 2026-11-25) is biased towards
-the engine timed alone. The regimes below give every engine the same state:
-
-* ``cold`` (default): each engine's calls of a round back to back (after one
-  untimed call), and before each timed call every core writes a buffer twice
-  its private cache plus its share of twice the shared cache, so weights and
-  activations come from memory — a phone's regime, whose 2–4 MiB of cache
-  never holds a model's weights between inferences; it is also how the tuner
-  times candidates (weights flushed);
-* ``warm``: each engine's calls of a round back to back (after one untimed
-  call), nothing between them: a model called back to back, its data wherever
-  this host's caches keep it;
-* ``shared``: the engines of a worker called in turn, one call each per pass,
-  nothing between calls (the old protocol, kept to compare runs).
-
-Why blocks and not passes even with the caches overwritten: called in turn with
-three other MobileNet-V2 builds, one call each per pass, stock tuned ran 1.03 ms
-where its calls back to back ran 0.89 (every call preceded by the flush and by
-an untimed call of itself; four rounds, this host, 2026-11-25): a call keeps
-something of the calls before it that a flush does not reset (branch history,
-the runtime's workspace pool, ...), and onnxruntime, alone in its worker, always
-found its own.
-"""
+"""What a timed call finds in the caches: the benchmark's cache regimes (``cold``, ``warm``, ``shared``) as a
+table. Why each exists and what was measured: docs/tuning.md, "Cache regimes"."""
 
 from __future__ import annotations
 
