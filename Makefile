@@ -30,7 +30,7 @@ include android_runner/runner.mk
 
 help:
 	@echo "make demo       partition MobileNet-V2 (AGO vs stock), compile it for host and ARM64, verify both (ARM64 under qemu)"
-	@echo "make test       run the fast test suite (what CI runs)"
+	@echo "make test       run the fast test suite (what CI runs), in JOBS=2 parallel workers (JOBS=0: one process)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
 	@echo "make test-conformance  ONNX's backend node tests (from the onnx wheel) through the default pipeline:"
 	@echo "                   a per-family table -> bench/results/conformance-DATE.json (FAMILIES=conv,pool QUICK=1)"
@@ -86,20 +86,25 @@ runners: setup
 	$(MAKE) --no-print-directory runner TARGET=host
 	$(MAKE) --no-print-directory runner TARGET=linux-arm64
 
+# the suite in JOBS parallel workers (pytest-xdist; JOBS=0: in this process); a worker steals queued tests
+# from the other when idle, so one long test (device tuning under qemu) does not hold the run's end
+JOBS ?= 2
+PYTEST_JOBS = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
+
 test: setup runners
-	$(PYTEST) -q
+	$(PYTEST) -q $(PYTEST_JOBS)
 
 test-slow: setup runners
-	$(PYTEST) -q -m slow
+	$(PYTEST) -q $(PYTEST_JOBS) -m slow
 
 test-all: setup runners
-	$(PYTEST) -q -m "slow or not slow"
+	$(PYTEST) -q $(PYTEST_JOBS) -m "slow or not slow"
 
 bench: bench-host
 
 # ONNX's own node tests, as shipped and with constant-like inputs frozen to initializers (docs/ops.md)
 test-conformance: setup
-	$(PY) -m host.conformance $(if $(FAMILIES),--families "$(FAMILIES)") $(if $(QUICK),--quick)
+	$(PY) -m host.bench.conformance $(if $(FAMILIES),--families "$(FAMILIES)") $(if $(QUICK),--quick)
 
 # the CUDA path: kernel counts + llvm numerics everywhere; fused vs stock timings only where an NVIDIA GPU is present
 # tuning throughput through the RPC path vs the local runner, same kernel (DEVICE=local|qemu|SERIAL)
@@ -116,7 +121,7 @@ bench-pairs: setup
 bench-e2e: setup
 	$(AGOC) bench-suite e2e $(BENCH_ARGS)
 
-# the phone-cache proxy (host/proxy.py, design §5): DRAM bytes / L2 traffic of every variant in a simulated
+# the phone-cache proxy (host/bench/proxy.py, design §5): DRAM bytes / L2 traffic of every variant in a simulated
 # phone cache, recorded beside latency. PROXY=a76|a55|small-slc; VARIANTS narrows the variants.
 PROXY    ?= a76
 VARIANTS ?= tvm-stock,tvm-ago,tvm-stock-tuned,tvm-ago-tuned,tvm-ago-ni,tvm-ago-nr,onnxruntime
@@ -130,9 +135,9 @@ bench-locality: setup
 	$(AGOC) bench-suite e2e --models "$(or $(MODELS),$(LOCALITY_MODELS))" --shapes 112 \
 		--variants tvm-stock-tuned,tvm-ago-tuned,tvm-ago-a76,tvm-ago-locality,onnxruntime $(LOCALITY_ARGS)
 
-# the activation layout: the same conv kernels of one model tuned in NCHW and NHWC (host/bench_layout.py)
+# the activation layout: the same conv kernels of one model tuned in NCHW and NHWC (host/bench/layout.py)
 bench-layout: setup
-	$(VENV)/bin/python -m host.bench_layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
+	$(VENV)/bin/python -m host.bench.layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
 		--trials $(or $(TRIALS),48) $(if $(THREADS),--threads $(THREADS))
 
 bench-host: setup

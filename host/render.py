@@ -306,7 +306,7 @@ def decisions_table(decisions, graph) -> Table:
 
 
 def traffic_table(record: dict, judged_now=()) -> Table:
-    """A database's joins judged by simulated DRAM traffic (host/judge.py): per join, the whole model's
+    """A database's joins judged by simulated DRAM traffic (host/bench/judge.py): per join, the whole model's
     bytes per inference with it joined and with its minis (the joins judged before it as kept)."""
     now = f", {len(judged_now)} judged now" if judged_now else ""
     table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches: the model's DRAM KB per inference "

@@ -1,92 +1,50 @@
-"""On-device RPC: the runner's ``rpc`` mode on a device, TVM's RPC tracker as the farm, and the
-agent that joins one device to the farm.
-
-Topology (one host, many devices)::
-
-    agoc tune ──MetaSchedule RPCRunner──▶ TVM RPC tracker (python -m tvm.exec.rpc_tracker, loopback)
-                    │  request(key)              ▲ register "server:<key>", PUT (port, match key)
-                    ▼                            │
-               Agent (this host, loopback port) ─┘   one per device, a thread of `agoc tune` or of
-                    │ relays the session bytes        `agoc tracker serve --device D`
-                    ▼
-          agoc-runner rpc on the device (qemu: same network; phone: `adb forward` to its loopback)
-
-Why an agent rather than registering the runner itself: the runner stays a small C++ program that
-only answers TVM's handshake; the agent owns everything that needs the host: it checks the
-tracker's one-time match key, knows when a session ends (and offers the device again), notices a
-dead runner (restarts it; a phone that went away is re-attached when it returns, meanwhile it is
-simply not offered), and counts what each device measured. The runner's own key is a random
-secret passed in its environment, so nothing but the agent can open a session on it.
-
-Everything listens on 127.0.0.1 unless told otherwise (``--bind``).
-"""
+"""On-device RPC: the runner's ``rpc`` mode on a device, the agent that joins one device to TVM's RPC
+tracker and relays its sessions, and :class:`RpcSession`, everything one RPC tuning run needs (the
+topology and why an agent: docs/devices.md)."""
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Self
 
+from host.tracker import (  # the tracker's API stays importable from host.rpc
+    DEFAULT_TRACKER_PORT,
+    RPC_CODE_MISMATCH,
+    RPC_CODE_SUCCESS,
+    RPC_MAGIC,
+    RPC_TRACKER_MAGIC,
+    TRACKER_GET_PENDING,
+    TRACKER_PUT,
+    TRACKER_SUCCESS,
+    TRACKER_UPDATE_INFO,
+    client_handshake,
+    parse_address,  # noqa: F401
+    recv_exact,
+    recv_int,
+    recv_json,
+    send_int,
+    send_json,
+    servers_for,
+    start_tracker,
+    state_file,  # noqa: F401
+    stop_process,
+    tracker_from_state,  # noqa: F401
+    tracker_summary,
+    wait_for_tracker,  # noqa: F401
+)
 from toolchain.errors import DeviceError
 
-RPC_MAGIC = 0xFF271  # python/tvm/rpc/base.py
-RPC_TRACKER_MAGIC = 0x2F271
-RPC_CODE_SUCCESS = RPC_MAGIC + 0
-RPC_CODE_MISMATCH = RPC_MAGIC + 2
-TRACKER_SUCCESS, TRACKER_PUT, TRACKER_UPDATE_INFO, TRACKER_SUMMARY, TRACKER_GET_PENDING = 0, 3, 5, 6, 7
 START_TIMEOUT_S = 120  # the runner under qemu takes a few seconds to print its port
-
-
-# ----------------------------------------------------------------------------- wire helpers
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        data += chunk
-    return data
-
-
-def _send_int(sock: socket.socket, value: int) -> None:
-    sock.sendall(struct.pack("<i", value))
-
-
-def _recv_int(sock: socket.socket) -> int:
-    return struct.unpack("<i", _recv_exact(sock, 4))[0]
-
-
-def _send_json(sock: socket.socket, value) -> None:
-    data = json.dumps(value).encode()
-    sock.sendall(struct.pack("<i", len(data)) + data)
-
-
-def _recv_json(sock: socket.socket):
-    return json.loads(_recv_exact(sock, _recv_int(sock)).decode())
-
-
-def client_handshake(sock: socket.socket, key: str, options: str = "") -> str:
-    """TVM's client side: magic, "client:<key>[ opts]"; returns the server's key or raises."""
-    text = f"client:{key}{' ' + options if options else ''}".encode()
-    _send_int(sock, RPC_MAGIC)
-    _send_int(sock, len(text))
-    sock.sendall(text)
-    code = _recv_int(sock)
-    if code != RPC_CODE_SUCCESS:
-        raise ConnectionError(f"the RPC server refused the session (code {code:#x})")
-    return _recv_exact(sock, _recv_int(sock)).decode()
 
 
 # ----------------------------------------------------------------------------- a runner on a device
@@ -248,25 +206,25 @@ class Agent(threading.Thread):
 
     def _register(self) -> None:
         conn = socket.create_connection(self.tracker, timeout=10)
-        _send_int(conn, RPC_TRACKER_MAGIC)
-        if _recv_int(conn) != RPC_TRACKER_MAGIC:
+        send_int(conn, RPC_TRACKER_MAGIC)
+        if recv_int(conn) != RPC_TRACKER_MAGIC:
             conn.close()
             raise ConnectionError(f"{self.tracker[0]}:{self.tracker[1]} is not a TVM RPC tracker")
-        _send_json(conn, [TRACKER_UPDATE_INFO, {"key": "server:" + self.key, "addr": [None, self.port]}])
-        if _recv_json(conn) != TRACKER_SUCCESS:
+        send_json(conn, [TRACKER_UPDATE_INFO, {"key": "server:" + self.key, "addr": [None, self.port]}])
+        if recv_json(conn) != TRACKER_SUCCESS:
             raise ConnectionError("the tracker refused the registration")
         self._tracker_conn = conn
         self._offer()
 
     def _offer(self) -> None:
         self._matchkey = f"{self.key}:{secrets.token_hex(8)}"
-        _send_json(self._tracker_conn, [TRACKER_PUT, self.key, [self.port, self._matchkey], None])
-        if _recv_json(self._tracker_conn) != TRACKER_SUCCESS:
+        send_json(self._tracker_conn, [TRACKER_PUT, self.key, [self.port, self._matchkey], None])
+        if recv_json(self._tracker_conn) != TRACKER_SUCCESS:
             raise ConnectionError("the tracker refused the offer")
 
     def _pending(self) -> list:
-        _send_json(self._tracker_conn, [TRACKER_GET_PENDING])
-        return _recv_json(self._tracker_conn)
+        send_json(self._tracker_conn, [TRACKER_GET_PENDING])
+        return recv_json(self._tracker_conn)
 
     # -- main loop
     def run(self) -> None:
@@ -310,14 +268,14 @@ class Agent(threading.Thread):
         """One session: check the client's match key, open the runner, relay until done."""
         with client:
             client.settimeout(30)
-            if _recv_int(client) != RPC_MAGIC:
+            if recv_int(client) != RPC_MAGIC:
                 return
-            length = _recv_int(client)
+            length = recv_int(client)
             if not 0 <= length <= 4096:
                 return
-            words = _recv_exact(client, length).decode(errors="replace").split()
+            words = recv_exact(client, length).decode(errors="replace").split()
             if not words or words[0] != "client:" + self._matchkey:
-                _send_int(client, RPC_CODE_MISMATCH)
+                send_int(client, RPC_CODE_MISMATCH)
                 self._event("mismatch")
                 return
             self._matchkey = ""  # one use
@@ -331,9 +289,9 @@ class Agent(threading.Thread):
                 self._event("session_failed", error=self.stats.last_error)
                 self.server.stop()  # restarted by the main loop before the device is offered again
                 return  # the client sees the connection close: its candidate is retried or failed
-            _send_int(client, RPC_CODE_SUCCESS)
+            send_int(client, RPC_CODE_SUCCESS)
             server_key = ("server:" + self.key).encode()
-            _send_int(client, len(server_key))
+            send_int(client, len(server_key))
             client.sendall(server_key)
             self.stats.state = "measuring"
             broken = _relay(client, device)
@@ -369,123 +327,12 @@ def _relay(client: socket.socket, device: socket.socket) -> bool:
                 return src is client
 
 
-# ----------------------------------------------------------------------------- the tracker
-
-
-DEFAULT_TRACKER_PORT = 9190
-
-
-def state_file() -> Path:
-    home = Path(os.environ.get("AGOC_HOME", Path.home() / ".cache" / "agoc"))
-    return home / "tracker.json"
-
-
-def tracker_summary(host: str, port: int, timeout: float = 10) -> dict:
-    """The tracker's own summary: queue per key and the registered servers."""
-    conn = socket.create_connection((host, port), timeout=timeout)
-    with conn:
-        _send_int(conn, RPC_TRACKER_MAGIC)
-        if _recv_int(conn) != RPC_TRACKER_MAGIC:
-            raise DeviceError(f"{host}:{port} is not a TVM RPC tracker")
-        _send_json(conn, [TRACKER_SUMMARY])
-        code, summary = _recv_json(conn)
-        if code != TRACKER_SUCCESS:
-            raise DeviceError(f"the tracker at {host}:{port} did not answer its summary")
-        return summary
-
-
-def servers_for(summary: dict, key: str) -> int:
-    return sum(1 for s in summary.get("server_info", []) if s.get("key", "").split(":", 1)[-1] == key)
-
-
-def wait_for_tracker(host: str, port: int, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return tracker_summary(host, port, timeout=5)
-        except (OSError, ConnectionError, DeviceError):
-            if time.monotonic() > deadline:
-                raise DeviceError(f"no RPC tracker answers at {host}:{port}") from None
-            time.sleep(0.2)
-
-
-def start_tracker(host: str = "127.0.0.1", port: int = DEFAULT_TRACKER_PORT, port_end: int | None = None,
-                  detach: bool = True) -> dict:
-    """Start TVM's own tracker (``python -m tvm.exec.rpc_tracker``) and wait until it answers.
-
-    Returns {pid, host, port}. ``detach``: a session of its own, surviving this process
-    (``agoc tracker start``); otherwise the caller stops it (a private tracker of one tune run).
-    """
-    port_end = port_end or port + 100
-    log = state_file().parent / "tracker.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
-             "--port-end", str(port_end), "--silent"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=detach,
-        )
-    # the tracker takes the first free port in [port, port_end): find which by asking
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DeviceError(f"the RPC tracker exited at start (see {log})")
-        bound = _listening_port(proc.pid, port, port_end)
-        if bound:
-            wait_for_tracker(host, bound)
-            return {"pid": proc.pid, "host": host, "port": bound, "process": proc}
-        time.sleep(0.2)
-    proc.kill()
-    raise DeviceError(f"the RPC tracker did not start listening within 60 s (see {log})")
-
-
-def _listening_port(pid: int, lo: int, hi: int) -> int | None:
-    import psutil
-
-    try:
-        for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-            for c in proc.net_connections(kind="tcp"):
-                if c.status == psutil.CONN_LISTEN and lo <= c.laddr.port < hi:
-                    return c.laddr.port
-    except psutil.Error:
-        return None
-    return None
-
-
-def stop_process(pid: int) -> None:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        for child in proc.children(recursive=True):
-            child.kill()
-        proc.kill()
-    except psutil.Error:
-        pass
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    try:
-        return host or "127.0.0.1", int(port)
-    except ValueError:
-        raise DeviceError(f"bad tracker address '{text}': expected HOST:PORT, e.g. 127.0.0.1:9190") from None
-
-
 # ----------------------------------------------------------------------------- a tuning session
 
 
 def device_target(device) -> str:
     """The target preset whose code the device runs (the tracker key defaults to it, too)."""
     return getattr(device, "runner_target", "host")
-
-
-def tracker_from_state() -> tuple[str, int] | None:
-    path = state_file()
-    if not path.exists():
-        return None
-    state = json.loads(path.read_text())
-    return state["host"], int(state["port"])
 
 
 class RpcSession:
@@ -533,7 +380,7 @@ class RpcSession:
         except (OSError, ValueError):
             return {}
 
-    def __enter__(self) -> "RpcSession":
+    def __enter__(self) -> Self:
         try:
             if self.tracker is None:
                 info = start_tracker(port=DEFAULT_TRACKER_PORT + 1000, detach=False)

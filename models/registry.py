@@ -1,10 +1,6 @@
-"""The zoo as a table: one :class:`ModelSpec` row per network.
-
-A builder is referenced as ``"module:function"`` and imported only when the
-model is built, so listing the zoo stays cheap. A builder takes the input
-shape (a tuple of ints) and returns an ``onnx.ModelProto`` with
-deterministic weights (fixed seed), ``ir_version`` <= 9 and opset 17.
-"""
+"""The zoo as a table: one :class:`ModelSpec` row per network. A builder (``"module:function"``, imported
+only when built, so listing stays cheap) takes the input shape and returns an ``onnx.ModelProto`` with
+deterministic weights, ``ir_version`` <= 9 and opset 17."""
 
 from __future__ import annotations
 
@@ -12,6 +8,8 @@ import importlib
 from dataclasses import dataclass
 
 import onnx
+
+from toolchain.frontend import parse_shape
 
 #: ONNX IR version every builder writes. onnx >= 1.23 defaults to IR 14, which
 #: onnxruntime 1.31 refuses ("max supported IR version: 13").
@@ -207,20 +205,9 @@ def build(name: str, shape: tuple[int, ...] | None = None) -> onnx.ModelProto:
     return model
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1x3x224x224"`` → ``(1, 3, 224, 224)``."""
-    try:
-        dims = tuple(int(d) for d in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"bad shape '{text}': expected dimensions joined by 'x', e.g. 1x3x224x224") from None
-    if not dims or any(d <= 0 for d in dims):
-        raise ValueError(f"bad shape '{text}': every dimension must be a positive integer")
-    return dims
-
-
 def parse_zoo_ref(ref: str) -> tuple[str, tuple[int, ...] | None]:
     """``"zoo:mobilenet-v2@1x3x112x112"`` → ``("mobilenet-v2", (1, 3, 112, 112))``."""
-    body = ref[len("zoo:"):] if ref.startswith("zoo:") else ref
+    body = ref.removeprefix("zoo:")
     name, _, shape = body.partition("@")
     spec = get(name)  # raises UnknownModelError with the list of names
     if not shape:

@@ -22,6 +22,20 @@ def require_tool(name: str) -> str:
     pytest.skip(message)
 
 
+@pytest.fixture(scope="session")
+def _private_state_dirs(tmp_path_factory):
+    return tmp_path_factory.mktemp("agoc-state")
+
+
+@pytest.fixture(autouse=True)
+def _private_state(_private_state_dirs, monkeypatch):
+    """The tracker state (AGOC_HOME) and the qemu device's sandbox in this test process's own temporary
+    folder, not the user's ~/.cache/agoc and build/devices/qemu: parallel test workers (pytest -n) and a
+    second checkout's tests never share them. A test's own fixtures may still point them elsewhere."""
+    monkeypatch.setenv("AGOC_HOME", str(_private_state_dirs / "home"))
+    monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(_private_state_dirs / "qemu"))
+
+
 @pytest.fixture
 def model_file(tmp_path):
     """Write a zoo model to an ONNX file: model_file("tiny-cnn") -> path."""

@@ -1,89 +1,19 @@
-"""AGO graph partitioning (§IV-B, Algorithm 1 "Cluster") and the reformer's Split / Join (§V).
-
-Works on an abstract DAG (:class:`Graph`: op ids, edges, op weights, which ops
-are complex); building that graph from a Relax module and weighing the ops
-(AGO Eq. 1) happens elsewhere. No TVM here.
-
-    cluster(graph, Td)      ─▶ Partition(groups, decisions)   acyclic, every multi-op group < Td
-    split(graph, S, Td)     ─▶ mini-subgraphs of S, each with at most one complex op
-    join(graph, minis)      ─▶ S again (join(split(S)) == S)
-    check_partition(graph, groups)   raises PartitionError naming ops / subgraphs / a cycle witness
-
-Terms (AGO Definitions 2 and 3). The *stage* of a node is the number of nodes
-on the longest path from a root to it (roots have stage 1). The *affix set* of
-v is its neighbours in the undirected graph whose stage is exactly
-stage(v) ± 1. Contracting v with an affix u never creates a cycle (Theorem 1):
-if u is at stage(v) + 1 and adjacent, the edge is v → u and any other path
-v ⇝ u would have at least two edges and put u at stage(v) + 2 or later.
-
-Choices the paper leaves open, made here:
-
-* Hyper nodes. A merged group is a node of the *quotient* graph (member edges
-  between two groups become one edge, edges inside a group vanish). Stages and
-  adjacency are always those of the current quotient graph; stages are
-  recomputed after every merge (incrementally: only the merged node's
-  descendants can change, and propagation stops where a stage stays the same —
-  equal to a full recomputation, which ``check=True`` verifies).
-* Weight of a hyper node = sum of its members' weights, computed with
-  ``math.fsum`` over the members (exact, so independent of merge order; the
-  same number :func:`partition_stats` reports).
-* "Heaviest" candidate: largest weight; ties go to the hyper node whose first
-  member comes earliest in ``Graph.nodes`` (the given topological order).
-* Partner: the lightest affix neighbour (same tie rule). With ``max_complex``,
-  neighbours that would push the merged complex-op count above the limit are
-  ruled out first. Only the lightest remaining partner is tested against the
-  threshold: every other one is at least as heavy, so it could not pass either.
-* Threshold is strict: merge iff w_v + w_u < Td. An op that alone weighs Td or
-  more stays a subgraph of its own (Cluster never splits an op).
-* After a merge the new hyper node is a candidate and the partner leaves the
-  candidate set (it no longer exists). A declined v leaves the candidate set,
-  but a later candidate may still absorb it as a partner; the result is a new
-  hyper node, which is a candidate again.
-* Consequence (tested): with Td = ∞ and no complex limit every weakly
-  connected component becomes one group — a candidate that is not a root
-  always has an affix (its longest-path predecessor), so only roots survive,
-  and roots are never adjacent.
-* Output order: groups in a topological order of the quotient DAG, ties by
-  first member position; members of a group in the graph's node order.
-* Acyclic means the quotient graph has no cycle. That is stronger than AGO
-  Definition 1 read literally (no two groups with paths both ways in G): with
-  a → b, c → d, e → f and groups {a, f}, {b, c}, {d, e} no pair reaches the
-  other, yet run as units the three wait on each other in a ring.
-  :func:`check_partition` rejects such plans; a cycle witness walks real edges
-  and writes "…" where it has to jump between two ops of one subgraph.
-* Kept-apart edges (``boundaries``): the caller may name edges whose two ops
-  must never share a group, each with a reason. A partner whose merge would
-  take such an edge inside one hyper node is ruled out like one over the
-  complex-op limit, and the reason is recorded. Units may not hold one.
-* Subgraphs are numbered from 0 (their index in ``groups``) in error messages.
-* ``Graph.nodes`` must be a topological order (checked: every edge goes
-  forward), duplicate edges are ignored, weight entries for unknown ops are
-  ignored.
-
-Every step records why (design §6.4): the merge or decline of the chosen v,
-and the neighbours of v ruled out at that step — not an affix (could create a
-cycle) or over the complex-op limit.
-"""
+"""AGO graph partitioning (§IV-B, Algorithm 1 "Cluster") and the reformer's Split / Join (§V) on an
+abstract :class:`toolchain.dag.Graph`; every step records why. The choices the paper leaves open are
+in docs/partitioning.md (Cluster, precisely)."""
 
 from __future__ import annotations
 
 import heapq
 import math
-import statistics
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from types import MappingProxyType
 
-from toolchain.errors import AgocError
+from toolchain.dag import Graph, PartitionError, stages
+from toolchain.quotient import check_partition, quotient_order
 
-
-class PartitionError(AgocError):
-    """A graph or a partition plan is malformed (op in two subgraphs, missing op, cyclic plan)."""
-
-
-# What a Decision's kind means (the vocabulary `agoc partition --explain` prints).
+#: What a Decision's kind means (the vocabulary `agoc partition --explain` prints).
 DECISION_KINDS: Mapping[str, str] = MappingProxyType(
     {
         "merged": "the chosen hyper node and its partner became one hyper node",
@@ -93,67 +23,6 @@ DECISION_KINDS: Mapping[str, str] = MappingProxyType(
                 "--keep-inside, two such joined by a large tensor)",
     }
 )
-
-
-@dataclass(frozen=True)
-class Graph:
-    """An operator DAG: ``nodes`` in a topological order, ``edges`` (producer, consumer)."""
-
-    nodes: tuple[str, ...]
-    edges: tuple[tuple[str, str], ...]
-    weights: Mapping[str, float] = field(hash=False)
-    complex: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        nodes = tuple(self.nodes)
-        edges = tuple((a, b) for a, b in self.edges)
-        position: dict[str, int] = {}
-        for index, node in enumerate(nodes):
-            if node in position:
-                raise PartitionError(f"op {node!r} is listed twice in the graph")
-            position[node] = index
-        for a, b in edges:
-            for end in (a, b):
-                if end not in position:
-                    raise PartitionError(f"edge {a} → {b} names op {end!r}, which is not in the graph")
-            if position[a] >= position[b]:
-                raise PartitionError(
-                    f"edge {a} → {b} goes backwards in the node order: "
-                    "list the nodes in a topological order of an acyclic graph"
-                )
-        weights = {}
-        for node in nodes:
-            if node not in self.weights:
-                raise PartitionError(f"op {node!r} has no weight")
-            weight = float(self.weights[node])
-            if not (math.isfinite(weight) and weight >= 0):
-                raise PartitionError(f"op {node!r} has weight {weight}; weights must be finite and >= 0")
-            weights[node] = weight
-        complex_ops = frozenset(self.complex)
-        unknown = sorted(complex_ops - position.keys())
-        if unknown:
-            raise PartitionError(f"complex op {unknown[0]!r} is not in the graph")
-        object.__setattr__(self, "nodes", nodes)
-        object.__setattr__(self, "edges", edges)
-        object.__setattr__(self, "weights", MappingProxyType(weights))
-        object.__setattr__(self, "complex", complex_ops)
-
-    @cached_property
-    def position(self) -> Mapping[str, int]:
-        return MappingProxyType({node: index for index, node in enumerate(self.nodes)})
-
-    @cached_property
-    def succ(self) -> tuple[tuple[int, ...], ...]:
-        """Successor positions of each node position (duplicates removed, edge order kept)."""
-        out: list[dict[int, None]] = [{} for _ in self.nodes]
-        for a, b in self.edges:
-            out[self.position[a]][self.position[b]] = None
-        return tuple(tuple(s) for s in out)
-
-    @cached_property
-    def unique_edges(self) -> tuple[tuple[int, int], ...]:
-        """Edges as (producer, consumer) positions, duplicates removed, first-seen order."""
-        return tuple(dict.fromkeys((self.position[a], self.position[b]) for a, b in self.edges))
 
 
 @dataclass(frozen=True)
@@ -174,39 +43,6 @@ class Decision:
 class Partition:
     groups: tuple[tuple[str, ...], ...]  # quotient topological order; members in node order
     decisions: tuple[Decision, ...]
-
-
-# ----------------------------------------------------------------------------- stages
-
-
-def stages(nodes: Iterable[str], edges: Iterable[tuple[str, str]]) -> dict[str, int]:
-    """Topological stage of each node (AGO Definition 2): nodes on the longest path from a root."""
-    nodes = tuple(nodes)
-    succ: dict[str, dict[str, None]] = {node: {} for node in nodes}
-    for a, b in edges:
-        for end in (a, b):
-            if end not in succ:
-                raise PartitionError(f"edge {a} → {b} names op {end!r}, which is not in the graph")
-        succ[a][b] = None
-    indegree = dict.fromkeys(nodes, 0)
-    for node in nodes:
-        for b in succ[node]:
-            indegree[b] += 1
-    stage = dict.fromkeys(nodes, 1)
-    ready = deque(node for node in nodes if indegree[node] == 0)
-    done = 0
-    while ready:
-        node = ready.popleft()
-        done += 1
-        for b in succ[node]:
-            stage[b] = max(stage[b], stage[node] + 1)
-            indegree[b] -= 1
-            if indegree[b] == 0:
-                ready.append(b)
-    if done != len(nodes):
-        stuck = [node for node in nodes if indegree[node] > 0]
-        raise PartitionError(f"the graph has a cycle through {', '.join(map(repr, stuck[:5]))}")
-    return stage
 
 
 # ----------------------------------------------------------------------------- Cluster
@@ -477,191 +313,6 @@ def _check_quotient(q: _Quotient) -> None:
         raise AssertionError(f"incremental stages differ from a full recomputation at {wrong}")
 
 
-# ----------------------------------------------------------------------------- checking plans
-
-
-def _group_of(graph: Graph, groups: Iterable[Iterable[str]], what: str = "subgraph") -> list[int]:
-    """Index of each node's group (by node position); raises on unknown, duplicate, missing ops."""
-    owner: list[int | None] = [None] * len(graph.nodes)
-    for index, group in enumerate(groups):
-        members = list(group)
-        if not members:
-            raise PartitionError(f"{what} {index} is empty; drop it or give it ops")
-        for node in members:
-            pos = graph.position.get(node)
-            if pos is None:
-                raise PartitionError(f"op {node!r} in {what} {index} is not in the graph")
-            if owner[pos] == index:
-                raise PartitionError(f"op {node!r} appears twice in {what} {index}")
-            if owner[pos] is not None:
-                raise PartitionError(f"op {node!r} is in {what}s {owner[pos]} and {index}; keep it in one")
-            owner[pos] = index
-    missing = [graph.nodes[i] for i, g in enumerate(owner) if g is None]
-    if missing:
-        shown = ", ".join(map(repr, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        verb = "is" if len(missing) == 1 else "are"
-        raise PartitionError(f"op{'s' if len(missing) > 1 else ''} {shown} {verb} in no {what}; "
-                             f"every op must be in exactly one")
-    return owner  # type: ignore[return-value]
-
-
-def _quotient_edges(graph: Graph, owner: list[int], n: int) -> list[dict[int, tuple[int, int]]]:
-    """For each group: successor group -> the first node edge (positions) that crosses to it."""
-    succ: list[dict[int, tuple[int, int]]] = [{} for _ in range(n)]
-    for a, b in graph.unique_edges:
-        ga, gb = owner[a], owner[b]
-        if ga != gb:
-            succ[ga].setdefault(gb, (a, b))
-    return succ
-
-
-def _topological(n: int, succ: list[dict[int, tuple[int, int]]], key: list[int]) -> list[int]:
-    """Kahn's order of the groups, ties by key; shorter than n when there is a cycle."""
-    indegree = [0] * n
-    for s in succ:
-        for b in s:
-            indegree[b] += 1
-    ready = [(key[g], g) for g in range(n) if indegree[g] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, g = heapq.heappop(ready)
-        order.append(g)
-        for b in succ[g]:
-            indegree[b] -= 1
-            if indegree[b] == 0:
-                heapq.heappush(ready, (key[b], b))
-    return order
-
-
-def _shortest_cycle(n: int, succ: list[dict[int, tuple[int, int]]], order: list[int]) -> list[int]:
-    """A shortest cycle (as groups g0, g1, …, g0 minus the repeat) through the lowest-numbered group on one."""
-    left = sorted(set(range(n)) - set(order))
-    inside = set(left)
-    for start in left:
-        parent = {start: None}
-        frontier = deque([start])
-        while frontier:
-            g = frontier.popleft()
-            for b in sorted(succ[g]):
-                if b == start:
-                    path = [g]
-                    while parent[path[-1]] is not None:
-                        path.append(parent[path[-1]])
-                    return path[::-1]
-                if b in inside and b not in parent:
-                    parent[b] = g
-                    frontier.append(b)
-    raise AssertionError("Kahn left groups over but no cycle was found")
-
-
-def _path_inside(graph: Graph, owner: list[int], start: int, goals: set[int]) -> list[int] | None:
-    """Shortest node path start ⇝ some goal using only edges inside start's group."""
-    parent = {start: None}
-    frontier = deque([start])
-    while frontier:
-        x = frontier.popleft()
-        if x in goals:
-            path = [x]
-            while parent[path[-1]] is not None:
-                path.append(parent[path[-1]])
-            return path[::-1]
-        for y in graph.succ[x]:
-            if owner[y] == owner[start] and y not in parent:
-                parent[y] = x
-                frontier.append(y)
-    return None
-
-
-def _walk(graph: Graph, owner: list[int], crossing: list[list[tuple[int, int]]], first: tuple[int, int]):
-    """Node walk around a group cycle from the crossing edge ``first``; None where it jumps inside a group."""
-    walk: list[int | None] = list(first)
-    for edges in crossing[1:]:
-        inside = _path_inside(graph, owner, walk[-1], {a for a, _ in edges})
-        if inside is None:
-            walk += [None, *edges[0]]
-        else:
-            walk += inside[1:] + [next(b for a, b in edges if a == inside[-1])]
-    return walk
-
-
-def _witness(graph: Graph, owner: list[int], cycle: list[int]) -> str:
-    """A node-level walk around the group cycle, with as few jumps ('…': two ops of one subgraph) as found."""
-    best = None
-    for turn in range(len(cycle)):
-        groups = cycle[turn:] + cycle[:turn]
-        crossing = [
-            [(a, b) for a, b in graph.unique_edges if owner[a] == g and owner[b] == groups[(i + 1) % len(groups)]]
-            for i, g in enumerate(groups)
-        ]
-        for first in crossing[0][:16]:
-            walk = _walk(graph, owner, crossing, first)
-            key = (walk.count(None), len(walk))
-            if best is None or key < best[0]:
-                best = (key, walk)
-    walk = best[1]
-    parts = []
-    for x in walk:
-        parts.append("…" if x is None else f"{graph.nodes[x]} (subgraph {owner[x]})")
-    text = ""
-    for i, part in enumerate(parts):
-        if i == 0:
-            text = part
-        elif part == "…" or parts[i - 1] == "…":
-            text += f" {part}"
-        else:
-            text += f" → {part}"
-    return text
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _cycle_message(graph: Graph, owner: list[int], cycle: list[int]) -> str:
-    walk = _witness(graph, owner, cycle)
-    note = " (… joins two ops of one subgraph)" if "…" in walk else ""
-    return (
-        f"subgraphs {_and([str(g) for g in sorted(cycle)])} form a cycle: {walk}{note}; "
-        "a path may not leave a subgraph and re-enter it — merge them or move ops"
-    )
-
-
-def _raise_cycle(graph: Graph, owner: list[int], succ, order: list[int]) -> None:
-    cycle = _shortest_cycle(len(succ), succ, order)
-    raise PartitionError(_cycle_message(graph, owner, cycle))
-
-
-def _analyse(graph: Graph, groups) -> tuple[list[list[str]], list[int], list, list[int]]:
-    groups = [list(g) for g in groups]
-    owner = _group_of(graph, groups)
-    succ = _quotient_edges(graph, owner, len(groups))
-    first = [min(graph.position[x] for x in g) for g in groups]
-    order = _topological(len(groups), succ, first)
-    return groups, owner, succ, order
-
-
-def check_partition(graph: Graph, groups: Iterable[Iterable[str]]) -> None:
-    """Raise PartitionError unless ``groups`` cover every op exactly once and the quotient is acyclic."""
-    groups, owner, succ, order = _analyse(graph, groups)
-    if len(order) != len(groups):
-        _raise_cycle(graph, owner, succ, order)
-
-
-def is_acyclic(graph: Graph, groups: Iterable[Iterable[str]]) -> bool:
-    """Whether the quotient of a valid cover is acyclic (AGO Definition 1); raises on an invalid cover."""
-    groups, _, _, order = _analyse(graph, groups)
-    return len(order) == len(groups)
-
-
-def quotient_order(graph: Graph, groups: Iterable[Iterable[str]]) -> tuple[int, ...]:
-    """Indices of ``groups`` in a topological order of the quotient DAG, ties by first member position."""
-    groups, owner, succ, order = _analyse(graph, groups)
-    if len(order) != len(groups):
-        _raise_cycle(graph, owner, succ, order)
-    return tuple(order)
-
-
 # ----------------------------------------------------------------------------- Split / Join
 
 
@@ -704,27 +355,3 @@ def join(graph: Graph, minis: Iterable[Iterable[str]]) -> tuple[str, ...]:
                 raise PartitionError(f"op {node!r} is in mini-subgraphs {seen[node]} and {index}")
             seen[node] = index
     return tuple(sorted(seen, key=graph.position.__getitem__))
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def group_weight(graph: Graph, group: Iterable[str]) -> float:
-    return math.fsum(graph.weights[node] for node in group)
-
-
-def partition_stats(graph: Graph, groups: Iterable[Iterable[str]], trivial_cut: float) -> dict:
-    """Summary of a partition (a valid cover; raises PartitionError otherwise)."""
-    groups, _, _, order = _analyse(graph, groups)
-    weights = [group_weight(graph, g) for g in groups]
-    n = len(weights)
-    squares = math.fsum(w * w for w in weights)
-    return {
-        "subgraphs": n,
-        "trivial": sum(1 for w in weights if w < trivial_cut),
-        "mean_weight": math.fsum(weights) / n if n else 0.0,
-        "median_weight": float(statistics.median(weights)) if n else 0.0,
-        "jain": math.fsum(weights) ** 2 / (n * squares) if squares > 0 else 1.0,
-        "max_complex_ops": max((sum(1 for x in g if x in graph.complex) for g in groups), default=0),
-        "acyclic": len(order) == n,
-    }

@@ -1,18 +1,6 @@
-"""Build any acyclic partition: outline each group of ``call_tir`` bindings into a
-``Primitive`` Relax function, then let ``FuseTIR`` make one PrimFunc per group.
-
-This is what removes stock FuseOps' one-conv-per-kernel limit: a group may
-hold several complex ops, several outputs, any structure. The outlined
-functions look exactly like FuseOps' own (constants lifted to parameters,
-one dataflow block ending in ``R.output``), so ``FuseTIR`` treats them the
-same way: intermediates become local buffers of the fused PrimFunc.
-
-The groups must form an acyclic partition of ``op_graph(mod)`` (checked by
-the caller with :func:`toolchain.cluster.check_partition`); they are emitted
-in the given order, which must be a topological order of the quotient graph.
-A group of an extern op (:data:`toolchain.opgraph.EXTERN_RULES`) stays in
-``main`` as written.
-"""
+"""Build any acyclic partition: outline each group of ``call_tir`` bindings into a ``Primitive`` Relax
+function shaped like FuseOps' own, then ``FuseTIR`` makes one PrimFunc per group, whatever it holds
+(groups in a topological order of the quotient, checked by the caller; see docs/partitioning.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +44,6 @@ def _group_name(bindings, mod, relax, used: set[str], index: int) -> str:
 
 def outline_groups(mod, groups: Sequence[Sequence[str]]):
     """Return ``mod`` with ``main`` calling one ``Primitive`` function per group (before FuseTIR)."""
-    import tvm
     from tvm import relax
 
     main = mod["main"]
@@ -67,37 +54,12 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     all_bindings = list(main.body.blocks[0].bindings)
     glue = [b for b in all_bindings if _is_glue(b, relax)]
     bindings = [b for b in all_bindings if not _is_glue(b, relax)]
-    group_of_node = {node: gi for gi, members in enumerate(groups) for node in members}
     extern = {b.var.name for b in bindings if isinstance(b, relax.MatchCast) or extern_reason(b.value, mod)}
-
-    # each binding's group: call_tir by its var name; TupleGetItem follows its tuple's producer
-    binding_group: list[int] = []
-    group_of_var: dict = {}
-    for b in bindings:
-        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in group_of_var:
-            gi = group_of_var[b.value.tuple_value]
-        else:
-            gi = group_of_node[b.var.name]
-        binding_group.append(gi)
-        group_of_var[b.var] = gi
-
-    # vars read outside their own group (by another group or by main's result) are group outputs
-    escaping: set = set()
-    for b, gi in zip(bindings, binding_group):
-        for v in _used_vars(b.value, relax):
-            if v in group_of_var and group_of_var[v] != gi:
-                escaping.add(v.name)
-    result = main.body.body
-    result_names = _result_names(result, relax)
-    for expr in [result] + [b.value for b in glue]:
-        for v in _used_vars(expr, relax):
-            if v in group_of_var:
-                escaping.add(v.name)
+    binding_group, group_of_var = _binding_groups(bindings, groups, relax)
+    escaping = _escaping(bindings, binding_group, group_of_var, [main.body.body] + [b.value for b in glue], relax)
 
     builder = relax.BlockBuilder(mod)
-    main_subst: dict[str, object] = {}  # old var name -> new var in main
-    for p in main.params:
-        main_subst[p.name] = p
+    main_subst: dict[str, object] = {p.name: p for p in main.params}  # old var name -> new var in main
     main_bindings = []
     used_names: set[str] = set()
     for gi in range(len(groups)):
@@ -108,76 +70,124 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
             main_bindings.extend(members)
             main_subst.update({b.var.name: b.var for b in members})
             continue
-        params, args = [], []
-        inner: dict[str, object] = {}
-        lifted: dict[int, object] = {}
-
-        def subst(expr, inner=inner, params=params, args=args, lifted=lifted):
-            if isinstance(expr, tvm.ir.Constant):
-                key = id(expr)
-                if key not in lifted:
-                    param = relax.Var(f"param_{len(lifted)}", expr.ty)
-                    lifted[key] = param
-                    params.append(param)
-                    args.append(expr)
-                return lifted[key]
-            if isinstance(expr, relax.Var):
-                if expr.name in inner:
-                    return inner[expr.name]
-                param = relax.Var(expr.name, expr.ty)  # an input of the group
-                inner[expr.name] = param
-                params.append(param)
-                args.append(main_subst[expr.name])
-                return param
-            return expr
-
         outputs = [b.var for b in members if b.var.name in escaping]
         if not outputs:
             raise BuildError(f"group {gi} has no output used outside it; partition is not a cover of main")
-        new_bindings = []
-        for b in members:
-            value = _rebuild(b.value, subst, relax)
-            single_output = len(outputs) == 1 and b.var.same_as(outputs[0])
-            var = (relax.Var if single_output else relax.DataflowVar)(b.var.name, b.var.ty)
-            inner[b.var.name] = var
-            new_bindings.append(relax.VarBinding(var, value))
-        if len(outputs) == 1:
-            body, ret_ty = inner[outputs[0].name], outputs[0].ty
-        else:
-            tuple_var = relax.Var("gv", relax.TupleType([o.ty for o in outputs]))
-            new_bindings.append(relax.VarBinding(tuple_var, relax.Tuple([inner[o.name] for o in outputs])))
-            body, ret_ty = tuple_var, tuple_var.ty
-        func = relax.Function(
-            params, relax.SeqExpr([relax.DataflowBlock(new_bindings)], body), ret_ty, is_pure=True
-        ).with_attr("Primitive", True)
         name = _group_name(members, mod, relax, used_names, gi)
-        gvar = builder.add_func(func, name)
+        main_bindings += _outline(members, outputs, name, builder, main_subst, relax)
+    return _with_main(builder.get(), main, main_bindings, glue, main_subst, relax)
 
-        call = relax.Call(gvar, args)
-        if len(outputs) == 1:
-            var = out = outputs[0]  # main binds the original vars: an extern binding reads them as written
-            main_bindings.append(relax.VarBinding(var, call))
-            main_subst[out.name] = var
+
+def _binding_groups(bindings, groups, relax) -> tuple[list[int], dict]:
+    """Each binding's group (call_tir by its var name; a TupleGetItem follows its tuple's producer), and
+    the group of each bound var."""
+    group_of_node = {node: gi for gi, members in enumerate(groups) for node in members}
+    binding_group: list[int] = []
+    group_of_var: dict = {}
+    for b in bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in group_of_var:
+            gi = group_of_var[b.value.tuple_value]
         else:
-            tvar = relax.DataflowVar(f"{name}_out", ret_ty)
-            main_bindings.append(relax.VarBinding(tvar, call))
-            for i, out in enumerate(outputs):
-                var = out
-                main_bindings.append(relax.VarBinding(var, relax.TupleGetItem(tvar, i)))
-                main_subst[out.name] = var
+            gi = group_of_node[b.var.name]
+        binding_group.append(gi)
+        group_of_var[b.var] = gi
+    return binding_group, group_of_var
 
+
+def _escaping(bindings, binding_group, group_of_var, main_reads, relax) -> set[str]:
+    """Names of the vars read outside their own group (by another group, or by ``main_reads``: main's
+    result and its glue): the groups' outputs."""
+    escaping: set = set()
+    for b, gi in zip(bindings, binding_group):
+        for v in _used_vars(b.value, relax):
+            if v in group_of_var and group_of_var[v] != gi:
+                escaping.add(v.name)
+    for expr in main_reads:
+        for v in _used_vars(expr, relax):
+            if v in group_of_var:
+                escaping.add(v.name)
+    return escaping
+
+
+class _Lifter:
+    """One group's substitution: constants lifted to parameters, vars bound outside the group become
+    parameters (main's vars the call's arguments), vars bound inside map to their new vars (``inner``)."""
+
+    def __init__(self, main_subst: dict, relax):
+        import tvm
+
+        self.main_subst, self.relax, self.constant = main_subst, relax, tvm.ir.Constant
+        self.params: list = []
+        self.args: list = []
+        self.inner: dict[str, object] = {}
+        self.lifted: dict[int, object] = {}
+
+    def __call__(self, expr):
+        relax = self.relax
+        if isinstance(expr, self.constant):
+            key = id(expr)
+            if key not in self.lifted:
+                param = relax.Var(f"param_{len(self.lifted)}", expr.ty)
+                self.lifted[key] = param
+                self.params.append(param)
+                self.args.append(expr)
+            return self.lifted[key]
+        if isinstance(expr, relax.Var):
+            if expr.name in self.inner:
+                return self.inner[expr.name]
+            param = relax.Var(expr.name, expr.ty)  # an input of the group
+            self.inner[expr.name] = param
+            self.params.append(param)
+            self.args.append(self.main_subst[expr.name])
+            return param
+        return expr
+
+
+def _outline(members, outputs, name: str, builder, main_subst: dict, relax) -> list:
+    """Outline one group's bindings into a ``Primitive`` function named ``name``; main's bindings that call it."""
+    lift = _Lifter(main_subst, relax)
+    new_bindings = []
+    for b in members:
+        value = _rebuild(b.value, lift, relax)
+        single_output = len(outputs) == 1 and b.var.same_as(outputs[0])
+        var = (relax.Var if single_output else relax.DataflowVar)(b.var.name, b.var.ty)
+        lift.inner[b.var.name] = var
+        new_bindings.append(relax.VarBinding(var, value))
+    if len(outputs) == 1:
+        body, ret_ty = lift.inner[outputs[0].name], outputs[0].ty
+    else:
+        tuple_var = relax.Var("gv", relax.TupleType([o.ty for o in outputs]))
+        new_bindings.append(relax.VarBinding(tuple_var, relax.Tuple([lift.inner[o.name] for o in outputs])))
+        body, ret_ty = tuple_var, tuple_var.ty
+    func = relax.Function(
+        lift.params, relax.SeqExpr([relax.DataflowBlock(new_bindings)], body), ret_ty, is_pure=True
+    ).with_attr("Primitive", True)
+    call = relax.Call(builder.add_func(func, name), lift.args)
+    if len(outputs) == 1:  # main binds the original vars: an extern binding reads them as written
+        main_subst[outputs[0].name] = outputs[0]
+        return [relax.VarBinding(outputs[0], call)]
+    tvar = relax.DataflowVar(f"{name}_out", ret_ty)
+    calls = [relax.VarBinding(tvar, call)]
+    for i, out in enumerate(outputs):
+        calls.append(relax.VarBinding(out, relax.TupleGetItem(tvar, i)))
+        main_subst[out.name] = out
+    return calls
+
+
+def _with_main(out_mod, main, main_bindings: list, glue, main_subst: dict, relax):
+    """``out_mod`` with the new ``main``: the groups' calls, then main's result glue, then its result."""
+    result = main.body.body
+    result_names = _result_names(result, relax)
     for b in glue:  # main's result glue, after every group: a tuple of outputs or an alias
         value = _substitute_result(b.value, main_subst, relax)
         var = (relax.Var if b.var.name in result_names else relax.DataflowVar)(b.var.name, b.var.ty)
         main_bindings.append(relax.VarBinding(var, value))
         main_subst[b.var.name] = var
     new_result = _substitute_result(result, main_subst, relax)
-    new_main = relax.Function(
+    out_mod["main"] = relax.Function(
         main.params, relax.SeqExpr([relax.DataflowBlock(main_bindings)], new_result), main.ret_ty, main.is_pure,
         main.attrs,
     )
-    out_mod = builder.get()
-    out_mod["main"] = new_main
     return relax.transform.Normalize()(out_mod)
 
 

@@ -1,9 +1,6 @@
-"""ONNX → Relax: load and check a model, resolve its input shapes, import it.
-
-Every failure a user can cause is turned into one line that names the fix:
-a missing or truncated file (or external-data file), an opset or input dtype
-the reference cannot take, a dynamic dimension that needs ``--input-shape``.
-"""
+"""ONNX → Relax: load and check a model, resolve its input shapes, import it. Every failure a user can
+cause (a missing or truncated file, an opset or input dtype the reference cannot take, a dynamic
+dimension) becomes one line that names the fix."""
 
 from __future__ import annotations
 
@@ -19,7 +16,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from toolchain.errors import InputShapeError, ModelLoadError, UnsupportedModelError, first_line
+from toolchain.errors import (
+    InputShapeError,
+    ModelLoadError,
+    UnsupportedModelError,
+    first_line,
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class TensorInfo:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
     @staticmethod
-    def from_json(d: dict) -> "TensorInfo":
+    def from_json(d: dict) -> TensorInfo:
         return TensorInfo(d["name"], tuple(d["shape"]), d["dtype"])
 
 
@@ -65,7 +67,11 @@ def max_opset() -> int:
 
 def _missing_external_data(model: onnx.ModelProto, base: Path) -> tuple[str, str, Path] | None:
     """(tensor, location, path looked at) of the first tensor whose external-data file is missing."""
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+    from onnx.external_data_helper import (
+        ExternalDataInfo,
+        _get_all_tensors,
+        uses_external_data,
+    )
 
     for tensor in _get_all_tensors(model):
         if uses_external_data(tensor):
@@ -195,10 +201,19 @@ def check_supported(model: onnx.ModelProto) -> None:
         )
 
 
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1x3x224x224"`` → ``(1, 3, 224, 224)``."""
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"bad shape '{text}': expected dimensions joined by 'x', e.g. 1x3x224x224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise ValueError(f"bad shape '{text}': every dimension must be a positive integer")
+    return dims
+
+
 def parse_input_shapes(specs: list[str] | None, inputs: list[DeclaredInput]) -> dict[str, tuple[int, ...]]:
     """``["x=1x3x224x224"]`` → ``{"x": (1, 3, 224, 224)}``. A bare shape is allowed for a one-input model."""
-    from models.registry import parse_shape
-
     result: dict[str, tuple[int, ...]] = {}
     names = [i.name for i in inputs]
     for spec in specs or []:

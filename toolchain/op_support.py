@@ -233,7 +233,7 @@ def markdown() -> str:
         "float models. Only these ops of the default domain (`\"\"` / `ai.onnx`) are accepted: any other op,",
         "an op in another domain, or a listed op over one of its limits is refused before any work, every",
         "offending node named. How each family fares on ONNX's own backend node tests:",
-        "`make test-conformance` (`python -m host.conformance`, results in `bench/results/conformance-*.json`).",
+        "`make test-conformance` (`python -m host.bench.conformance`, results in `bench/results/conformance-*.json`).",
         "",
     ]
     for family, title in FAMILIES.items():

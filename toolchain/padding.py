@@ -1,35 +1,6 @@
-"""Output channels padded to a multiple of the vector width (``--pad-channels``, on by default).
-
-A conv's or matmul's output channels are the loop an NHWC kernel vectorises, and MetaSchedule splits a
-loop only into exact factors. 1000 (every ImageNet classifier here) is 2^3 × 5^3: on AVX-512 its
-innermost tile can be 8 lanes (half a register) or 20, 40, 50 — and a vector of a length that is not a
-power of two compiles to code several times slower (40 or 48 lanes: 1.3–1.4 ms where 32 lanes take
-0.15, SqueezeNet's classifier conv written by hand; bench/RESULTS.md, twenty-eighth session). Tuned
-alike (128 trials, cold weights), the same conv with 1024 output channels ran 1.58× faster than with
-1000 (1008: 1.26×), for 2.4 % more arithmetic.
-
-So before legalizing, a conv (one group) or a matmul whose weight is a constant, whose output
-channels are not a multiple of :data:`LANES` and which computes enough rows to be compute-bound
-(:data:`MIN_ROWS`; a classifier matmul on one row streams its weights) computes into a padded
-channel count — the weight padded with zero filters — and a ``strided_slice`` takes the real
-channels back; the slice is an injective op, which fuses into the kernel's epilogue like the bias add
-after it. Whether and how far to pad is :data:`RULES` (a table, first match wins), each rule with the
-measurement it rests on. The model computes the same tensor (tests/toolchain/test_padding.py runs
-both).
-
-**Chains into a depthwise conv** (:data:`CHAIN_RULES`). A depthwise conv vectorises only over its
-channels, so one with 72 or 120 (MnasNet-B1's expanded channels) or 58 / 116 (ShuffleNet-V2's
-branches) runs in 8-, 4- or 2-lane vectors. Where a conv's output channels reach a depthwise conv
-through per-channel ops (bias, activation), the conv computes padded channels, the per-channel
-constants are padded with their last channel's values (whatever the padded channels hold stays
-finite), the depthwise conv gets zero filters for them, and the conv that consumes the chain reads
-them with zero weights — the padded channels never leave the chain, and no slice is needed. Any
-other use of a padded tensor (a residual add, a concat, the model's output) reads it through a
-``strided_slice`` of the real channels. :func:`pad_channel_chains`.
-
-The padding does not depend on the target: a tuning database's kernels are the padded ones, and the
-phone-cache proxy builds them again for AVX2 (whose 8 lanes divide 1000) from the same database.
-"""
+"""Output channels padded to a multiple of the vector width (``--pad-channels``, on by default): a conv or
+matmul by :data:`RULES`, a conv whose output reaches a depthwise conv by :data:`CHAIN_RULES`; the model
+computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
 
 from __future__ import annotations
 
@@ -39,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolchain.relayout import _shape as static_shape
-
 
 #: float32 lanes of the widest vector agoc builds for (AVX-512); a multiple of NEON's 4 and AVX2's 8
 LANES = 16
@@ -67,7 +37,7 @@ MIN_ROWS = 16
 #: First rule whose padding fits its ``max_waste`` applies; none: the op is left alone.
 RULES: tuple[PadRule, ...] = (
     PadRule(512, 4, 0.05, MIN_ROWS, "1000 → 1024 on AVX-512 (64 = four registers): SqueezeNet's classifier "
-                                    "conv tuned 1.58× faster (bench/RESULTS.md, twenty-eighth session)"),
+                                    "conv tuned 1.58× faster (docs/partitioning.md)"),
     PadRule(512, 1, 0.05, MIN_ROWS, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
 )
 
@@ -76,7 +46,7 @@ CHAIN_RULES: tuple[PadRule, ...] = (
     PadRule(32, 1, 0.125, MIN_ROWS, "58 → 64, 116 → 128, 232 → 240 (whole AVX-512 registers): ShuffleNet-V2 "
                                     "@112 1.09–1.16× faster, stock and AGO builds timed together with the "
                                     "unpadded ones; MnasNet-B1's 72 → 80, 120 → 128 inside the unpadded "
-                                    "draws' spread (bench/RESULTS.md, thirtieth session)"),
+                                    "draws' spread (docs/partitioning.md)"),
 )
 
 
@@ -303,13 +273,63 @@ def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
     return plan
 
 
+def _carry(call, name: str, padded_arg):
+    """A per-channel op on padded channels, carried: (new value, (channels, padded)), or None where it
+    cannot be (``padded_arg``: an argument's (padded replacement, channels, padded) or None)."""
+    import tvm
+    from tvm import relax
+
+    arg = padded_arg(call.args[0]) if call.args else None
+    if name in CARRY_UNARY and arg is not None:
+        return relax.Call(call.op, [arg[0], *call.args[1:]], call.attrs, call.ty_args), arg[1:]
+    if name not in CARRY_BINARY or len(call.args) != 2:
+        return None
+    ins = [padded_arg(a) for a in call.args]
+    known = [i for i in ins if i is not None]
+    if not known or any(i[1:] != known[0][1:] for i in known):
+        return None
+    channels, wide = known[0][1:]
+    args = []
+    for a, i in zip(call.args, ins):
+        if i is not None:
+            args.append(i[0])
+        elif isinstance(a, tvm.ir.Constant) and _per_channel(a.value.numpy(), channels):
+            args.append(relax.const(_pad_channel_axis(a.value.numpy(), wide)))
+        else:
+            return None
+    return relax.Call(call.op, args, call.attrs, call.ty_args), (channels, wide)
+
+
+def _rewrite_conv(var, call, arg, plan: dict, visit):
+    """A conv that reads padded channels (``arg``) or that ``plan`` pads: (new value, (channels, padded)
+    or None), or None where it is left as it is; ``visit`` rewrites its input."""
+    w = _conv_weight(call)
+    if w is None:
+        return None
+    groups = int(call.attrs.groups)
+    if arg is None:
+        if var not in plan:
+            return None
+        x = visit(call.args[0])
+    else:
+        x, channels, wide = arg
+        if groups == channels == w.shape[0] and w.shape[1] == 1:  # depthwise: zero filters
+            return _conv(x, _pad_rows(w, wide), call, wide), (channels, wide)
+        if groups != 1:
+            return None
+        w = np.pad(w, [(0, 0), (0, wide - w.shape[1]), (0, 0), (0, 0)])  # zero weights for them
+    if var in plan:
+        channels, wide, _ = plan[var]
+        return _conv(x, _pad_rows(w, wide), call, 1), (channels, wide)
+    return _conv(x, w, call, 1), None
+
+
 def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
     """``(mod, [Padded])``: ``mod`` (NCHW, before legalizing) with every conv :func:`_chain_plan` picks
     computing padded output channels, carried through the per-channel ops and depthwise convs after it
     into the convs that consume them (their weights' input channels padded with zeros); anything else
     that reads a padded tensor reads a ``strided_slice`` of its real channels. ``mod`` itself when nothing
     is padded."""
-    import tvm
     from tvm import relax
 
     gv = mod.get_global_var("main")
@@ -335,47 +355,8 @@ def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
             if not isinstance(var, relax.DataflowVar) or name is None:
                 return None
             if name == "relax.nn.conv2d":
-                return self.rewrite_conv(var, call)
-            arg = self.padded_arg(call.args[0]) if call.args else None
-            if name in CARRY_UNARY and arg is not None:
-                return relax.Call(call.op, [arg[0], *call.args[1:]], call.attrs, call.ty_args), arg[1:]
-            if name in CARRY_BINARY and len(call.args) == 2:
-                ins = [self.padded_arg(a) for a in call.args]
-                known = [i for i in ins if i is not None]
-                if not known or any(i[1:] != known[0][1:] for i in known):
-                    return None
-                channels, wide = known[0][1:]
-                args = []
-                for a, i in zip(call.args, ins):
-                    if i is not None:
-                        args.append(i[0])
-                    elif isinstance(a, tvm.ir.Constant) and _per_channel(a.value.numpy(), channels):
-                        args.append(relax.const(_pad_channel_axis(a.value.numpy(), wide)))
-                    else:
-                        return None
-                return relax.Call(call.op, args, call.attrs, call.ty_args), (channels, wide)
-            return None
-
-        def rewrite_conv(self, var, call):
-            w = _conv_weight(call)
-            if w is None:
-                return None
-            groups, arg = int(call.attrs.groups), self.padded_arg(call.args[0])
-            if arg is None:
-                if var not in plan:
-                    return None
-                x = self.visit_expr(call.args[0])
-            else:
-                x, channels, wide = arg
-                if groups == channels == w.shape[0] and w.shape[1] == 1:  # depthwise: zero filters
-                    return _conv(x, _pad_rows(w, wide), call, wide), (channels, wide)
-                if groups != 1:
-                    return None
-                w = np.pad(w, [(0, 0), (0, wide - w.shape[1]), (0, 0), (0, 0)])  # zero weights for them
-            if var in plan:
-                channels, wide, _ = plan[var]
-                return _conv(x, _pad_rows(w, wide), call, 1), (channels, wide)
-            return _conv(x, w, call, 1), None
+                return _rewrite_conv(var, call, self.padded_arg(call.args[0]), plan, self.visit_expr)
+            return _carry(call, name, self.padded_arg)
 
         def visit_var_binding_(self, binding):
             var = binding.var

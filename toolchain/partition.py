@@ -1,30 +1,6 @@
-"""The partition stage: which ``call_tir`` ops become one kernel.
-
-Two methods, as a table (:data:`METHODS`):
-
-``stock``  TVM's ``FuseOps`` (post-dominator rule: at most one conv/matmul per
-           group), read back as node ids (see :func:`_unique_callees`).
-``ago``    AGO's weighted acyclic clustering (:func:`toolchain.cluster.cluster`)
-           over op weights from :mod:`toolchain.weights`: several complex ops
-           per subgraph, every subgraph under the threshold ``Td``.
-
-Before clustering, ``ago`` keeps TVM's conventional (epilogue) fusion: a
-complex op and the elementwise ops that follow it one to one (bias add,
-activation, residual add: :func:`epilogue_units`) start as one hyper node, so
-no subgraph boundary falls between a conv and its own bias or activation (a
-boundary there moves the epilogue into the next kernel as a prologue, read
-back in full from memory: measured 2x slower on MobileNet-V2's 56x56 expansion
-conv). Clustering then works over these units exactly as Algorithm 1 says, except
-across the edges :data:`KEEP_APART` names (a conv reading a channel-permuted
-tensor, as after ShuffleNet's channel shuffle): those stay subgraph boundaries
-whatever the weights say, and each decision they cause says why. With ``keep_inside`` (``--keep-inside``,
-off by default) a conv pair joined by a tensor at least that large starts as one unit too
-(:func:`locality_units`): for a phone's cache, whose L2 cannot hold MobileNet-V2's 1.2 MB expansion
-output between two kernels; like an epilogue unit it is never split into minis (one kernel, tuned whole).
-
-Both give a :class:`PartitionPlan` (groups of node ids, in a topological
-order of the quotient graph) that :func:`toolchain.fusion.fuse_groups` builds.
-"""
+"""The partition stage: which ``call_tir`` ops become one kernel, by the methods of :data:`METHODS` —
+TVM's ``FuseOps`` (``stock``) or AGO's weighted acyclic clustering over epilogue units (``ago``); the
+rules it adds to AGO (epilogue units, edges kept apart, --keep-inside) are in docs/partitioning.md."""
 
 from __future__ import annotations
 
@@ -33,7 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 from toolchain import cluster as clustering
+from toolchain.dag import Graph
 from toolchain.opgraph import OpGraph, op_graph
+from toolchain.quotient import check_partition, partition_stats
 from toolchain.weights import WeightModel, default_threshold, load_model, op_weights
 
 #: Subgraphs lighter than this (weight units = predicted tuning trials) are "trivial" in the stats:
@@ -289,7 +267,7 @@ def plan_ago(
     tensor at least that large start as one unit too (:func:`locality_units`)."""
     started = time.perf_counter()
     weights = op_weights(graph, model or load_model())
-    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
+    g = Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
     units, notes = epilogue_units(graph), ()
     if keep_inside:
         units, notes = locality_units(graph, units, keep_inside)
@@ -311,9 +289,9 @@ def plan(method: str, mod, spec, threshold: float = DEFAULT_THRESHOLD, graph: Op
 
 
 def check(graph: OpGraph, plan_: PartitionPlan) -> None:
-    """Raise :class:`toolchain.cluster.PartitionError` if the plan is not an acyclic partition of ``graph``."""
-    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
-    clustering.check_partition(g, plan_.groups)
+    """Raise :class:`toolchain.dag.PartitionError` if the plan is not an acyclic partition of ``graph``."""
+    g = Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
+    check_partition(g, plan_.groups)
 
 
 @dataclass(frozen=True)
@@ -355,8 +333,8 @@ def chains(graph: OpGraph, groups) -> list[Chain]:
 def stats(graph: OpGraph, plan_: PartitionPlan, trivial_cut: float = TRIVIAL_CUT) -> dict:
     """AGO's partition statistics (subgraphs, trivial, mean/median weight, Jain index, ...), and how many
     pairs of complex ops each subgraph chains (``chains``: {"pointwise_conv→depthwise_conv": n, ...})."""
-    g = clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
-    result = clustering.partition_stats(g, plan_.groups, trivial_cut)
+    g = Graph(tuple(n.id for n in graph.nodes), graph.edges, plan_.weights, graph.complex_ids)
+    result = partition_stats(g, plan_.groups, trivial_cut)
     pairs: dict[str, set] = {}
     for c in chains(graph, plan_.groups):
         pairs.setdefault(c.pair, set()).add((c.ops[0], c.ops[-1]))

@@ -1,12 +1,6 @@
-"""The compile pipeline, straight-line: the stages in order, a dump after each.
-
-    ONNX ─check─▶ shapes ─import─▶ Relax ─legalize─▶ call_tir graph ─partition─▶ groups ─fuse─▶ kernels
-        ─build_library(target, compiler)─▶ model.so ─onnxruntime─▶ expected outputs ─▶ artifact dir
-
-The artifact is assembled in a sibling directory, run on its sample inputs and compared with
-onnxruntime (the self-check), and only then moved into place; a directory that is not positively
-agoc's own artifact is never replaced (toolchain/artifact.py).
-"""
+"""The compile pipeline, straight-line: check → import → legalize → partition → fuse → build → onnxruntime's
+reference → self-check, a dump after each; the artifact is assembled beside its place and moved in only
+once it has passed (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -16,13 +10,22 @@ import importlib.metadata
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import onnx
 
-from toolchain import __version__, build, fastmath, onnx_import, padding, partition
+from toolchain import (
+    __version__,
+    build,
+    fastmath,
+    frontend,
+    fusion,
+    onnx_import,
+    padding,
+    partition,
+)
 from toolchain.artifact import (
     LIBRARY,
     MODEL_COPY,
@@ -37,7 +40,6 @@ from toolchain.artifact import (
     write_tensor,
 )
 from toolchain.errors import InputShapeError, SelfCheckError, UnsupportedModelError
-from toolchain import fusion
 from toolchain.onnx_import import TensorInfo
 from toolchain.opgraph import op_graph
 from toolchain.partition import DEFAULT_THRESHOLD
@@ -65,6 +67,7 @@ class CompileRequest:
     keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
     joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
+    traffic: dict | None = field(default=None, hash=False, repr=False)  # joins traffic:GEO: its judgement (None: db's)
     check: bool = True  # run the built library on the sample inputs before the artifact is written
     samples: dict | None = field(default=None, hash=False, repr=False)  # name -> array: the user's sample inputs
 
@@ -172,112 +175,21 @@ def compile_model(
     out_dir = Path(out_dir)
     check_replaceable(out_dir)
     check_writable(out_dir)
-    model = request.model
-
-    tuned = None  # the tuning database the build applies
-    if request.db is not None:
-        from toolchain.tune.db import TuneDB
-
-        tuned = TuneDB(request.db)
-        made = tuned.activation_layout
-        if made != request.target.layout:
-            raise UnsupportedModelError(
-                f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
-    on_stage("checking model")
-    onnx_import.check_opset(model)
-    onnx_import.check_supported(model)
-    overrides = dict(request.input_shapes)
-    inputs: list[TensorInfo] = onnx_import.resolve_inputs(model, overrides)
-    check_sizes(inputs)
-
-    on_stage("importing into Relax")
-    mod = onnx_import.to_relax(model, inputs)
-    _dump(request.dump_dir, "01_imported.py", mod)
-
-    on_stage("legalizing")
-    mod = build.legalize(mod, request.target)
-    _dump(request.dump_dir, "02_legalized.py", mod)
-    padded_ops = padding.applied_ops(mod)
-    # what a database records of how its kernels were legalized (what was done, not the flag: a model with
-    # nothing to pad or no transcendental op is the same either way): (recorded, done here, {value: (tuned
-    # ..., flag)})
-    recorded = [] if tuned is None else [
-        (tuned.channel_padding, padding.applied(mod), {True: ("with padded output channels", "--pad-channels"),
-                                                       False: ("without padded output channels", "--no-pad-channels")}),
-        (tuned.fast_math, fastmath.applied(mod), {True: ("with fast transcendental functions", "--fast-math"),
-                                                  False: ("with exact transcendental functions", "--exact-math")}),
-    ]
-    for was, now, words in recorded:
-        if was != now:
-            raise UnsupportedModelError(f"{request.db} was tuned {words[was][0]}; compile with {words[was][1]} "
-                                        "(its kernels are not these)")
-
-    on_stage(f"partitioning ({request.partition})")
-    if request.partition not in PARTITION_METHODS:
-        raise UnsupportedModelError(
-            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITION_METHODS)}"
-        )
-    graph = op_graph(mod)
-    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph, request.keep_inside)
-    unfused: list[dict] = []
-    if request.db is not None and request.partition == "ago":
-        from toolchain.tune.apply import unfuse_slower
-
-        plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds))
-    partition.check(graph, plan)
-    partition_record = {
-        "method": plan.method,
-        "threshold": plan.threshold,
-        "keep_inside": plan.keep_inside,
-        **partition.stats(graph, plan),
-        "groups": [list(g) for g in plan.groups],
-        **({"joins": request.joins} if request.db is not None and request.partition == "ago" else {}),
-        "unfused": unfused,  # subgraphs built as their minis, and why (the joins rule above)
-        "padded": padded_ops,  # ops computing padded output channels, and why (toolchain/padding.py)
-    }
-
-    on_stage(f"fusing {len(plan.groups)} subgraphs")
-    if request.partition == "stock":
-        mod = build.fuse_stock(mod, request.target)
-    else:
-        mod = fusion.fuse_groups(mod, plan.groups, request.target)
-    _dump(request.dump_dir, "03_fused.py", mod)
-    kernels = build.built_kernels(mod, request.target)
-    tuning_record = None
-    if request.db is not None:
-        from toolchain.tune.apply import apply_verified
-
-        on_stage("applying tuned schedules")
-        mod, applied, tasks = apply_verified(mod, request.db, request.target)
-        tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
-        kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
-            dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))
-            for k in build.built_kernels(mod, request.target)]
-        _dump(request.dump_dir, "04_scheduled.py", mod)
+    tuned = _tuning_db(request)
+    mod, inputs = _import(request, on_stage)
+    _check_legalized_as_tuned(request, tuned, mod)
+    plan, partition_record = _partition(request, mod, on_stage)
+    mod, kernels, tuning_record = _fuse(request, mod, plan, on_stage)
 
     with staged_directory(out_dir) as staging:
         on_stage(f"building for {request.target.preset} with {Path(compiler.path).name}")
         build.build_library(mod, request.target, compiler, staging / LIBRARY)
-
         on_stage("computing reference outputs with onnxruntime")
-        feeds = given_samples(request.samples, inputs) if request.samples else sample_inputs(model, inputs, request.seed)
-        expected = run_onnxruntime(model, feeds)
-        in_files = []
-        for i, info in enumerate(inputs):
-            rel = f"data/input_{i}.bin"
-            write_tensor(staging / rel, feeds[info.name])
-            in_files.append(TensorFile(info, rel))
-        out_files = []
-        for i, (name, value) in enumerate(expected.items()):
-            rel = f"data/expected_{i}.bin"
-            write_tensor(staging / rel, value)
-            out_files.append(TensorFile(TensorInfo(name, tuple(value.shape), value.dtype.name), rel))
-        onnx.save(model, str(staging / MODEL_COPY))
-
+        feeds, expected, in_files, out_files = _reference_data(request, inputs, staging)
         manifest = Manifest(
             model_name=request.model_name,
-            model_sha256=onnx_import.model_hash(model),
-            op_counts=onnx_import.op_counts(model),
+            model_sha256=onnx_import.model_hash(request.model),
+            op_counts=onnx_import.op_counts(request.model),
             inputs=tuple(in_files),
             outputs=tuple(out_files),
             target=request.target.to_json(),
@@ -289,7 +201,7 @@ def compile_model(
             versions=package_versions(),
             sample_seed=request.seed,
             compile_seconds=round(time.perf_counter() - started, 3),
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             library_sha256=file_sha256(staging / LIBRARY),
         )
         write_manifest(staging, manifest)
@@ -302,3 +214,122 @@ def compile_model(
         write_manifest(staging, manifest)
     log.info("compiled %s for %s into %s", request.model_name, request.target.preset, out_dir)
     return Artifact(out_dir, manifest)
+
+
+def _tuning_db(request: CompileRequest):
+    """The tuning database the build applies (None without ``--db``), refused when made in another layout."""
+    if request.db is None:
+        return None
+    from toolchain.tune.db import TuneDB
+
+    tuned = TuneDB(request.db)
+    made = tuned.activation_layout
+    if made != request.target.layout:
+        raise UnsupportedModelError(
+            f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
+    return tuned
+
+
+def _import(request: CompileRequest, on_stage: Callable[[str], None]) -> tuple[object, list[TensorInfo]]:
+    """Check the model and its input sizes, import it into Relax and legalize it (a dump after each)."""
+    on_stage("checking model")
+    inputs = frontend.checked_inputs(request.model, dict(request.input_shapes))
+    check_sizes(inputs)
+
+    on_stage("importing into Relax")
+    mod = onnx_import.to_relax(request.model, inputs)
+    _dump(request.dump_dir, "01_imported.py", mod)
+
+    on_stage("legalizing")
+    mod = build.legalize(mod, request.target)
+    _dump(request.dump_dir, "02_legalized.py", mod)
+    return mod, inputs
+
+
+def _check_legalized_as_tuned(request: CompileRequest, tuned, mod) -> None:
+    """Refuse a database whose kernels were legalized otherwise (what was done, not the flag: a model with
+    nothing to pad or no transcendental op is the same either way)."""
+    if tuned is None:
+        return
+    recorded = [  # (recorded, done here, {value: (tuned ..., flag)})
+        (tuned.channel_padding, padding.applied(mod), {True: ("with padded output channels", "--pad-channels"),
+                                                       False: ("without padded output channels", "--no-pad-channels")}),
+        (tuned.fast_math, fastmath.applied(mod), {True: ("with fast transcendental functions", "--fast-math"),
+                                                  False: ("with exact transcendental functions", "--exact-math")}),
+    ]
+    for was, now, words in recorded:
+        if was != now:
+            raise UnsupportedModelError(f"{request.db} was tuned {words[was][0]}; compile with {words[was][1]} "
+                                        "(its kernels are not these)")
+
+
+def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) -> tuple[object, dict]:
+    """(the checked partition plan, the manifest's record of it)."""
+    padded_ops = padding.applied_ops(mod)
+    on_stage(f"partitioning ({request.partition})")
+    if request.partition not in PARTITION_METHODS:
+        raise UnsupportedModelError(
+            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITION_METHODS)}"
+        )
+    graph = op_graph(mod)
+    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph, request.keep_inside)
+    unfused: list[dict] = []
+    if request.db is not None and request.partition == "ago":
+        from toolchain.tune.apply import unfuse_slower
+
+        plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds), request.traffic)
+    partition.check(graph, plan)
+    return plan, {
+        "method": plan.method,
+        "threshold": plan.threshold,
+        "keep_inside": plan.keep_inside,
+        **partition.stats(graph, plan),
+        "groups": [list(g) for g in plan.groups],
+        **({"joins": request.joins} if request.db is not None and request.partition == "ago" else {}),
+        "unfused": unfused,  # subgraphs built as their minis, and why (the joins rule above)
+        "padded": padded_ops,  # ops computing padded output channels, and why (toolchain/padding.py)
+    }
+
+
+def _fuse(request: CompileRequest, mod, plan, on_stage: Callable[[str], None]) -> tuple[object, list, dict | None]:
+    """(the fused module, with the database's verified schedules applied; its kernels; the manifest's
+    record of the tuning, None without a database)."""
+    on_stage(f"fusing {len(plan.groups)} subgraphs")
+    if request.partition == "stock":
+        mod = build.fuse_stock(mod, request.target)
+    else:
+        mod = fusion.fuse_groups(mod, plan.groups, request.target)
+    _dump(request.dump_dir, "03_fused.py", mod)
+    kernels = build.built_kernels(mod, request.target)
+    if request.db is None:
+        return mod, kernels, None
+    from toolchain.tune.apply import apply_verified
+
+    on_stage("applying tuned schedules")
+    mod, applied, tasks = apply_verified(mod, request.db, request.target)
+    tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
+    kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
+        dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))
+        for k in build.built_kernels(mod, request.target)]
+    _dump(request.dump_dir, "04_scheduled.py", mod)
+    return mod, kernels, tuning_record
+
+
+def _reference_data(request: CompileRequest, inputs: list[TensorInfo], staging: Path):
+    """The sample inputs and onnxruntime's outputs for them, written into ``staging`` with the model:
+    (feeds, expected, input files, output files)."""
+    model = request.model
+    feeds = given_samples(request.samples, inputs) if request.samples else sample_inputs(model, inputs, request.seed)
+    expected = run_onnxruntime(model, feeds)
+    in_files = []
+    for i, info in enumerate(inputs):
+        rel = f"data/input_{i}.bin"
+        write_tensor(staging / rel, feeds[info.name])
+        in_files.append(TensorFile(info, rel))
+    out_files = []
+    for i, (name, value) in enumerate(expected.items()):
+        rel = f"data/expected_{i}.bin"
+        write_tensor(staging / rel, value)
+        out_files.append(TensorFile(TensorInfo(name, tuple(value.shape), value.dtype.name), rel))
+    onnx.save(model, str(staging / MODEL_COPY))
+    return feeds, expected, in_files, out_files

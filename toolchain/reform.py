@@ -1,29 +1,13 @@
-"""AGO's reformer layer (§V) on partition plans: split every subgraph into
-mini-subgraphs (AGO: at most one complex op each; here one reducing op, see below; by Cluster), and join them back.
-
-One deviation from AGO, measured: a mini holds at most one op *with a reduction* —
-a complex op, or a pooling / mean / softmax / norm op. AGO's minis bound the complex
-ops only, so a conv and the max-pool after it stayed one mini, tuned directly with no
-split to fall back on; MetaSchedule's stock space cannot put the pool inside the conv's
-tile (its window overlaps tiles), and on SqueezeNet 1.1 at 112 that kernel ran 0.34 ms
-in the model where TVM's separate conv and pool kernels took 0.19 ms. Split apart, the
-pair is a join like any other, kept only when timed faster than its minis.
-
-``split_plan`` gives a plan whose groups are the mini-subgraphs, in a
-topological order (each parent's minis, parents in their own order: an edge
-between minis of different parents follows the parents' order), plus which
-parent each mini came from; ``join_plan`` inverts it exactly:
-``join_plan(split_plan(P)) == P``. Both plans build like any other
-(:func:`toolchain.fusion.fuse_groups`), which is what the tuner needs: tune the
-minis first, then the joined subgraphs starting from their composed
-schedules (the schedule composition lives with the tuner).
-"""
+"""AGO's reformer layer (§V) on partition plans: split every subgraph into mini-subgraphs (at most one
+op with a reduction each, by Cluster) and join them back exactly: ``join_plan(split_plan(P)) == P``.
+Why one reducing op rather than AGO's one complex op: docs/partitioning.md (The reformer)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from toolchain import cluster as clustering
+from toolchain.dag import Graph
 from toolchain.opgraph import OpGraph
 from toolchain.partition import PartitionPlan
 
@@ -35,9 +19,9 @@ class SplitPlan:
     parent: PartitionPlan  # the plan that was split
 
 
-def _graph(graph: OpGraph, plan: PartitionPlan) -> clustering.Graph:
-    # "complex" for the split's one-per-mini limit: every op with a reduction (see the module doc)
-    return clustering.Graph(tuple(n.id for n in graph.nodes), graph.edges, plan.weights, graph.reducing_ids)
+def _graph(graph: OpGraph, plan: PartitionPlan) -> Graph:
+    # "complex" for the split's one-per-mini limit: every op with a reduction (docs/partitioning.md, The reformer)
+    return Graph(tuple(n.id for n in graph.nodes), graph.edges, plan.weights, graph.reducing_ids)
 
 
 def split_plan(graph: OpGraph, plan: PartitionPlan, threshold: float | None = None) -> SplitPlan:

@@ -14,7 +14,7 @@ Choices the paper leaves open (AGO §IV-A), stated here:
 * ``log`` is the natural logarithm.
 
 ``c`` and ``b`` are fitted by least squares to measured tuning budgets (trials
-until the best latency stabilises) with ``python -m host.fit_weights``; the
+until the best latency stabilises) with ``python -m host.bench.fit_weights``; the
 result ships as ``toolchain/data/weight_fit.json``.
 """
 
@@ -46,7 +46,7 @@ def loop_term(node: OpNode) -> float:
 
 
 def load_model(path: Path = FIT_FILE) -> WeightModel:
-    """The shipped fit; an explicit error if it is missing (re-create it with host.fit_weights)."""
+    """The shipped fit; an explicit error if it is missing (re-create it with host.bench.fit_weights)."""
     data = json.loads(path.read_text())
     return WeightModel(float(data["c"]), float(data["b"]), data.get("source", str(path)))
 

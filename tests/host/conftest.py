@@ -1,5 +1,6 @@
 """Fixtures of the device tests: the runners built, and the fake adb phone."""
 
+import fcntl
 import subprocess
 from pathlib import Path
 
@@ -17,9 +18,12 @@ def runners():
     require_tool("cmake")
     require_tool("aarch64-linux-gnu-g++")
     require_tool("qemu-aarch64")
-    for target in ("host", "linux-arm64"):
-        subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
-                       capture_output=True)
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / ".runners.lock", "w") as lock:  # parallel workers (pytest -n): one make at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for target in ("host", "linux-arm64"):
+            subprocess.run(["make", "--no-print-directory", "runner", f"TARGET={target}"], cwd=ROOT, check=True,
+                           capture_output=True)
 
 
 @pytest.fixture

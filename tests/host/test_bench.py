@@ -79,7 +79,7 @@ def test_tvm_variants_share_one_worker_and_are_timed_call_by_call(monkeypatch, t
             super().__init__(members, settings)
             made.append((list(members), dict(self.hello["model_rss_mb"])))
 
-    monkeypatch.setattr(bench, "Worker", Recording)
+    monkeypatch.setattr(bench.run, "Worker", Recording)
     doc = bench.run_suite(
         bench.SUITES["tiny"], [Case("tiny-dwsep", (1, 8, 16, 16))], tiny_settings(rounds=2, calls_per_round=3),
         tmp_path, variants=["tvm-stock", "tvm-ago", "onnxruntime"],
@@ -108,7 +108,7 @@ def test_a_variant_that_does_not_load_fails_alone_in_its_shared_worker(tmp_path)
     worker = bench.Worker(members, tiny_settings())
     try:
         assert list(worker.errors) == ["tvm-ago"] and worker.names == ["tvm-stock"]
-        samples, medians, failures = bench._measure([worker], tiny_settings(rounds=2), __import__("random").Random(0),
+        samples, medians, failures = bench.measure_rounds([worker], tiny_settings(rounds=2), __import__("random").Random(0),
                                                     lambda *a, **k: None)
     finally:
         worker.close()
@@ -132,6 +132,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
     """tvm-ago-from-stock starts from tvm-stock-tuned's database (agoc tune --from): listed first or not,
     it is tuned after its base, which it is handed; without its base in the run it fails, saying so."""
     from toolchain.tune import session as tune_session
+    from toolchain.tune.events import Imported
 
     calls = []
 
@@ -140,7 +141,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
         db.mkdir(parents=True)
         (db / "session.json").write_text("{}")
         if base is not None:
-            on_event("imported", base=str(base), tasks={"k": 3})
+            on_event(Imported(base=str(base), tasks={"k": 3}))
         return {"tasks": [], "estimate_ms": 1.0}
 
     monkeypatch.setattr(tune_session, "tune_model", fake_tune)
@@ -188,10 +189,10 @@ def test_the_engine_order_has_a_seed_of_its_own(monkeypatch, tmp_path):
     suite, variant = bench.SUITES["e2e"], bench.VARIANTS_BY_NAME["tvm-ago-tuned"]
     plain, reordered = tiny_settings(seed=3), tiny_settings(seed=3, order_seed=8)
     assert plain.order == 3 and reordered.order == 8
-    assert bench._tune_settings(variant, suite, reordered) == bench._tune_settings(variant, suite, plain)
-    assert bench._tune_settings(variant, suite, tiny_settings(seed=4)).seed == 4
-    seeds, real = [], bench.random.Random
-    monkeypatch.setattr(bench.random, "Random", lambda seed: seeds.append(seed) or real(seed))
+    assert bench.tune_settings(variant, suite, reordered) == bench.tune_settings(variant, suite, plain)
+    assert bench.tune_settings(variant, suite, tiny_settings(seed=4)).seed == 4
+    seeds, real = [], bench.run.random.Random
+    monkeypatch.setattr(bench.run.random, "Random", lambda seed: seeds.append(seed) or real(seed))
     document = bench.run_suite(bench.SUITES["tiny"], [], reordered, tmp_path)
     assert seeds == [8] and document["context"]["settings"]["order_seed"] == 8
 
@@ -304,9 +305,18 @@ def test_a_suite_run_records_its_geomean(document):
     assert summary["tvm-stock"]["onnxruntime"] == pytest.approx(ratio)  # one case: its own speed-up
 
 
-def test_bench_layout_tunes_the_same_kernel_in_both_layouts_and_writes_the_ratio(tmp_path):
+def test_bench_layout_tunes_the_same_kernel_in_both_layouts_and_writes_the_ratio(tmp_path, monkeypatch):
     """`make bench-layout`: one conv kernel of tiny-cnn, 2 trials per layout, timed and compared."""
-    from host import bench_layout
+    import functools
+
+    import toolchain.tune
+    import toolchain.tune.settings
+    from host.bench import layout as bench_layout
+
+    # a search population of 8, not 128: the search's own cost is not what is tested here
+    small = functools.partial(toolchain.tune.settings.TuneSettings, population=8)
+    for module in (toolchain.tune, toolchain.tune.settings):
+        monkeypatch.setattr(module, "TuneSettings", small, raising=False)
 
     assert bench_layout.main(["--model", "tiny-cnn", "--size", "16", "--trials", "2", "--kernels", "1",
                               "--threads", "1", "--out", str(tmp_path)]) == 0
@@ -336,7 +346,7 @@ def test_a_tuned_variant_records_how_its_search_did_on_the_kernels_the_baseline_
         db.save_verified({t.name: {"status": "verified", "latency_ms": m} for t, m in zip(tasks, ms)})
     results = {"tvm-ago-tuned": {"tuning": {}}, "tvm-stock-tuned": {"tuning": {}}, "tvm-ago-ni": {"status": "failed"}}
     tuned = [bench.VARIANTS_BY_NAME[n] for n in ("tvm-stock-tuned", "tvm-ago-tuned", "tvm-ago-ni")]
-    bench._same_kernels(results, tuned, tmp_path)
+    bench.same_kernels(results, tuned, tmp_path)
     assert results["tvm-ago-tuned"]["tuning"]["same_kernels"] == {
         "vs": "tvm-stock-tuned", "kernels": 2, "geomean": pytest.approx(2 ** 0.5)}
     assert "tuning" not in results["tvm-ago-ni"] and "same_kernels" not in results["tvm-stock-tuned"]["tuning"]
@@ -354,6 +364,6 @@ def test_a_variant_built_from_another_variants_database_matches_its_partition_an
         assert (owner.partition, owner.keep_inside, owner.intensive, owner.reformer) == (
             v.partition, v.keep_inside, v.intensive, v.reformer)
         case = Case("mnasnet", (1, 3, 112, 112))
-        assert bench._variant_db(case, v, tmp_path) == tmp_path / case.label / f"{v.db_of}.db"
-        assert bench._join_rule(v) == f"traffic:{v.joins}"
-    assert bench._join_rule(bench.VARIANTS_BY_NAME["tvm-ago-tuned"]) == "latency"
+        assert bench.variant_db(case, v, tmp_path) == tmp_path / case.label / f"{v.db_of}.db"
+        assert bench.join_rule(v) == f"traffic:{v.joins}"
+    assert bench.join_rule(bench.VARIANTS_BY_NAME["tvm-ago-tuned"]) == "latency"

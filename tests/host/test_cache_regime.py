@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from host import bench, cache_regime
+from host import bench
+from host.bench import cache_regime
 from host.bench import Case
 from tests.host.test_bench import tiny_settings
 
@@ -74,7 +75,7 @@ def test_the_worker_calls_its_engines_in_the_regimes_order(monkeypatch, capsys, 
     import json
     import sys
 
-    from host import bench_worker
+    from host.bench import worker as bench_worker
 
     log = []
     monkeypatch.setattr(bench_worker, "_load", lambda entry, threads, warmup: (_Recorder(entry["name"], log), 0.0))

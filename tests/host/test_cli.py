@@ -191,3 +191,39 @@ def test_targets_and_version(cli):
     assert result.exit_code == 0 and "android-arm64" in result.stdout and "linux-arm64" in result.stdout
     result = cli("--version")
     assert result.exit_code == 0 and "apache-tvm 0.27.0.post1" in result.stdout
+
+
+def test_every_tuning_event_has_one_renderer_and_reads_as_a_line():
+    """host/progress.py: each typed event of toolchain.tune.events renders (Verifying alone shows nothing)."""
+    import io
+
+    from rich.console import Console
+
+    from host.progress import RENDERERS, TuneProgress
+    from toolchain.tune import events as ev
+
+    assert set(RENDERERS) == set(ev.EVENTS) - {ev.Verifying}
+    out = io.StringIO()
+    view = TuneProgress(Console(file=out, width=200), trials=16, unit=16, scheduler="latency")
+    tasks = [{"name": "j", "phase": "joined", "budget": 16}, {"name": "m", "phase": "mini", "budget": 16}]
+    with view:
+        for event in (ev.Planned(tasks, first_pass=32, total=32), ev.Imported("base.db", {"m": 3}),
+                      ev.TaskStarted("m", "mini", 0, 16), ev.Seeded("j", composed=True, siblings=["k"], best_ms=0.5),
+                      ev.Trials("m", 8, 16, 1.25), ev.Stable("m", 8), ev.Exhausted("m", 8, 8),
+                      ev.SearchFailed("m", "no space"), ev.JoinYields("j", 2.0, 1.5, 1.0, 8, "slower"),
+                      ev.Verifying("m"), ev.TaskDone("m", 1.0, {"status": "verified", "latency_ms": 1.0}),
+                      ev.Round("m", 1.0, 0.1, 8), ev.Pairing("j", 2), ev.Paired("j", 2.0, 1.0, 0.5),
+                      ev.Paired("j", error="timeout"), ev.Seeded("j", again=True)):
+            view(event)
+    text = out.getvalue()
+    for line in ("plan: 1 kernel (1 split into 1 minis), 32 trials (more than --trials 16", "32 of them a first batch",
+                 "from base.db: 3 records of 1 kernel(s) copied in", "j: starts from the composed mini schedules and "
+                 "the schedules of 1 kernel(s) like it (best 0.5000 ms)",
+                 "m: stable after 8 trials, 8 left to its join",
+                 "every schedule of its space measured after 8 trials; 8 left", "m: the search failed (no space)",
+                 "j: 2.0000 ms after a batch, its minis together 1.5000 ms (slower): its 8 remaining",
+                 "m: 1.0000 ms verified",
+                 "round for m: 1.0000 ms of the model, expected to save 0.1000 ms; 8 trials left",
+                 "j timed next to its minis: 2.0000 ms, its minis together 1.0000 ms → built as its minis",
+                 "j timed next to its minis: error: timeout", "j: composed again from its minis"):
+        assert line in text, line

@@ -4,8 +4,8 @@ import numpy as np
 import onnx
 import pytest
 
-from host import conformance
-from host.conformance import Outcome, freeze, frozen_names, run_case, skip_reason
+from host.bench import conformance
+from host.bench.conformance import Outcome, freeze, frozen_names, run_case, skip_reason
 from toolchain import op_support
 
 

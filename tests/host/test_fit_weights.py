@@ -1,4 +1,4 @@
-"""host.fit_weights: the budget rule, the least-squares fit, the calibration table, and (slow) one real tuning."""
+"""host.bench.fit_weights: the budget rule, the least-squares fit, the calibration table, and (slow) one real tuning."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from host import fit_weights as fw
+from host.bench import fit_weights as fw
 
 
 def test_fit_recovers_exact_constants():
@@ -169,7 +169,7 @@ def test_fit_file_writes_constants_and_source(tmp_path):
     fw.fit_file(budgets, out, echo=lambda _m: None, threshold=80)
     data = json.loads(out.read_text())
     assert data["c"] == pytest.approx(0.2) and data["b"] == pytest.approx(1.5) and data["n"] == 4
-    assert data["source"].startswith("fitted by host/fit_weights.py on ") and "64 trials/subgraph" in data["source"]
+    assert data["source"].startswith("fitted by host/bench/fit_weights.py from ") and "64 trials/subgraph" in data["source"]
     assert data["default_threshold"] == 80.0
 
     from toolchain.weights import default_threshold, load_model

@@ -1,4 +1,4 @@
-"""The phone-cache proxy (host/proxy.py): geometries, the valgrind command, callgrind parsing, and
+"""The phone-cache proxy (host/bench/proxy.py): geometries, the valgrind command, callgrind parsing, and
 on a tiny conv pair under valgrind: identical counts run to run, less DRAM traffic when fused."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import models
-from host import proxy
+from host.bench import proxy
 from tests.conftest import require_tool
 from toolchain.pipeline import CompileRequest, compile_model
 from toolchain.targets import find_compiler, resolve_target

@@ -89,6 +89,7 @@ def test_agent_offers_a_device_on_the_tracker_and_relays_sessions(runners, sandb
 def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxes):
     db = sandboxes / "db"
     result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--trials", "16", "--per-iter", "8",
+                 "--population", "8",  # the search's own cost (the default 128) is not what is tested here
                  "--layout", "NCHW")  # one subgraph (NHWC adds the input's transpose kernel)
     assert result.exit_code == 0, result.stderr
     assert "measured on qemu over RPC" in result.stderr
@@ -128,8 +129,8 @@ def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
     from toolchain.tune.pairing import PAIR_ROUNDS
 
     db = sandboxes / "db2"
-    result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "qemu", "--device", "emulator-5554",
-                 "--trials", "16", "--per-iter", "8")
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--device", "emulator-5554",
+                 "--trials", "16", "--per-iter", "8", "--population", "8", "--layout", "NCHW")  # one join of two minis
     assert result.exit_code == 0, result.stderr
     report = json.loads((db / "devices.json").read_text())
     measured = {name: d.get("measured", 0) for name, d in report["devices"].items()}
@@ -150,7 +151,8 @@ def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandbox
     """The fake adb server relays the phone's forwarded port in this process: timing a join next to
     its minis must not block it (a blocking TVM call holds the interpreter lock; it hung here once)."""
     db = sandboxes / "db3"
-    result = cli("tune", "zoo:tiny-dwsep", "--db", db, "--device", "emulator-5554", "--trials", "16", "--per-iter", "8")
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "emulator-5554", "--trials", "16", "--per-iter", "8",
+                 "--population", "8", "--layout", "NCHW")  # one join of two minis
     assert result.exit_code == 0, result.stderr
     log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
     assert {ln["device"] for ln in log if ln.get("purpose") == "pairing"} == {"emulator-5554"}
@@ -174,7 +176,7 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     db = sandboxes / "db3"
     db.mkdir()
     log = db / "measurements.jsonl"
-    settings = TuneSettings(trials=24, per_iter=8)
+    settings = TuneSettings(trials=24, per_iter=8, population=8)
     killed = {}
 
     with rpc_mod.RpcSession(spec, [get_device("qemu")], log=log, work_dir=db / "agents") as session:

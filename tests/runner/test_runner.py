@@ -39,10 +39,13 @@ def build_runner(target: str) -> Path:
     require_tool("make")
     require_tool("cmake")
     require_tool("g++" if target == "host" else "aarch64-linux-gnu-g++")
-    result = subprocess.run(
-        ["make", "--no-print-directory", "-f", str(RUNNER_MK), "runner", f"TARGET={target}", f"PY={sys.executable}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / ".runners.lock", "w") as lock:  # parallel workers (pytest -n): one make at a time
+        __import__("fcntl").flock(lock, __import__("fcntl").LOCK_EX)
+        result = subprocess.run(
+            ["make", "--no-print-directory", "-f", str(RUNNER_MK), "runner", f"TARGET={target}", f"PY={sys.executable}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
     assert result.returncode == 0, f"runner build failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     binary = ROOT / "build" / "runner" / target / "agoc-runner"
     assert binary.is_file()

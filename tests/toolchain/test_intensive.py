@@ -5,16 +5,16 @@ import math
 import numpy as np
 import pytest
 
-from host.fit_weights import Calibration, extract
+from host.bench.fit_weights import Calibration, extract
 from models.builder import GraphBuilder
 from toolchain import build, onnx_import
 from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
+from toolchain.targets import resolve_target
 from toolchain.tune.candidates import random_args, run
 from toolchain.tune.intensive import block_infos, find_pair, intensive_schedule
 from toolchain.tune.schedule_check import execution_counts, format_counts
 from toolchain.tune.space import make_space_generator
-from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")  # NHWC activations (the default)
 NCHW = resolve_target("host", layout="NCHW")
@@ -321,20 +321,47 @@ def test_other_complex_ops_get_multilevel_tiling(tmp_path):
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got)) <= 1e-5
 
 
+def _tune_alone(func, work_dir, trials: int):
+    """Tune ``func`` alone in the intensive space with the dropped-iteration check: (space choice, database,
+    trial latencies, candidates checked, candidates rejected)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain.timing import Timing, local_runner
+    from toolchain.tune import space
+    from toolchain.tune.adapter import BUILD_TIMEOUT_S, fast_build, trial_latencies
+
+    work_dir.mkdir(parents=True)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    choice = make_space_generator(func, SPEC.tvm(), True, False, SPEC.num_cores, True)
+    database = ms.database.JSONDatabase(work_dir=str(work_dir))
+    before = dict(space.STATS)
+    ms.tune_tir(
+        mod, target=SPEC.tvm(), work_dir=str(work_dir), max_trials_global=trials, num_trials_per_iter=trials,
+        builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=SPEC.num_cores, timeout_sec=BUILD_TIMEOUT_S),
+        runner=local_runner(Timing(number=3, repeat=5, min_repeat_ms=30)), database=database,
+        space=choice.generator, num_tuning_cores=SPEC.num_cores, seed=0,
+    )
+    checked = space.STATS["applied"] - before["applied"]
+    return choice, database, trial_latencies(work_dir), checked, space.STATS["rejected"] - before["rejected"]
+
+
 @pytest.mark.slow
-def test_tuning_smoke_with_the_intensive_space(tmp_path):
+def test_tuning_smoke_with_the_intensive_space(tmp_path, monkeypatch):
+    import os
+
     import tvm
     from tvm import s_tir
 
-    from toolchain.tune.adapter import tune_func
-
+    if "TVM_NUM_THREADS" not in os.environ:
+        monkeypatch.setenv("TVM_NUM_THREADS", str(SPEC.num_cores))
     func = func_of("pw->dw")
-    result = tune_func(func, SPEC, tmp_path / "tune", trials=8, intensive=True, per_iter=8)
-    assert result.space == "intensive" and result.pair.kind == "pw->dw"
-    assert len(result.latencies) == 8 and all(math.isfinite(x) for x in result.latencies)
-    assert result.rejected == 0 and result.checked > 0
+    choice, database, latencies, checked, rejected = _tune_alone(func, tmp_path / "tune", trials=8)
+    assert choice.kind == "intensive" and choice.pair.kind == "pw->dw"
+    assert len(latencies) == 8 and all(math.isfinite(x) for x in latencies)
+    assert rejected == 0 and checked > 0
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    (best,) = result.database.get_top_k(result.database.commit_workload(mod), 1)
+    (best,) = database.get_top_k(database.commit_workload(mod), 1)
     sch = s_tir.Schedule(mod)
     best.trace.apply_to_schedule(sch, remove_postproc=False)
     assert not any(c.dropped for c in execution_counts(sch.mod))

@@ -6,6 +6,7 @@ from toolchain.tune import pairing
 from toolchain.tune.adapter import workload_module
 from toolchain.tune.apply import unfuse_slower
 from toolchain.tune.db import status
+from toolchain.tune.events import Paired, Pairing
 from toolchain.tune.pairing import first_batch_vs_minis
 from toolchain.tune.plan import plan_tasks
 from toolchain.tune.settings import TuneSettings, TuningError
@@ -87,11 +88,11 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     }
     events = []
     assert pairing.pair_joins(plan, verified, SPEC, settings, rounds=2,
-                              on_event=lambda kind, **info: events.append((kind, info))) == 1
+                              on_event=events.append) == 1
     paired = verified[joined]["paired"]
     assert paired["rounds"] == 2 and paired["joined_ms"] > 0 and paired["minis_ms"] > 0 and paired["ratio"] > 0
     assert paired["of"] == pairing.pairing_key(joined, minis, verified)
-    assert [k for k, _ in events] == ["pairing", "paired"]
+    assert [type(e) for e in events] == [Pairing, Paired]
     assert pairing.pair_joins(plan, verified, SPEC, settings, rounds=2) == 0  # still current: not again
     verified[minis[0]]["latency_ms"] = 0.5  # a new schedule for a mini: timed again
     broken = {**verified, minis[1]: {**verified[minis[1]], "trace": [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]}}

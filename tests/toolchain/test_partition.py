@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import models
-from toolchain import build, onnx_import, partition, reform
-from toolchain.cluster import PartitionError
+from toolchain import build, frontend, onnx_import, partition, reform
+from toolchain.dag import PartitionError
 from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
 from toolchain.reference import run_onnxruntime
@@ -24,8 +24,8 @@ NHWC = resolve_target("host")
 
 def legalized(name, shape=None, spec=SPEC):
     model = models.build(name, shape)
-    inputs = onnx_import.resolve_inputs(model, {})
-    return model, inputs, build.legalize(onnx_import.to_relax(model, inputs), spec)
+    mod, inputs = frontend.prepare(model, spec)
+    return model, inputs, mod
 
 
 @pytest.fixture(scope="module")

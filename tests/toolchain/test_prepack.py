@@ -136,7 +136,7 @@ def test_an_artifact_lists_its_kernels_by_the_names_they_are_built_under(cnn, tm
                              capture_output=True, text=True, check=True).stdout.split()
     assert all(f"__tvm_ffi_{n}" in symbols for n in names), (names, [s for s in symbols if "fused" in s])
     # each kernel's weights, pre-packed or not, as the model passes them (the proxy's per-kernel floor)
-    from host.proxy import weight_bytes
+    from host.bench.proxy import weight_bytes
 
     by_name = {k["name"]: k["weight_bytes"] for k in artifact.manifest.kernels}
     assert by_name[f"{name}_prepacked"] > 0

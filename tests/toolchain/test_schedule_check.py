@@ -8,20 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from host.fit_weights import Calibration, extract
+from host.bench.fit_weights import Calibration, extract
+from toolchain.targets import resolve_target
 from toolchain.tune.schedule_check import (
     dropped_blocks,
     execution_counts,
     format_counts,
-    max_recompute,
     partial_weight_reads,
 )
 from toolchain.tune.space import RejectDroppedIterations
-from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host", layout="NCHW")  # the hand-made schedules below name NCHW blocks
 ROOT = Path(__file__).resolve().parents[2]
 M56 = (1, 3, 56, 56)  # MobileNet-V2 at 56: the stem leaves 28×28
+
+
+def max_recompute(func) -> float:
+    """The largest executed / needed over the blocks (1.0: nothing is computed twice)."""
+    return max((c.ratio for c in execution_counts(func) if c.needed > 0), default=1.0)
 
 
 def fused(anchor, nth, take, model="mobilenet-v2", shape=M56):

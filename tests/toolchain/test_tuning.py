@@ -19,6 +19,7 @@ from toolchain.tune.apply import unfuse_slower
 from toolchain.tune.budget import budgets, expected_gain, roofline_gain, stabilised
 from toolchain.tune.compose import compose_joined, restore_unroll
 from toolchain.tune.db import TuneDB, compare, import_records, status
+from toolchain.tune.events import Exhausted, JoinYields, Round, SearchFailed, Seeded, TaskStarted
 from toolchain.tune.plan import block_names, first_pass_trials, map_blocks, plan_tasks, planned_trials
 from toolchain.tune.session import model_times, tune_model
 from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
@@ -316,12 +317,12 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     assert all(t.budget > 16 for t in minis)  # room to stop early
     events = []
-    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
     used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert all(used[t.name] == 16 for t in minis)  # stable after two windows
     assert used[joined.name] == joined.budget + sum(t.budget - 16 for t in minis)
     assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 256
-    assert [i["budget"] for k, i in events if k == "task" and i["task"] == joined.name] == [used[joined.name]]
+    assert [e.budget for e in events if isinstance(e, TaskStarted) and e.task == joined.name] == [used[joined.name]]
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
 
@@ -338,16 +339,15 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     trials.speed_ms[plan.funcs[joined.name].script()] = 5.0
     events = []
-    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path,
-                         lambda kind, **info: events.append((kind, info)))
+    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
     used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert used[joined.name] == settings.per_iter  # one batch, then it yields
-    ((_, info),) = [e for e in events if e[0] == "join_yields"]
-    assert info["best_ms"] == 5.0 and info["minis_ms"] == 3.0 and info["left"] == joined.budget - settings.per_iter
-    assert sum(used[t.name] for t in minis) == sum(t.budget for t in minis) + info["left"]  # nothing lost
+    (info,) = [e for e in events if isinstance(e, JoinYields)]
+    assert info.best_ms == 5.0 and info.minis_ms == 3.0 and info.left == joined.budget - settings.per_iter
+    assert sum(used[t.name] for t in minis) == sum(t.budget for t in minis) + info.left  # nothing lost
     assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 64
     rows = {r["task"]: r for r in summary["tasks"]}
-    assert rows[joined.name]["handed_back"] == info["left"]
+    assert rows[joined.name]["handed_back"] == info.left
     assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
@@ -417,14 +417,14 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
 
     monkeypatch.setattr(compose, "seed_joined", seed)
     events = []
-    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
-    ((_, info),) = [e for e in events if e[0] == "join_yields"]
-    assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 1.0
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
+    (info,) = [e for e in events if isinstance(e, JoinYields)]
+    assert info.reason == "no gain on its seed" and info.seed_ms == 1.0
     assert seeds == [joined.name, joined.name]  # seeded, then seeded again after the minis went on
     assert len(trials[script]) == 1 + settings.per_iter + 1
-    assert [i.get("again") for k, i in events if k == "seeded"] == [None, True]
+    assert [e.again for e in events if isinstance(e, Seeded)] == [False, True]
     used = sum(len(v) for k, v in trials.items() if k != script)
-    assert used == sum(t.budget for t in plan.tasks if t.phase == "mini") + info["left"]
+    assert used == sum(t.budget for t in plan.tasks if t.phase == "mini") + info.left
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: no third seed, no more trials
     assert seeds == [joined.name, joined.name] and len(trials[script]) == 1 + settings.per_iter + 1
 
@@ -454,11 +454,11 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
     monkeypatch.setattr(compose, "seed_joined", composed)
     monkeypatch.setattr(compose, "seed_from_siblings", siblings)
     events = []
-    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
-    ((_, seeded),) = [(k, i) for k, i in events if k == "seeded" and i["task"] == joined.name and not i.get("again")]
-    assert seeded["composed"] and seeded["siblings"] == ["another join", "a third join"] and seeded["best_ms"] == 0.5
-    ((_, info),) = [e for e in events if e[0] == "join_yields"]
-    assert info["reason"] == "no gain on its seed" and info["seed_ms"] == 0.5  # the search's 1 ms does not beat it
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
+    (seeded,) = [e for e in events if isinstance(e, Seeded) and e.task == joined.name and not e.again]
+    assert seeded.composed and seeded.siblings == ["another join", "a third join"] and seeded.best_ms == 0.5
+    (info,) = [e for e in events if isinstance(e, JoinYields)]
+    assert info.reason == "no gain on its seed" and info.seed_ms == 0.5  # the search's 1 ms does not beat it
     assert trials[script][:3] == [1e-3, 0.5e-3, 2e-3]
     assert len(trials[script]) == 3 + settings.unit + 1  # three seeds, a batch, the composition again
     rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
@@ -466,7 +466,7 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
     none = TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=0)
     calls = []
     monkeypatch.setattr(compose, "seed_from_siblings", lambda *a, **k: calls.append(a[0].name) or [])
-    tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda kind, **info: None)
+    tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda event: None)
     assert joined.name not in calls  # --transfer 0: the composed seed only
 
 
@@ -487,9 +487,9 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
 
     monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append(kind))
+    summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
     rows = {r["task"]: r for r in summary["tasks"]}
-    assert "search_failed" in events and "reverse-compute-at" in rows[joined.name]["search_error"]
+    assert any(isinstance(e, SearchFailed) for e in events) and "reverse-compute-at" in rows[joined.name]["search_error"]
     assert rows[joined.name]["status"] == "untuned"
     assert all(rows[t.name]["status"] == "verified" for t in plan.tasks if t.phase == "mini")
     assert summary["estimate_ms"] == pytest.approx(3.0)  # the three minis, built in its place
@@ -530,15 +530,15 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
 
     monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
-    assert ("exhausted", {"task": first.name, "done": 5, "left": first.budget - 5}) in events
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    assert Exhausted(task=first.name, done=5, left=first.budget - 5) in events
     assert len(fake_search[small]) == 5
     assert len(fake_search[plan.funcs[second.name].script()]) == second.budget + first.budget - 5
     rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[first.name]["exhausted"] and not rows[second.name]["exhausted"]
     events.clear()
-    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
-    assert not any(kind == "exhausted" for kind, _ in events) and len(fake_search[small]) == 5  # resumed: done
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    assert not any(isinstance(e, Exhausted) for e in events) and len(fake_search[small]) == 5  # resumed: done
 
 
 def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_spent(
@@ -561,12 +561,12 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
 
     monkeypatch.setattr(adapter, "tune_trials", tune_trials)
     events = []
-    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
     used = {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert used[last.name] == 5 and last.budget > 5
     assert sum(used.values()) == planned_trials(mod, SPEC, flat)  # before: 5 - last.budget short
-    rounds = [i for k, i in events if k == "round"]
-    assert rounds and {r["task"] for r in rounds} == {others[0].name} and rounds[0]["left"] == last.budget - 5
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert rounds and {r.task for r in rounds} == {others[0].name} and rounds[0].left == last.budget - 5
     assert used[others[0].name] == others[0].budget + last.budget - 5
     tune_model(mod, "a" * 64, SPEC, flat, tmp_path)  # resumed: nothing left to spend
     assert {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks} == used
@@ -592,18 +592,18 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
 
     monkeypatch.setattr(compose, "seed_from_siblings", seed)
     events = []
-    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
     assert [name for name, _ in offered] == [t.name for t in plan.tasks]
     assert offered[0][1] == [] and offered[1][1] == [plan.tasks[0].name]  # what is verified by then
     for t in plan.tasks:  # seeds included, every kernel ends at its budget
         assert len(fake_search[plan.funcs[t.name].script()]) == t.budget
-    seeded = [info for kind, info in events if kind == "seeded"]
-    assert [info["task"] for info in seeded] == [t.name for t in plan.tasks[1:]]
-    assert all(info["siblings"] and info["best_ms"] == 0.5 for info in seeded)
+    seeded = [e for e in events if isinstance(e, Seeded)]
+    assert [e.task for e in seeded] == [t.name for t in plan.tasks[1:]]
+    assert all(e.siblings and e.best_ms == 0.5 for e in seeded)
     rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[plan.tasks[0].name]["seeded_from"] == 0 and rows[plan.tasks[1].name]["seeded_from"] == 1
     offered.clear()
-    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda kind, **info: None)
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda event: None)
     assert offered == []  # resumed: every kernel has its records
 
 
@@ -929,12 +929,12 @@ def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dws
         trials.speed_ms[plan.funcs[t.name].script()] = speed
     trials.speed_ms[plan.funcs[joined.name].script()] = 9.0
     events = []
-    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
     used = [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)]
     assert sum(used) == 96 and used[3] == 4  # all spent; none on the join, which is built as its minis
     assert used[0] > used[1] > used[2] >= 4
-    rounds = [i for k, i in events if k == "round"]
-    assert len(rounds) == (96 - 16) // 8 and rounds[0]["task"] == minis[0].name and rounds[0]["left"] == 80
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert len(rounds) == (96 - 16) // 8 and rounds[0].task == minis[0].name and rounds[0].left == 80
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert [len(trials[plan.funcs[t.name].script()]) for t in (*minis, joined)] == used
     # where the join is the faster, the rounds all go to it
@@ -975,8 +975,8 @@ def test_the_roofline_scheduler_sends_its_rounds_to_the_task_furthest_above_its_
         trials.speed_ms[plan.funcs[t.name].script()] = speed
     trials.speed_ms[plan.funcs[joined.name].script()] = 9.0  # slower than its minis: built as them
     events = []
-    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda kind, **info: events.append((kind, info)))
-    rounds = [i["task"] for k, i in events if k == "round"]
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
+    rounds = [e.task for e in events if isinstance(e, Round)]
     assert rounds and set(rounds) == {minis[1].name}  # floor max(20/100, 1/1) = 1 ms of its 2
     assert sum(len(v) for v in trials.values()) == 128  # the whole budget spent
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resumed: nothing left to do

@@ -26,12 +26,13 @@ class Comparison:
         return {"outputs": self.outputs, "max_abs": self.max_abs, "max_rel": self.max_rel}
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten(value) -> list[np.ndarray]:
+    """A VM result (a tensor, or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(value, "numpy"):
         return [value.numpy()]
     out = []
     for v in value:
-        out.extend(_flatten(v))
+        out.extend(flatten(v))
     return out
 
 
@@ -47,7 +48,7 @@ def run(mod, args: list[np.ndarray], target: dict | None = None, device=None) ->
         ex = tvm.compile(mod, t, relax_pipeline=lower)
     dev = device or tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
-    return _flatten(vm["main"](*[tvm.runtime.tensor(a, dev) for a in args]))
+    return flatten(vm["main"](*[tvm.runtime.tensor(a, dev) for a in args]))
 
 
 def compare(actual: list[np.ndarray], expected: list[np.ndarray]) -> Comparison:

@@ -12,6 +12,14 @@ PUBLIC = {
     "TuneDB": "db", "status": "db", "compare": "db",
     "planned_trials": "plan", "tune_model": "session",
     "apply_verified": "apply", "unfuse_slower": "apply",
+    # one kernel tuned alone, and joins judged by other rules (host/bench: layout, rpc cost, weight fit, judge)
+    **{name: "adapter" for name in ("BUILD_TIMEOUT_S", "FAILED_SECS", "fast_build", "latency", "records_of",
+                                    "trial_latencies", "tune_trials")},
+    "group_kernels": "plan", "first_pass_trials": "plan",
+    **{name: "pairing" for name in ("choose", "current_traffic", "pairing_key", "rule_for")},
+    **{name: "events" for name in ("Event", "Events", "Planned", "Imported", "TaskStarted", "Seeded", "Trials",
+                                   "Stable", "Exhausted", "SearchFailed", "JoinYields", "Verifying", "TaskDone",
+                                   "Round", "Pairing", "Paired")},
 }
 
 

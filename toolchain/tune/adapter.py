@@ -20,8 +20,6 @@ from toolchain.timing import Timing, local_runner
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
-from toolchain.tune import space
-from toolchain.tune.intensive import IntensivePair
 from toolchain.tune.space import make_space_generator, postprocs
 
 log = logging.getLogger("agoc.tuning")
@@ -460,74 +458,6 @@ def apply_records(fused_mod, kernels: list[tuple[object, object, float]], spec):
         )
     with spec.tvm(), memory:
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
-
-
-# ----------------------------------------------------------------------------- one kernel alone (tests, weight fits)
-
-
-@dataclass
-class TuneResult:
-    latencies: list[float]  # per trial (s), measurement order; inf = failed
-    database: object  # ms.database.JSONDatabase
-    space: str  # SpaceChoice.kind
-    reason: str
-    pair: IntensivePair | None
-    rejected: int  # candidates RejectDroppedIterations rejected (all sampled ones, not only measured)
-    checked: int  # candidates it looked at
-    work_dir: Path
-
-    @property
-    def best(self) -> float:
-        finite = [x for x in self.latencies if math.isfinite(x)]
-        return min(finite) if finite else math.inf
-
-
-def tune_func(func, spec, work_dir, trials: int, intensive: bool = True, include_default: bool = False,
-              per_iter: int = 16, seed: int = 0, check: bool = True) -> TuneResult:
-    """Tune one PrimFunc with the intensive (or default) space and the dropped-iteration check.
-
-    Same measuring setup as ``host.fit_weights.tune`` (fast builder, 5 repeats
-    of ≥ 30 ms, a fresh JSON database in ``work_dir``).
-    """
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from toolchain.artifact import fresh_work_dir
-
-    os.environ.setdefault("TVM_NUM_THREADS", str(spec.num_cores))
-    work_dir = fresh_work_dir(work_dir)
-    func = func.with_attr("global_symbol", "main")
-    mod = tvm.IRModule({"main": func})
-    target = spec.tvm()
-    choice = make_space_generator(func, target, intensive, include_default, spec.num_cores, check)
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=spec.num_cores, timeout_sec=BUILD_TIMEOUT_S)
-    runner = local_runner(Timing(number=3, repeat=5, min_repeat_ms=30))
-    database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    before = dict(space.STATS)
-    ms.tune_tir(
-        mod,
-        target=target,
-        work_dir=str(work_dir),
-        max_trials_global=trials,
-        num_trials_per_iter=min(per_iter, trials),
-        builder=builder,
-        runner=runner,
-        database=database,
-        space=choice.generator,
-        num_tuning_cores=spec.num_cores,
-        seed=seed,
-    )
-    after = space.STATS
-    return TuneResult(
-        latencies=trial_latencies(work_dir),
-        database=database,
-        space=choice.kind,
-        reason=choice.reason,
-        pair=choice.pair,
-        rejected=after["rejected"] - before["rejected"],
-        checked=after["applied"] - before["applied"],
-        work_dir=work_dir,
-    )
 
 
 # --------------------------------------------------------------------------------------------

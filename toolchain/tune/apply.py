@@ -17,13 +17,15 @@ from toolchain.tune.settings import TuningError
 log = logging.getLogger("agoc.tuning")
 
 
-def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, str] | None = None):
+def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, str] | None = None,
+                  traffic: dict | None = None):
     """The partition to build with ``db_dir``'s schedules: ``plan`` (an AGO plan), except that a
     subgraph whose joined kernel measured slower than its mini-subgraphs together (verified
     latencies, one call each), or has no verified schedule while they all do, is built as those
     minis — fusing must pay for itself, on measurement. ``joins`` names another rule of
     :data:`toolchain.tune.pairing.JOIN_RULES` (e.g. ``traffic:a76``: the database's traffic judgements decide);
-    ``builds`` ({join task: "joined" | "minis"}) overrules it for the joins it names (host/judge.py's trial builds).
+    ``builds`` ({join task: "joined" | "minis"}) overrules it for the joins it names (host/bench/judge.py's trial
+    builds); ``traffic``, a geometry's judgement made for this build, is read instead of the database's.
     Returns (plan, one record per subgraph unfused: its ops, both latencies, and why). A database without
     the session's layout, or made for another partition (another threshold), changes nothing."""
     try:
@@ -38,7 +40,8 @@ def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, 
         log.warning("the tuning database was made for another partition (threshold, keep-inside?): nothing unfused")
         return plan, []
     verified = db.verified
-    traffic = db.traffic.get(joins[len(TRAFFIC):], {}).get("joins", {}) if joins.startswith(TRAFFIC) else None
+    if joins.startswith(TRAFFIC):
+        traffic = (db.traffic.get(joins[len(TRAFFIC):], {}) if traffic is None else traffic).get("joins", {})
     groups: list = []
     unfused: list[dict] = []
     for index, group in enumerate(plan.groups):

@@ -102,13 +102,3 @@ def run(mod_or_func, arrays: list, target) -> list:
     tensors = [tvm.runtime.tensor(np.array(a), dev) for a in arrays]
     lib["main"](*tensors)
     return [t.numpy() for t in tensors]
-
-
-def max_abs_error(func, scheduled, target, seed: int = 0) -> float:
-    """Largest |scheduled - unscheduled| over every parameter after the call (outputs; inputs stay equal)."""
-    import numpy as np
-
-    arrays = random_args(func, seed)
-    ref = run(func, arrays, target)
-    got = run(scheduled, arrays, target)
-    return max(float(np.max(np.abs(r - g))) if r.size else 0.0 for r, g in zip(ref, got))

@@ -178,10 +178,11 @@ class TuneDB:
 
     @property
     def traffic(self) -> dict:
-        """Joins judged by simulated memory traffic (host/judge.py), per cache geometry: {} if none."""
+        """Joins judged by simulated memory traffic (host/bench/judge.py), per cache geometry: {} if none."""
         return self._read("traffic.json", {})
 
     def save_traffic(self, geometry: str, record: dict) -> None:
+        """Keep one geometry's judgement: the explicit judging step's write (a compile only reads it)."""
         self._write("traffic.json", {**self.traffic, geometry: record})
 
     def ms_database(self):

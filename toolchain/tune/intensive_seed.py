@@ -9,7 +9,7 @@ from toolchain.tune.space import rest_complex, schedule_fn
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
-#: core's L2 is 256-512 KiB (host/proxy.py's geometries): the tile's slice of the intermediate should
+#: core's L2 is 256-512 KiB (host/bench/proxy.py's geometries): the tile's slice of the intermediate should
 #: stay in it beside the weights and D's output tile (128 KiB), or may take most of the larger one
 #: (512 KiB: fewer, larger tiles reuse U's weights more). The search moves the tile from there.
 TILE_BYTES = (128 * 1024, 512 * 1024)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from toolchain.errors import first_line
 from toolchain.tune.adapter import PAIR_ROUNDS, latency, records_of, time_together
+from toolchain.tune.events import Events, Paired, Pairing, ignore
 from toolchain.tune.traces import plain
 
 log = logging.getLogger("agoc.tuning")
@@ -33,7 +34,7 @@ JOIN_RULES = {
     "joined": "the joined kernel, whenever it has a verified schedule",
     "minis": "its mini-subgraphs, whenever they all have verified schedules",
     "traffic:GEOMETRY": "the way the whole model moves fewer simulated DRAM bytes in that phone's caches "
-                        "(judged under valgrind on this machine, one join flipped at a time: host/judge.py)",
+                        "(judged under valgrind on this machine, one join flipped at a time: host/bench/judge.py)",
 }
 TRAFFIC = "traffic:"
 
@@ -95,7 +96,7 @@ def rule_for(joins: str) -> str:
 
 
 def current_traffic(joined: str, minis: list[str], verified: dict, traffic: dict) -> dict | None:
-    """The traffic judgement of ``joined`` (``traffic``: one geometry's joins, as host/judge.py stores
+    """The traffic judgement of ``joined`` (``traffic``: one geometry's joins, as host/bench/judge.py stores
     them) when it was made from the schedules kept now, else None."""
     record = traffic.get(joined)
     if record and record.get("of") == pairing_key(joined, minis, verified):
@@ -146,7 +147,7 @@ def time_join(plan, joined: str, joined_trace, verified: dict, spec, settings, m
     return summarise(time_together(kernels, spec, settings, measure, rounds))
 
 
-def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lambda kind, **info: None,
+def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event: Events = ignore,
                rounds: int = PAIR_ROUNDS) -> int:
     """Time every joined kernel with a verified schedule next to its verified minis and store the
     pairing in ``verified`` (updated in place; the caller saves it). Pairings still current are kept.
@@ -159,18 +160,18 @@ def pair_joins(plan, verified: dict, spec, settings, measure=None, on_event=lamb
             continue
         if current_pairing(joined, minis, verified) is not None:
             continue
-        on_event("pairing", task=joined, minis=len(minis))
+        on_event(Pairing(task=joined, minis=len(minis)))
         try:
             paired = {**time_join(plan, joined, verified[joined]["trace"], verified, spec, settings, measure, rounds),
                       "of": pairing_key(joined, minis, verified)}
         except Exception as exc:  # noqa: BLE001 - a pairing is advice: without it the recorded latencies decide
             verified[joined] = {**verified[joined], "paired_error": first_line(exc)}
-            on_event("paired", task=joined, error=first_line(exc))
+            on_event(Paired(task=joined, error=first_line(exc)))
             continue
         verified[joined] = {k: v for k, v in verified[joined].items() if k != "paired_error"}
         verified[joined]["paired"] = paired
         measured += 1
-        on_event("paired", task=joined, **{k: paired[k] for k in ("joined_ms", "minis_ms", "ratio")})
+        on_event(Paired(task=joined, **{k: paired[k] for k in ("joined_ms", "minis_ms", "ratio")}))
     return measured
 
 

@@ -452,11 +452,6 @@ def execution_counts(func) -> list[BlockCount]:
     return counts
 
 
-def max_recompute(func) -> float:
-    """The largest executed / needed over the blocks (1.0: nothing is computed twice)."""
-    return max((c.ratio for c in execution_counts(func) if c.needed > 0), default=1.0)
-
-
 def dropped_blocks(func) -> list[BlockCount]:
     """Blocks that run fewer instances than their consumers read: the schedule is wrong."""
     return [c for c in execution_counts(func) if c.dropped]

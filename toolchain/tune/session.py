@@ -7,7 +7,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolchain import fastmath, padding, roofline
 from toolchain.errors import first_line
@@ -17,11 +16,10 @@ from toolchain.tune.adapter import Measure
 from toolchain.tune.budget import (hand_back, join_yields, next_round, round_gains, session_trials, stabilised,
                                    task_ms, unspent)
 from toolchain.tune.db import TuneDB, import_records, status
+from toolchain.tune.events import (Events, Exhausted, Imported, JoinYields, Planned, Round, SearchFailed, Seeded,
+                                   Stable, TaskDone, TaskStarted, Trials, Verifying, ignore)
 from toolchain.tune.plan import TaskPlan, plan_tasks
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
-
-#: ``on_event(kind, **info)``: what a session reports as it goes (host/cli.py renders it)
-Events = Callable[..., None]
 
 
 def tune_model(
@@ -30,7 +28,7 @@ def tune_model(
     spec,
     settings: TuneSettings,
     db_dir: Path,
-    on_event: Events = lambda kind, **info: None,
+    on_event: Events = ignore,
     measure: Measure | None = None,
     base: Path | None = None,
 ) -> dict:
@@ -43,8 +41,8 @@ def tune_model(
     database = db.ms_database()
     run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress)
     first = sum(t.budget for t in plan.tasks)
-    on_event("plan", tasks=[t.to_json() for t in plan.tasks], first_pass=first,
-             total=session_trials(first, settings.trials, settings.scheduler))
+    on_event(Planned(tasks=[t.to_json() for t in plan.tasks], first_pass=first,
+                     total=session_trials(first, settings.trials, settings.scheduler)))
     run.cost_models = adapter.session_cost_models(plan, database, spec)
     run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
@@ -73,7 +71,7 @@ def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: P
     db.save_layout(plan)
     if base is not None:
         copied = import_records(db_dir, base, plan.funcs)
-        on_event("imported", base=str(base), tasks=copied)
+        on_event(Imported(base=str(base), tasks=copied))
     return db, plan
 
 
@@ -112,7 +110,7 @@ class Run:
         lat = self.latencies(task.name)
         budget = self.budget_of(task)
         handed = self.handed_before(task)
-        self.on_event("task", task=task.name, phase=task.phase, done=len(lat), budget=budget)
+        self.on_event(TaskStarted(task=task.name, phase=task.phase, done=len(lat), budget=budget))
         if not lat:  # a join from its minis' schedules composed (AGO §V); any task, with --transfer,
             # from the schedules of kernels like it tuned before (siblings); the seeds are its first records
             lat, budget = self.seed(task, budget)
@@ -170,8 +168,7 @@ class Run:
             self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,
                                         **({"siblings": seeded} if seeded else {})}
             self.db.save_progress(self.progress)
-            self.on_event("seeded", task=task.name, composed=composed, siblings=seeded,
-                          **({"best_ms": seed_ms} if seed_ms is not None else {}))
+            self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), best_ms=seed_ms))
         if task.phase == "joined" and not composed:  # nothing composed: one batch of its own at least
             budget = max(budget, settings.unit)
         return lat, budget
@@ -190,7 +187,7 @@ class Run:
         for name, target in handed.items():
             mini, started = self.tasks[name], time.perf_counter()
             mini_done = len(self.latencies(name))
-            self.on_event("task", task=name, phase="mini", done=mini_done, budget=target)
+            self.on_event(TaskStarted(task=name, phase="mini", done=mini_done, budget=target))
             mini_done, error, _ = self.search(mini, mini_done, target, stop_when_stable=False, check_join=False)
             self.carry += max(0, target - mini_done)
             self.keep(mini, mini_done, error, started)
@@ -199,7 +196,7 @@ class Run:
         """A join that handed its rest to its minis, composed once more from their better schedules."""
         args = (task, self.plan, self.database, self.spec, self.verified, self.settings, self.measure)
         if compose.seed_joined(*args):
-            self.on_event("seeded", task=task.name, again=True)
+            self.on_event(Seeded(task=task.name, again=True))
             self.keep(task, len(self.latencies(task.name)), None, time.perf_counter())
         self.progress[task.name]["reseeded"] = True
         self.db.save_progress(self.progress)
@@ -253,7 +250,7 @@ class Run:
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays
                 error = first_line(exc)
-                self.on_event("search_failed", task=task.name, reason=error)
+                self.on_event(SearchFailed(task=task.name, reason=error))
                 return done, error, 0
             lat = self.latencies(task.name)  # in commit order: what stabilised() reads
             done = len(lat)
@@ -261,10 +258,10 @@ class Run:
             if exhausted:  # every distinct schedule measured: the rest of its budget goes on
                 self.progress[task.name]["exhausted"] = True
                 self.db.save_progress(self.progress)
-                self.on_event("exhausted", task=task.name, done=done, left=budget - done)
+                self.on_event(Exhausted(task=task.name, done=done, left=budget - done))
                 break
             if stop_when_stable and stabilised(lat, settings.stable_window, settings.stable_tolerance):
-                self.on_event("stable", task=task.name, done=done)
+                self.on_event(Stable(task=task.name, done=done))
                 break
             if chunk <= 0:
                 break
@@ -275,7 +272,7 @@ class Run:
         self.progress[task.name] = {**self.progress.get(task.name, {}), "trials": len(lat),
                                     "best_ms": best * 1e3 if best < math.inf else None}
         self.db.save_progress(self.progress)
-        self.on_event("trials", task=task.name, done=len(lat), budget=budget, best_ms=best * 1e3)
+        self.on_event(Trials(task=task.name, done=len(lat), budget=budget, best_ms=best * 1e3))
 
     def join_yields(self, task: Task, done: int, budget: int) -> bool:
         """Whether a join, after its first batch, hands the rest of its budget back to its minis (said)."""
@@ -288,21 +285,21 @@ class Run:
                              self.settings.join_margin, self.settings.stable_tolerance)
         if not (reason and self.plan.compositions.get(task.name)):
             return False
-        self.on_event("join_yields", task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
-                      left=budget - done, reason=reason, **({"together": together} if together else {}))
+        self.on_event(JoinYields(task=task.name, best_ms=best_ms, minis_ms=minis_ms, seed_ms=seed_ms,
+                                 left=budget - done, reason=reason, together=together or None))
         return True
 
     def keep(self, task: Task, done: int, search_error: str | None, started: float) -> None:
         """Verify the task's best candidates when it has new records (or its search failed)."""
         entry = self.verified.get(task.name, {})
         if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
-            self.on_event("verify", task=task.name)
+            self.on_event(Verifying(task=task.name))
             self.verified[task.name] = {
                 **candidates.verify_task(task, self.plan.funcs[task.name], self.database, self.spec, self.settings),
                 "phase": task.phase, **({"search_error": search_error} if search_error else {})}
             self.db.save_verified(self.verified)
-        self.on_event("task_done", task=task.name, seconds=time.perf_counter() - started,
-                      result=self.verified[task.name])
+        self.on_event(TaskDone(task=task.name, seconds=time.perf_counter() - started,
+                               result=self.verified[task.name]))
 
     # ------------------------------------------------------------------------- rounds
 
@@ -330,8 +327,8 @@ class Run:
             name = next_round(gains)
             task, done = self.tasks[name], len(lats[name])
             target = done + min(settings.per_iter, left)
-            self.on_event("round", task=name, model_ms=times[name], gain_ms=gains[name], left=left)
-            self.on_event("task", task=name, phase=task.phase, done=done, budget=target)
+            self.on_event(Round(task=name, model_ms=times[name], gain_ms=gains[name], left=left))
+            self.on_event(TaskStarted(task=name, phase=task.phase, done=done, budget=target))
             started = time.perf_counter()
             now, error, _ = self.search(task, done, target, stop_when_stable=False, check_join=False)
             if error or now <= done:

@@ -6,11 +6,22 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from toolchain.tune.intensive import (IntensivePair, Decide, find_pair, intensive_schedule, vector_lanes,
-                                      block_exists)
+from toolchain.tune.intensive import (
+    Decide,
+    IntensivePair,
+    block_exists,
+    find_pair,
+    intensive_schedule,
+    vector_lanes,
+)
 from toolchain.tune.race_check import parallel_races
-from toolchain.tune.schedule_check import (_whole_set, dropped_blocks, execution_counts, partial_weight_reads,
-                                           weights_read_whole)
+from toolchain.tune.schedule_check import (
+    _whole_set,
+    dropped_blocks,
+    execution_counts,
+    partial_weight_reads,
+    weights_read_whole,
+)
 
 
 def postprocs(check: bool = True) -> list:
@@ -234,12 +245,6 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
 #: process-wide tallies of :class:`RejectDroppedIterations` (its instances are cloned per thread)
 STATS = {"applied": 0, "rejected": 0, "errors": 0}
 _STATS_LOCK = threading.Lock()
-
-
-def reset_stats() -> None:
-    with _STATS_LOCK:
-        for k in STATS:
-            STATS[k] = 0
 
 
 def _tally(key: str) -> None:

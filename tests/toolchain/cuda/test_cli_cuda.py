@@ -31,7 +31,7 @@ def test_compile_cuda_bad_arch_is_a_user_error(cli, tmp_path):
 
 
 def test_bench_cuda_without_gpu_writes_counts(cli, tmp_path, monkeypatch):
-    from host import bench_cuda
+    from host.bench import cuda as bench_cuda
 
     monkeypatch.setattr(bench_cuda, "gpu_status", lambda: (False, "no NVIDIA GPU: test"))
     result = cli("bench-cuda", "--graphs", "layernorm", "--out", tmp_path)
@@ -49,7 +49,7 @@ def test_bench_cuda_without_gpu_writes_counts(cli, tmp_path, monkeypatch):
 def test_bench_cuda_bundle_holds_what_a_gpu_machine_needs(cli, tmp_path, monkeypatch):
     import numpy as np
 
-    from host import bench_cuda
+    from host.bench import cuda as bench_cuda
     from toolchain.cuda import training
 
     bundle = tmp_path / "bundle"
@@ -78,7 +78,7 @@ def test_bench_cuda_bundle_holds_what_a_gpu_machine_needs(cli, tmp_path, monkeyp
 
 
 def test_bundle_timing_imports_with_tvm_runtime_alone(tmp_path):
-    """``python -m host.bench_cuda time`` is what a GPU machine with only TVM's runtime runs."""
+    """``python -m host.bench.cuda time`` is what a GPU machine with only TVM's runtime runs."""
     import os
     import subprocess
     import sys
@@ -88,14 +88,14 @@ def test_bundle_timing_imports_with_tvm_runtime_alone(tmp_path):
     (tmp_path / "b" / "bundle.json").write_text("{}")
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PATH": "/usr/bin:/bin"}  # no nvidia-smi on this PATH
     proc = subprocess.run([sys.executable, "-c", "import tvm, sys; assert tvm.base._RUNTIME_ONLY; "
-                           "from host.bench_cuda import main; sys.exit(main(['time', sys.argv[1]]))", str(tmp_path / "b")],
+                           "from host.bench.cuda import main; sys.exit(main(['time', sys.argv[1]]))", str(tmp_path / "b")],
                           capture_output=True, text=True, env=env, cwd=Path(__file__).parents[3], timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "cannot time" in proc.stderr and "no NVIDIA GPU" in proc.stderr
 
 
 def test_verdict_trusts_the_reference_or_two_agreeing_pipelines():
-    from host.bench_cuda import verdict
+    from host.bench.cuda import verdict
     from toolchain.cuda.numerics import Comparison
 
     close, off, far = Comparison(1, 1e-7, 1e-7), Comparison(1, 3e-3, 3e-3), Comparison(1, 0.5, 0.5)

@@ -1,7 +1,6 @@
 """ONNX's backend node tests, generated from the onnx wheel's own generators, run through the default pipeline.
 
-``python -m host.conformance [--families a,b] [--quick] [--json PATH]``: a per-family table and a JSON record.
-"""
+``python -m host.bench.conformance [--families a,b] [--quick] [--json PATH]``: a per-family table and a JSON record."""
 
 from __future__ import annotations
 
@@ -454,7 +453,7 @@ def record(outcomes: list[Outcome], skipped: list[dict], table: dict, args: dict
 
     return {
         "schema": "agoc.conformance/1",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "settings": {"target": "host", "pipeline": "default", **args},
         "versions": package_versions(),
         "seconds": round(seconds, 1),
@@ -475,7 +474,7 @@ def _print_outcome(outcome: Outcome) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m host.conformance", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m host.bench.conformance", description=__doc__.splitlines()[0])
     parser.add_argument("--families", help=f"comma-separated, of: {', '.join(op_support.FAMILIES)}")
     parser.add_argument("--quick", action="store_true", help=f"the first {QUICK_PER_OP} cases of each op")
     parser.add_argument("--match", help="only cases whose name contains this")

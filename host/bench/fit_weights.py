@@ -1,52 +1,6 @@
-"""Fit the op-weight constants of AGO Eq. 1 to measured tuning budgets.
+"""Fit the op-weight constants of AGO Eq. 1 to measured tuning budgets (docs/partitioning.md, Weight fit):
 
-    python -m host.fit_weights measure [--trials 64] [--seed 0] [--only NAME ...] [--force]
-    python -m host.fit_weights fit [--default-threshold TRIALS]
-    python -m host.fit_weights show
-    python -m host.fit_weights list        # the calibration groups, no tuning
-
-AGO §IV-A fits ``w_v = c · Π log(extent_l) + b`` to the *tuning budget* of a
-handful of subgraphs: "the total number of explored schedules to obtain stable
-performance". A subgraph's weight is the sum of its ops' weights, so
-
-    budget(S) ≈ c · Σ_{v∈S} loop_term(v) + b · |S|
-
-(the bias enters multiplied by the op count). This script
-
-``measure``
-    takes every subgraph of :data:`CALIBRATION` (a group of consecutive ops of a
-    zoo model), fuses it into one PrimFunc with :func:`toolchain.fusion.fuse_groups`,
-    tunes that PrimFunc alone with MetaSchedule on the host target for a fixed
-    number of trials, reads the measured latency of every trial in the order it
-    was measured, and derives the budget (rule below). Rows go to
-    ``toolchain/data/weight_budgets.json`` with their context, keyed by
-    (subgraph, seed); one already there with the same trial count and seed is
-    skipped unless ``--force``. Another ``--seed`` adds a replicate. A subgraph
-    the tuner cannot handle is listed under ``failures`` and the rest go on.
-
-``fit``
-    least squares over the measured rows, replicates averaged per subgraph
-    (:func:`aggregate`, :func:`fit_constants`), written to
-    ``toolchain/data/weight_fit.json`` (read by :func:`toolchain.weights.load_model`).
-
-``show``
-    the table: measured budget next to the weight the current fit predicts.
-
-**Budget (stability rule).** Let ``best_k`` be the best latency among the first
-``k`` trials (failed trials count as trials but never as a best). The budget is
-the smallest ``k`` after which best-so-far never again improves by more than 2 %:
-``(best_k - best_j) / best_k <= 0.02`` for every ``j > k`` — equivalently, since
-best-so-far only falls, ``best_k <= final_best / (1 - 0.02)``. A cumulative rule
-(all later gains together stay within 2 %) rather than a per-step one, so that a
-run of small steps that adds up to a real speed-up still counts as unstable.
-
-Tuning setup (design §3): ``tvm.s_tir.meta_schedule.tune_tir`` with the default
-post-order-apply space and evolutionary search, ``num_trials_per_iter`` 16, a
-``LocalBuilder`` whose ``f_build`` (:func:`fast_build`) skips the ≈11 s
-``tvm.s_tir.tensor_intrin`` import of the stock builder, a ``LocalRunner``
-(5 repeats of ≥ 30 ms, median), ``TVM_NUM_THREADS`` = the target's core count, a fixed
-seed, a fresh ``JSONDatabase`` per subgraph under ``build/fit_weights/<name>/``.
-"""
+    python -m host.bench.fit_weights measure [--trials 64] [--seed 0] [--only NAME ...] [--force] | fit | show | list"""
 
 from __future__ import annotations
 
@@ -62,7 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from host.bench.calibration import CALIBRATION, Calibration, calibration, extract
+from toolchain.artifact import fresh_work_dir
+from toolchain.tune import BUILD_TIMEOUT_S, fast_build, trial_latencies
+
+ROOT = Path(__file__).resolve().parents[2]
 BUDGETS_FILE = ROOT / "toolchain" / "data" / "weight_budgets.json"
 FIT_FILE = ROOT / "toolchain" / "data" / "weight_fit.json"
 WORK_ROOT = ROOT / "build" / "fit_weights"
@@ -79,147 +37,6 @@ STABILITY_RULE = (
     "budget = smallest k such that best-so-far after k trials is within 2% of the final best "
     "((best_k - best_j)/best_k <= 0.02 for all j > k); failed trials count as trials"
 )
-
-
-# --------------------------------------------------------------------------------------------
-# The calibration table
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """One calibration subgraph: ``take`` consecutive ops of a zoo model.
-
-    The first op is the ``nth`` (0-based) node of ``op_graph`` that matches
-    ``anchor`` — ``"class:<op_class>"`` or ``"func:<PrimFunc name prefix>"`` —
-    shifted by ``offset`` nodes.
-    """
-
-    name: str
-    model: str
-    shape: tuple[int, ...]
-    anchor: str
-    nth: int
-    take: int
-    offset: int = 0
-    note: str = ""
-
-
-M56, M112 = (1, 3, 56, 56), (1, 3, 112, 112)
-BERT = (1, 128)
-
-#: Subgraphs tuned to fit c and b. MobileNet-V2 node runs at 56×56 input
-#: (stem output 28×28); block 3 is 24→144→144→24 with a residual add.
-CALIBRATION: tuple[Calibration, ...] = (
-    Calibration("mbv2-stem-conv3x3@56", "mobilenet-v2", M56, "class:conv", 0, 4,
-                note="3x3/2 conv 3→32 + bias + relu6 (max, min)"),
-    Calibration("mbv2-stem-conv3x3@112", "mobilenet-v2", M112, "class:conv", 0, 4,
-                note="same at 112"),
-    Calibration("mbv2-pw-bias@56", "mobilenet-v2", M56, "class:pointwise_conv", 0, 2,
-                note="1x1 conv 32→16 + bias"),
-    Calibration("mbv2-dw@56", "mobilenet-v2", M56, "class:depthwise_conv", 0, 4,
-                note="3x3 depthwise 32 + bias + relu6"),
-    Calibration("mbv2-dw@112", "mobilenet-v2", M112, "class:depthwise_conv", 0, 4,
-                note="same at 112"),
-    Calibration("bert-matmul-add", "bert-tiny", BERT, "class:matmul", 0, 2,
-                note="Q projection 128x128x128 + bias"),
-    Calibration("bert-softmax", "bert-tiny", BERT, "func:softmax", 0, 2, offset=-1,
-                note="attention scale (divide) + softmax"),
-    # (bias add + residual add + layer norm, 3 ops, is not tunable: the default space's
-    # MultiLevelTiling fails with a reverse-compute-at ScheduleError on it, every seed)
-    Calibration("bert-add-layernorm", "bert-tiny", BERT, "func:layer_norm", 1, 2, offset=-1,
-                note="residual add + layer norm"),
-    Calibration("bert-gelu", "bert-tiny", BERT, "func:erf", 0, 6, offset=-2,
-                note="FFN bias add + erf-GELU: elementwise only"),
-    Calibration("mbv2-pw-dw@56", "mobilenet-v2", M56, "class:pointwise_conv", 3, 8,
-                note="block 3: pw 24→144 + bias + relu6 → dw 144 + bias + relu6"),
-    Calibration("mbv2-dw-pw@56", "mobilenet-v2", M56, "class:depthwise_conv", 2, 6,
-                note="block 3: dw 144 + bias + relu6 → pw 144→24 + bias"),
-    Calibration("mbv2-block@56", "mobilenet-v2", M56, "class:pointwise_conv", 3, 11,
-                note="block 3 whole: pw → dw → pw (+ biases, relu6s, residual add)"),
-)
-
-
-def calibration(name: str) -> Calibration:
-    for cal in CALIBRATION:
-        if cal.name == name:
-            return cal
-    raise KeyError(f"no calibration subgraph '{name}'; known: {', '.join(c.name for c in CALIBRATION)}")
-
-
-def pick_group(nodes: Sequence, cal: Calibration) -> list[str]:
-    """The node ids ``cal`` selects from an op graph's nodes (in topological order)."""
-    kind, _, value = cal.anchor.partition(":")
-    if kind == "class":
-        hits = [i for i, n in enumerate(nodes) if n.op_class == value]
-    elif kind == "func":
-        hits = [i for i, n in enumerate(nodes) if n.func.startswith(value)]
-    else:
-        raise ValueError(f"bad anchor '{cal.anchor}' in {cal.name}: use class:<op_class> or func:<prefix>")
-    if len(hits) <= cal.nth:
-        raise ValueError(f"{cal.name}: {cal.model} has only {len(hits)} nodes matching {cal.anchor}")
-    start = hits[cal.nth] + cal.offset
-    if start < 0 or start + cal.take > len(nodes):
-        raise ValueError(f"{cal.name}: group [{start}, {start + cal.take}) is outside the graph")
-    return [n.id for n in nodes[start:start + cal.take]]
-
-
-@dataclass(frozen=True)
-class Extracted:
-    cal: Calibration
-    node_ids: tuple[str, ...]
-    loop_term_sum: float
-    n_ops: int
-    n_complex: int
-    func: object  # tvm.tirx.PrimFunc: the group fused into one kernel
-    func_name: str
-
-
-_LEGALIZED: dict = {}
-
-
-def _legalized(model: str, shape: tuple[int, ...], spec):
-    key = (model, shape, json.dumps(spec.to_json(), sort_keys=True))
-    if key not in _LEGALIZED:
-        import models
-        from toolchain import build, onnx_import
-
-        onnx_model = models.build(model, shape)
-        inputs = onnx_import.resolve_inputs(onnx_model, {})
-        _LEGALIZED[key] = build.legalize(onnx_import.to_relax(onnx_model, inputs), spec)
-    return _LEGALIZED[key]
-
-
-def extract(cal: Calibration, spec) -> Extracted:
-    """Fuse ``cal``'s group (with everything before / after it as two other groups) and return its PrimFunc."""
-    from toolchain.build import kernels
-    from toolchain.fusion import fuse_groups
-    from toolchain.opgraph import op_graph
-    from toolchain.weights import loop_term
-
-    mod = _legalized(cal.model, cal.shape, spec)
-    graph = op_graph(mod)
-    ids = [n.id for n in graph.nodes]
-    group = pick_group(graph.nodes, cal)
-    start = ids.index(group[0])
-    before, after = ids[:start], ids[start + len(group):]
-    groups = [g for g in (before, group, after) if g]
-    fused = fuse_groups(mod, groups, spec)
-    calls = kernels(fused)
-    name = calls[1 if before else 0].name  # groups are emitted (and called) in order
-    first_func = graph.node(group[0]).func
-    if first_func not in name:
-        raise RuntimeError(f"{cal.name}: expected the fused kernel of {first_func}..., found {name}")
-    func = fused[name]
-    members = [graph.node(i) for i in group]
-    return Extracted(
-        cal=cal,
-        node_ids=tuple(group),
-        loop_term_sum=sum(loop_term(n) for n in members),
-        n_ops=len(members),
-        n_complex=sum(1 for n in members if n.is_complex),
-        func=func,
-        func_name=name,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,11 +131,6 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 
 # --------------------------------------------------------------------------------------------
 # Tuning
-
-
-# the fast builder and the database reader live with the tuner (toolchain.tune.adapter)
-from toolchain.artifact import fresh_work_dir  # noqa: E402
-from toolchain.tune.adapter import BUILD_TIMEOUT_S, fast_build, trial_latencies  # noqa: E402
 
 
 def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER, seed: int = DEFAULT_SEED) -> list[float]:
@@ -460,7 +272,7 @@ def measure(
         echo(f"[{i}/{len(cals)}] {cal.name}: tuning {trials} trials ...")
         try:
             row = measure_one(cal, spec, trials, work_root, per_iter, seed)
-        except Exception as exc:  # one untunable subgraph must not lose the others
+        except Exception as exc:  # noqa: BLE001 - one untunable subgraph must not lose the others
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             error = f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
             echo(f"[{i}/{len(cals)}] {cal.name}: FAILED, not recorded: {error}")
@@ -501,7 +313,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
     for r in rows:
         by_name.setdefault(r["name"], []).append(r)
     out = []
-    for name, reps in by_name.items():
+    for reps in by_name.values():
         budgets = [r["budget"] for r in reps]
         out.append({
             **reps[0],
@@ -523,12 +335,11 @@ def fit_file(budgets_path: Path = BUDGETS_FILE, out_path: Path = FIT_FILE, echo=
     rows = aggregate(doc["subgraphs"])
     result = fit(rows)
     ctx = doc.get("context", {})
-    today = datetime.date.today().isoformat()
     machine = f"{ctx.get('cpu', '?')} / {ctx.get('llvm_mcpu', '?')}, {ctx.get('tvm_num_threads', '?')} threads"
     trials = sorted({r["trials"] for r in doc["subgraphs"]})
     seeds = sorted({_key(r)[1] for r in doc["subgraphs"]})
     source = (
-        f"fitted by host/fit_weights.py on {today} from toolchain/data/weight_budgets.json "
+        f"fitted by host/bench/fit_weights.py from toolchain/data/weight_budgets.json "
         f"({machine}, {'/'.join(map(str, trials))} trials/subgraph, budgets averaged over seeds "
         f"{','.join(map(str, seeds))})"
     )
@@ -537,7 +348,7 @@ def fit_file(budgets_path: Path = BUDGETS_FILE, out_path: Path = FIT_FILE, echo=
                    "refitted through b=0")
     if result.r2 < POOR_R2:
         source += (f"; WARNING: r2={result.r2:.2f}, the loop-term model explains little of the measured budgets "
-                   "(see host/fit_weights.py show)")
+                   "(see host/bench/fit_weights.py show)")
     data = {
         "c": result.c,
         "b": result.b,
@@ -584,7 +395,7 @@ def show(budgets_path: Path = BUDGETS_FILE, fit_path: Path = FIT_FILE, echo=prin
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m host.fit_weights", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m host.bench.fit_weights", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_measure = sub.add_parser("measure", help="tune the calibration subgraphs, record their budgets")
     p_measure.add_argument("--trials", type=int, default=DEFAULT_TRIALS)

@@ -1,33 +1,5 @@
-"""``make bench-cuda``: fused (APOLLO + FusionStitching) vs stock TVM CUDA on training steps.
-
-For every graph — BERT-tiny's training step, a MobileNet-V2 block's, and the
-memory-bound subgraphs alone (LayerNorm, Softmax, bias+GELU, forward and
-backward) — it compiles both pipelines for CUDA and records kernel launches
-per step, groups and stitched groups, and checks the fused partition's
-numerics against the unfused graph on the llvm target.
-
-The work is in two stages, so that the GPU machine needs only TVM's runtime:
-
-    export_bundle  (any machine: TVM's compiler, no GPU)
-        BUNDLE/bundle.json              the results document so far: counts, llvm numerics
-        BUNDLE/<graph>/fused.so         Relax VM executables, host code + CUDA source
-        BUNDLE/<graph>/stock.so
-        BUNDLE/<graph>/expected.npz     the unfused graph's outputs on llvm (the reference; every
-                                        element of small outputs, 65536 evenly spaced ones of large)
-                                        -- the arguments are drawn again from the seed
-    time_bundle    (the GPU machine: numpy + TVM's runtime, ``TVM_USE_RUNTIME_LIB=1`` is enough)
-        load both, compile their CUDA at load (NVRTC, or nvcc with TVM_CUDA_COMPILE_MODE=nvcc),
-        check both against the reference, then time them in interleaved rounds
-        (``time_evaluator``: ``number`` calls per sample, one sample per engine per round,
-        random order per round); per graph: median ms of each and the median / p10 of the
-        per-round stock ÷ fused ratios
-
-``run`` does both where there is a GPU, and only the first (saying so) where
-there is none. ``python -m host.bench_cuda time BUNDLE`` times a bundle
-without the agoc CLI (only numpy and a TVM runtime need be installed).
-
-Results: ``bench/results/cuda-<date>.json`` (schema ``agoc.bench-cuda/1``).
-"""
+"""``make bench-cuda``: fused (APOLLO + FusionStitching) vs stock TVM CUDA on training steps, in two stages
+(a bundle compiled anywhere, timed where the GPU is: ``python -m host.bench.cuda time BUNDLE``); docs/cuda.md."""
 
 from __future__ import annotations
 
@@ -40,8 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -133,7 +105,7 @@ def new_document(arch_target: dict, rounds: int, number: int, seed: int) -> dict
 
     return {
         "schema": SCHEMA,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "gpu": None},
         "gpu_present": False,
         "gpu_status": None,
@@ -227,7 +199,7 @@ def run_gpu(modules: dict, inputs: list[np.ndarray], expected: list[np.ndarray],
     dev = tvm.cuda(0)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     vms = {k: VirtualMachine(modules[k], dev) for k in ENGINES}
-    outs = {k: numerics._flatten(vm["main"](*args)) for k, vm in vms.items()}
+    outs = {k: numerics.flatten(vm["main"](*args)) for k, vm in vms.items()}
     checks = {k: numerics.compare([sample(o) for o in outs[k]], expected) for k in ENGINES}
     for vm in vms.values():  # warm-up
         _timed(vm, args, dev, 1)
@@ -285,7 +257,7 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, number: int | None 
         if value is not None:
             protocol[key] = value
     doc["machine"].update({"gpu_host": platform.node(), "gpu": gpu})
-    doc.update(gpu_present=True, gpu_status=gpu, timed=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    doc.update(gpu_present=True, gpu_status=gpu, timed=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     doc["versions"]["timed with"] = {"python": platform.python_version(), "tvm": tvm.__version__,
                                      "tvm runtime only": bool(tvm.base._RUNTIME_ONLY), "numpy": np.__version__}
     on_event(f"GPU: {gpu}")
@@ -345,9 +317,9 @@ def _results_path(out_dir: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m host.bench_cuda time BUNDLE [OUT_DIR]``: time a bundle with no agoc CLI installed."""
+    """``python -m host.bench.cuda time BUNDLE [OUT_DIR]``: time a bundle with no agoc CLI installed."""
     if len(argv) < 2 or argv[0] != "time":
-        print("usage: python -m host.bench_cuda time BUNDLE [OUT_DIR]", file=sys.stderr)
+        print("usage: python -m host.bench.cuda time BUNDLE [OUT_DIR]", file=sys.stderr)
         return 2
     try:
         _, written = time_bundle(Path(argv[1]), out_dir=Path(argv[2]) if len(argv) > 2 else Path("bench/results"))

@@ -27,7 +27,7 @@ REGIMES = {r.name: r for r in (
     Regime("shared", flush=False, blocks=False,
            meaning="a worker's engines called in turn, one call each per pass, nothing between calls: a call "
            "finds what the engines before it left (biased towards an engine alone in its worker; the protocol "
-           "until 2026-11-25)"),
+           "of results without a cache regime)"),
 )}
 
 DEFAULT = "cold"

@@ -1,25 +1,5 @@
-"""Phone-cache proxy: deterministic memory-traffic figures from a simulated phone cache (design §5).
-
-This x86 host's caches (2 MiB L2 per core, 32 MiB L3) hide the locality that fusion buys on a
-phone (64 KiB L1D, 256–512 KiB L2, 1–4 MiB L3/SLC). valgrind's callgrind simulates a cache of any
-geometry, deterministically. The proxy runs the host build of the C++ runner under callgrind:
-
-* only the timed calls are collected: the runner wraps them in ``CALLGRIND_ZERO_STATS`` /
-  ``CALLGRIND_TOGGLE_COLLECT`` and valgrind starts with ``--collect-atstart=no``; the cache is
-  simulated from the start, so the warm-up calls leave it (and the VM's memory pool) in steady state;
-* one thread (``--threads 1``), in a fixed environment (``env -i`` with a fixed PATH and
-  ``TVM_NUM_THREADS=1``), so two runs give bit-identical counts;
-* kernels built at AVX2 or below (``--target host-avx2``): valgrind 3.19 rejects AVX-512.
-
-callgrind simulates two levels (I1/D1 and one last level, LL), so every geometry is simulated once
-per last-level size: LL = the core's private L2 gives the **L2 traffic**, LL = each shared L3/SLC
-size gives the **DRAM bytes** = (LL misses + dirty evictions) × line size.
-
-Figures are per inference (per timed call), for the whole model (everything the VM does during
-the call) and for each fused kernel (the inclusive cost of its ``__tvm_ffi_<kernel>`` entry).
-They are a locality signal to report beside latency, never a latency: there is no device to
-calibrate them on.
-"""
+"""Phone-cache proxy: deterministic memory-traffic figures of an artifact run under valgrind in a simulated
+phone cache (design §5; the setup and the geometries: docs/proxy.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""`make bench-layout`: the same conv kernels tuned in NCHW and in NHWC, one run, same trials.
-
-Takes a zoo model's stock (FuseOps) kernels in both activation layouts (toolchain.targets.LAYOUTS);
-the kernels are the same ops under the same names, only their loops differ. Tunes the ``--kernels``
-conv kernels the model calls most (ties: in model order) with MetaSchedule's stock space, ``--trials``
-each, candidates timed cold (as the tuner does), and writes the best time of each beside the other
-and their ratio, per kernel and summed over the model's calls, to a JSON file.
-
-    python -m host.bench_layout --model mobilenet-v2 --size 112 --trials 48 --kernels 7 --out DIR
-"""
+"""`make bench-layout`: the same conv kernels tuned in NCHW and in NHWC, one run, same trials; the best time
+of each and their ratio to a JSON file (``python -m host.bench.layout --model M --size N --trials T --out DIR``)."""
 
 from __future__ import annotations
 
@@ -26,7 +18,7 @@ def conv_kernels(model: str, size: int, spec) -> tuple[dict, dict]:
     ``spec``'s layout."""
     import models
     from toolchain import build, onnx_import
-    from toolchain.tune.plan import group_kernels
+    from toolchain.tune import group_kernels
 
     proto = models.build(model, (1, 3, size, size))
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
@@ -41,8 +33,7 @@ def best_ms(func, spec, trials: int, work_dir: Path) -> float | None:
     the tuner searches a kernel (``tune_trials``)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain.tune.adapter import latency, records_of, tune_trials
-    from toolchain.tune.settings import TuneSettings
+    from toolchain.tune import TuneSettings, latency, records_of, tune_trials
 
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(str(work_dir / "workloads.json"), str(work_dir / "records.json"), allow_missing=True)
@@ -71,7 +62,7 @@ def run(model: str, size: int, trials: int, kernels: int, threads: int, work_dir
     summed = {lay: sum(r[lay] * r["calls"] for r in ok) for lay in LAYOUTS}
     return {
         "suite": "layout", "model": model, "size": size, "trials_per_kernel": trials, "threads": threads,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "kernels": rows,
         "geomean_nchw_over_nhwc": math.exp(sum(math.log(r["nchw_over_nhwc"]) for r in ok) / len(ok)) if ok else None,
         "summed_over_calls_ms": summed,

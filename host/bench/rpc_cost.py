@@ -1,12 +1,5 @@
-"""What measuring through RPC costs: tuning throughput (trials per minute) of one kernel measured by
-MetaSchedule's LocalRunner in-process pool vs through the RPC path (tracker → agent → the C++
-runner's RPC server), same kernel, same trials, same search seed, same machine.
-
-``agoc bench-rpc`` / ``make bench-rpc``. The device is this machine (``local``) by default, so the
-ratio is the overhead of the path itself (session request, upload, load, hygiene, relay); on
-``qemu`` the device is emulated (≈25× slower kernels): there the ratio says nothing about phones.
-Results: ``bench/results/rpc-<date>.json``.
-"""
+"""What measuring through RPC costs (``agoc bench-rpc``): tuning throughput of one kernel measured by the
+local runner vs through tracker → agent → the C++ runner's RPC server, same kernel, trials and seed."""
 
 from __future__ import annotations
 
@@ -16,8 +9,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 SCHEMA = "agoc.bench.rpc/1"
 DEFAULT_MODEL = "zoo:pair-pw-dw@1x24x28x28"
@@ -25,13 +18,13 @@ DEFAULT_MODEL = "zoo:pair-pw-dw@1x24x28x28"
 
 def _kernel(model: str, spec):
     """The model's first conv / matmul kernel (legalized, unfused): (model label, name, PrimFunc)."""
-    from host.cli import _load_source
+    from host.bench.source import load
     from toolchain import build, onnx_import
-    from toolchain.tune.plan import group_kernels
     from toolchain.errors import UnsupportedModelError
+    from toolchain.tune import group_kernels
 
-    proto, label, overrides = _load_source(model, [])
-    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, overrides)), spec)
+    proto, label = load(model)
+    mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
     for name, func in group_kernels(mod):
         if name.startswith(("conv2d", "matmul", "dense")):
             return label, name, func
@@ -40,15 +33,21 @@ def _kernel(model: str, spec):
 
 def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per_iter: int = 8, repeats: int = 2,
         out_dir: Path = Path("bench/results"), on_event: Callable[..., None] = lambda kind, **info: None) -> dict:
+    from tvm.s_tir import meta_schedule as ms
+
     from host import rpc as rpc_mod
-    from host.bench import machine_context
+    from host.bench.suites import machine_context
     from host.devices import get_device
     from host.measure import Hygiene
-    from toolchain.tune.adapter import FAILED_SECS, latency, records_of, tune_trials
-    from toolchain.tune.settings import TuneSettings
     from toolchain.targets import resolve_target
     from toolchain.timing import Timing
-    from tvm.s_tir import meta_schedule as ms
+    from toolchain.tune import (
+        FAILED_SECS,
+        TuneSettings,
+        latency,
+        records_of,
+        tune_trials,
+    )
 
     dev = get_device(device)
     spec = resolve_target(rpc_mod.device_target(dev),
@@ -107,6 +106,12 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
         "rpc_trials_per_min": rpc_tpm,
         "rpc_overhead": (local_tpm / rpc_tpm) if local_tpm and rpc_tpm else None,
     }
+    document["path"] = str(_write(document, out_dir))
+    return document
+
+
+def _write(document: dict, out_dir: Path) -> Path:
+    """``out_dir/rpc-<date>.json`` (``-2``, ``-3``… when that day has one already)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"rpc-{document['date']}.json"
     n = 2
@@ -114,5 +119,4 @@ def run(model: str = DEFAULT_MODEL, device: str = "local", trials: int = 32, per
         path = out_dir / f"rpc-{document['date']}-{n}.json"
         n += 1
     path.write_text(json.dumps(document, indent=2))
-    document["path"] = str(path)
-    return document
+    return path

@@ -1,36 +1,5 @@
-"""Engines in their own process, timed on command: the benchmark's measuring hand.
-
-Started by :mod:`host.bench` as ``python -m host.bench_worker CONFIG_JSON``. It
-loads its engines, warms each up, prints ``{"ready": ..., "load_ms": {name: ms},
-"model_rss_mb": {name: MiB the model added}, "errors": {name: reason}}`` and then answers one JSON line per command read
-from stdin:
-
-* ``{"cmd": "run", "n": K, "order": [names]}`` → ``{"samples_ms": {name: [K per-call latencies]},
-  "flushes": F, "rehearsals": R}``: K timed calls of every engine in ``order``, as the cache regime
-  says: K back to back per engine after one untimed call (R of those), or K passes calling each engine
-  once; F cache flushes before timed calls;
-* ``{"cmd": "quit"}`` → ``{"peak_rss_mb": ..., "flush_mb": ...}`` (the process's, all its engines; the
-  flusher's buffers left out) and exit.
-
-Why a process per engine *kind* (design §5): after each call TVM's pool
-threads spin for ≈130 ms, and an engine with another thread pool timed in that
-window in the same process runs at one-core speed; onnxruntime therefore gets
-a process of its own. Several TVM artifacts share one pool, so they share one
-worker and are timed within one command, close together: on a host whose
-second core comes and goes (a VM beside noisy neighbours: the same artifact
-runs 2.0–3.5 ms from one process to the next, 1.8× apart), only calls this
-close together see the same machine, and their ratio is stable (±2 % where
-separate processes gave ±25 %).
-
-What a timed call finds in cache is the config's ``cache`` regime
-(:mod:`host.cache_regime`: ``cold``, each engine's calls back to back with every
-core's caches overwritten before each, the default; ``warm``; ``shared``, one
-call each per pass).
-
-Config keys: ``threads``, ``warmup``, ``cache`` and ``engines``: a list of ``{"name",
-"engine"`` (``tvm`` | ``onnxruntime``) ``, "artifact"`` (directory: the library
-and the sample inputs)``}``.
-"""
+"""Engines in their own process, timed on command: ``python -m host.bench.worker CONFIG_JSON``, one JSON
+line per command on stdin (the protocol: docs/tuning.md, Benchmark worker)."""
 
 from __future__ import annotations
 
@@ -38,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def _tvm_call(artifact, threads: int):
@@ -75,7 +45,7 @@ def _status_mb(key: str) -> float | None:
     """``VmRSS`` / ``VmHWM`` of this process in MiB (Linux); None elsewhere. Unlike ``ru_maxrss``,
     ``VmHWM`` starts afresh at exec, so it does not inherit the orchestrator's peak."""
     try:
-        for line in open("/proc/self/status"):
+        for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
@@ -109,9 +79,9 @@ def main(argv: list[str]) -> int:
         try:
             calls[entry["name"]], rss_mb[entry["name"]] = _load(entry, threads, int(config.get("warmup", 3)))
             load_ms[entry["name"]] = (time.perf_counter() - started) * 1e3
-        except Exception as exc:  # reported to the orchestrator, which records the variant as failed
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, which records the variant as failed
             errors[entry["name"]] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-    from host.cache_regime import DEFAULT, Flusher, regime
+    from host.bench.cache_regime import DEFAULT, Flusher, regime
 
     cache = regime(config.get("cache", DEFAULT))
     flusher = None  # made at the first run: a worker that only loads (memory alone) needs none

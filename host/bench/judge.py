@@ -1,40 +1,15 @@
-"""Join or minis, judged in a simulated phone cache (``agoc compile --db DIR --joins a76``).
-
-Which build of a subgraph the reformer split is better for a phone — the joined kernel, or its
-mini-subgraphs one after another — is not a latency question on this host: its 2 MiB L2 and 32 MiB L3
-hide the locality fusion buys (bench/RESULTS.md: joins faster here moved more data through a 512 KiB
-L2). Without a phone it is a traffic question, and the phone-cache proxy (design §5, host/proxy.py)
-answers it deterministically, for the whole model:
-
-1. the baseline: the model built from the database's kept schedules for ``host-avx2`` (valgrind
-   rejects AVX-512), each join as the latency rule builds it (toolchain/tune/pairing.py);
-2. then, join by join, a trial build: the current one with that join flipped (joined ↔ its minis),
-   kept as the current build when it moves fewer bytes (greedy: each join is judged with the flips
-   kept before it, so the build compile makes is the last one kept, and moves no more than the baseline);
-3. every build checked against onnxruntime and run once under callgrind in the geometry (the runner's
-   timed call, after warm-up): its DRAM bytes per inference at the geometry's smallest shared cache.
-
-Why whole-model totals and not the kernels' own figures: callgrind charges a dirty line's write-back
-to the kernel whose access evicts it, and a kernel's misses depend on what the kernels before it
-left in the cache, so per-kernel bytes move between neighbours when one join changes (measured on
-MobileNet-V2: per-kernel figures promised 0.73 MB less, the build moved 0.04 MB less). The total is
-what the phone would move. Judging every join against the baseline and flipping the winners together
-was tried first: on MnasNet-B1 with ``--keep-inside 256`` seven flips that each paid moved more
-together (23.28 → 23.34 MB); hence the greedy order.
-
-The judgements are stored per geometry in the database (``traffic.json``), keyed by the recorded
-latencies of every join and mini judged (a pairing's key, toolchain/tune/pairing.py): totals depend on every
-kernel, so once any of them gets a new schedule (a resumed session) all joins are judged again.
-Cost: (joins + 1) builds and simulations — MnasNet-B1 @112, 14 joins: about 15 minutes on 2 cores.
-"""
+"""Join or minis, judged by the whole model's simulated DRAM traffic in a phone's caches (valgrind): one
+join flipped at a time, kept when it moves fewer bytes. Why and what it measured: docs/proxy.md.
+``judge_joins`` only reads the database; ``keep_judgement`` (``python -m host.bench.judge``) writes it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
 
 from toolchain.errors import AgocError
 
@@ -48,14 +23,13 @@ class JudgeError(AgocError):
 
 def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
     """The joins of ``db_dir`` whose joined kernel and minis all have verified schedules, with their minis."""
-    from toolchain.tune import pairing
-    from toolchain.tune.db import TuneDB
+    from toolchain.tune import TuneDB, choose
 
     db = TuneDB(db_dir)
     verified = db.verified
     out = {}
     for joined, minis in db.layout.get("minis", {}).items():
-        by_latency = pairing.choose(joined, minis, verified)
+        by_latency = choose(joined, minis, verified)
         if by_latency.joined_ms is not None and by_latency.minis_ms is not None:
             out[joined] = minis  # else only one side can be built with its schedules: nothing to judge
     return out
@@ -64,31 +38,36 @@ def judgeable_joins(db_dir: Path) -> dict[str, list[str]]:
 def pending_joins(db_dir: Path, geometry: str) -> list[str]:
     """The joins to judge in ``geometry``: every judgeable one when any lacks a current judgement (a
     judgement is a whole-model total: it depends on every kernel), else none."""
-    from toolchain.tune import pairing
-    from toolchain.tune.db import TuneDB
+    from toolchain.tune import TuneDB, current_traffic
 
     db = TuneDB(db_dir)
     record = db.traffic.get(geometry, {})
     verified, judged = db.verified, record.get("joins", {})
     joins = judgeable_joins(db_dir)
-    stale = [j for j, minis in joins.items() if pairing.current_traffic(j, minis, verified, judged) is None]
+    stale = [j for j, minis in joins.items() if current_traffic(j, minis, verified, judged) is None]
     return list(joins) if stale or (joins and record.get("method") != METHOD) else []
+
+
+def current_judgement(db_dir: Path, geometry: str) -> dict | None:
+    """The judgement ``db_dir`` keeps for ``geometry`` when it is current (:func:`pending_joins` empty), else None."""
+    from toolchain.tune import TuneDB
+
+    return None if pending_joins(db_dir, geometry) else TuneDB(db_dir).traffic.get(geometry, {})
 
 
 def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geometry: str,
                 work_dir: Path | None = None, on_stage: Callable[[str], None] = lambda stage: None) -> dict:
-    """Judge the joins of ``db_dir`` in ``geometry`` (a name of :data:`host.proxy.GEOMETRIES`) when
-    :func:`pending_joins` says so, and store the judgements in the database; returns that geometry's
-    record: ``{"geometry", "method", "cache", "target", "judged", "baseline_bytes", "final_bytes", "joins":
+    """The judgement of ``db_dir``'s joins in ``geometry`` (a name of :data:`host.bench.proxy.GEOMETRIES`): the
+    one the database keeps when current, else made now and returned, not written (:func:`keep_judgement`
+    writes it): ``{"geometry", "method", "cache", "target", "judged", "baseline_bytes", "final_bytes", "joins":
     {join: {"joined_bytes", "minis_bytes", "cache", "of"}}}`` — the bytes are the whole model's per inference
     with the join built that way (the joins judged before it as kept); ``final_bytes``: the build kept.
     The builds go to ``work_dir`` (default: a temporary directory)."""
-    from host import proxy
+    from host.bench import proxy
     from host.devices import LocalDevice
-    from toolchain.tune import pairing
-    from toolchain.tune.db import TuneDB
     from toolchain.pipeline import CompileRequest, compile_model
     from toolchain.targets import find_compiler, resolve_target
+    from toolchain.tune import TuneDB, choose, pairing_key
     from toolchain.verify import verify_artifact
 
     geo = proxy.geometry(geometry)
@@ -100,8 +79,9 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     if settings.get("partition", "ago") != "ago" or not db.layout.get("minis"):
         raise JudgeError(f"{db_dir} has no joined subgraphs to judge (partition {settings.get('partition')}, "
                          "or tuned without the reformer)")
-    if not pending_joins(db_dir, geometry):
-        return db.traffic.get(geometry, {})
+    kept = current_judgement(db_dir, geometry)
+    if kept is not None:
+        return kept
     proxy.find_valgrind()  # before minutes of building: a clear message where valgrind is missing
     cache = geo.llc[0]  # the smallest shared cache: where a phone's DRAM traffic is largest
     one_cache = dataclasses.replace(geo, llc=(cache,))  # the L2 run comes with it; the larger LLCs are not needed
@@ -109,7 +89,7 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
                           layout=db.activation_layout, pad_channels=db.channel_padding, fast_math=db.fast_math)
     joins = judgeable_joins(db_dir)
     verified = db.verified
-    baseline = {j: pairing.choose(j, minis, verified).build for j, minis in joins.items()}
+    baseline = {j: choose(j, minis, verified).build for j, minis in joins.items()}
     other = {"joined": "minis", "minis": "joined"}
 
     def model_bytes(builds: dict[str, str], what: str, root: Path) -> int:
@@ -135,11 +115,43 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
             trial_bytes = model_bytes(trial, f"{joined} {trial[joined]}", root / f"flip-{i}")
             by_way = {current[joined]: current_bytes, trial[joined]: trial_bytes}
             judged[joined] = {"joined_bytes": by_way["joined"], "minis_bytes": by_way["minis"], "cache": cache.label,
-                              "of": pairing.pairing_key(joined, minis, verified)}
+                              "of": pairing_key(joined, minis, verified)}
             if trial_bytes < current_bytes:  # kept: the joins after it are judged with it flipped
                 current, current_bytes = trial, trial_bytes
     record = {"geometry": geo.name, "method": METHOD, "cache": cache.label, "target": spec.preset,
               "baseline_bytes": baseline_bytes, "final_bytes": current_bytes,
-              "judged": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "joins": judged}
-    db.save_traffic(geometry, record)
+              "judged": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "joins": judged}
     return record
+
+
+def keep_judgement(model, model_name: str, input_shapes: dict, db_dir: Path, geometry: str,
+                   work_dir: Path | None = None, on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+    """:func:`judge_joins`, the judgement written into the database (``traffic.json``) when it is new: the
+    explicit step after which ``agoc compile --db DIR --joins GEOMETRY`` reads it instead of judging."""
+    from toolchain.tune import TuneDB
+
+    fresh = current_judgement(db_dir, geometry) is None
+    record = judge_joins(model, model_name, input_shapes, db_dir, geometry, work_dir, on_stage)
+    if fresh and record.get("joins"):
+        TuneDB(db_dir).save_traffic(geometry, record)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m host.bench.judge --db DIR --geometry a76 MODEL``: judge the joins and keep the judgement."""
+    from host.bench.source import load
+
+    parser = argparse.ArgumentParser(prog="python -m host.bench.judge", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="the model the database was tuned for: zoo:NAME[@SHAPE] or an ONNX file")
+    parser.add_argument("--db", type=Path, required=True, help="the tuning database")
+    parser.add_argument("--geometry", default="a76", help="a cache geometry of host.bench.proxy (default a76)")
+    args = parser.parse_args(argv)
+    proto, label = load(args.model)
+    record = keep_judgement(proto, label, {}, args.db, args.geometry, on_stage=print)
+    print(f"{len(record.get('joins', {}))} join(s) judged in {args.geometry}: {record.get('baseline_bytes')} → "
+          f"{record.get('final_bytes')} DRAM bytes per inference, kept in {args.db}/traffic.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

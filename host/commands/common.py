@@ -1,0 +1,148 @@
+"""What several commands share: loading a model source (zoo references need the zoo, so this stays in host/),
+checking output paths and the search knobs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from toolchain.errors import UnsupportedModelError
+
+
+def load_source(model: str, shapes: list[str]):
+    """MODEL.onnx or zoo:NAME[@SHAPE] → (ModelProto, name, input-shape overrides)."""
+    from toolchain import onnx_import
+
+    if model.startswith("zoo:"):
+        proto, label = _zoo(model)
+    else:
+        proto = onnx_import.load_model(model)
+        label = Path(model).stem
+    overrides = onnx_import.parse_input_shapes(shapes, onnx_import.declared_inputs(proto))
+    return proto, label, overrides
+
+
+def _zoo(model: str):
+    """zoo:NAME[@SHAPE] → (ModelProto, label)."""
+    import models
+
+    try:
+        name, shape = models.parse_zoo_ref(model)
+    except (models.UnknownModelError, ValueError) as exc:
+        raise UnsupportedModelError(str(exc)) from None
+    try:
+        proto = models.build(name, shape)
+    except MemoryError:
+        raise UnsupportedModelError(f"zoo:{name} at {'x'.join(map(str, shape or ()))} has weights too large for "
+                                    f"this machine's memory; give a smaller shape, e.g. zoo:{name}@"
+                                    f"{'x'.join(map(str, models.registry.get(name).default_shape))}") from None
+    return proto, name if shape is None else f"{name}@{'x'.join(map(str, shape))}"
+
+
+def load_supported(model: str, shapes: list[str]):
+    """:func:`load_source`, its opset and ops checked: (ModelProto, name, resolved inputs, overrides)."""
+    from toolchain import frontend
+
+    proto, label, overrides = load_source(model, shapes)
+    return proto, label, frontend.checked_inputs(proto, overrides), overrides
+
+
+def keep_inside_bytes(kib: int) -> int:
+    """``--keep-inside KIB`` in bytes."""
+    if kib < 0:
+        raise UnsupportedModelError("--keep-inside must be 0 (off) or a size in KiB")
+    return kib * 1024
+
+
+def check_threshold(threshold: Optional[float]) -> None:
+    from toolchain.partition import DEFAULT_THRESHOLD
+
+    if threshold is not None and not threshold > 0:  # NaN included
+        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold}); the default is "
+                                    f"{DEFAULT_THRESHOLD:g}")
+
+
+def check_partition(partition: str) -> None:
+    if partition not in ("ago", "stock"):
+        raise UnsupportedModelError(f"unknown --partition '{partition}'; choose ago or stock")
+
+
+def check_search(scheduler: str, transfer: int, population: int, per_iter: Optional[int] = None) -> None:
+    """The search knobs `tune` and `bench-suite` share, checked before any work (``per_iter``: the batch,
+    by default the settings' own)."""
+    from toolchain.tune import SCHEDULERS, TuneSettings
+
+    if scheduler not in SCHEDULERS:
+        raise UnsupportedModelError(f"unknown scheduler '{scheduler}'; choose "
+                                    + " or ".join(f"{k} ({v})" for k, v in SCHEDULERS.items()))
+    if transfer < 0:
+        raise UnsupportedModelError("--transfer must be 0 (off) or more")
+    if per_iter is None and population < TuneSettings().per_iter:
+        raise UnsupportedModelError(f"--population must be at least {TuneSettings().per_iter} (a search batch)")
+    if per_iter is not None and population < per_iter:
+        raise UnsupportedModelError(f"--population ({population}) must be at least --per-iter ({per_iter}): "
+                                    "each batch is picked from it")
+
+
+def check_output_file(path: Optional[Path], flag: str) -> None:
+    """Refuse now, before long work, an output file path that cannot be written (a directory, a missing or
+    read-only parent, one where no file can be made, such as /proc)."""
+    import tempfile
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise UnsupportedModelError(f"{flag} {path} is a directory; give a file name, e.g. {flag} "
+                                    f"{path / 'graph'}{path.suffix or ''}")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(20, "missing, or not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".agoc-probe.", dir=parent)  # root passes os.access everywhere
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UnsupportedModelError(f"{flag} {path}: cannot write in {parent} ({exc.strerror or exc}); give a path "
+                                    "in a directory you can write") from None
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: into a temporary file beside it, renamed over it when complete (a full
+    disk or an interrupt leaves no half-written file, and an existing one as it was)."""
+    import tempfile
+
+    parent = path.parent if str(path.parent) else "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def interruptible(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` in a worker thread, this thread waiting: a long TVM call (which does not
+    return to Python for tens of seconds) then cannot delay Ctrl-C or SIGTERM beyond a fraction of a second."""
+    import threading
+
+    result: dict = {}
+
+    def work():
+        try:
+            result["value"] = func(*args, **kwargs)
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, name="agoc-work", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")

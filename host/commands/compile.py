@@ -1,0 +1,303 @@
+"""`agoc compile`: a model into an artifact directory (ARM/x86 through TVM, or CUDA source)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from host import render
+from host.commands.common import check_partition, check_threshold, keep_inside_bytes, load_supported
+from host.console import console, err_console
+from host.options import FastMathOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
+from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
+
+JOINS_HELP = ("With --db: how a subgraph the reformer split is built: latency (the joined kernel unless it is slower "
+              "than its minis, timed together), joined, minis, or a cache geometry (a76, a55, small-slc: whichever "
+              "moves fewer simulated DRAM bytes in that phone cache, judged under valgrind on this machine, or as "
+              "the database keeps it judged: a compile never writes the database).")
+
+
+def compile(
+    model: Annotated[str, typer.Argument(help="An ONNX file, or zoo:NAME[@SHAPE] (see `agoc models list`).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Artifact directory to write.")],
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Target preset (see `agoc targets`; "
+                                                  "default: host, or with --db the target it was tuned for).")] = None,
+    input_shape: Annotated[Optional[list[str]], typer.Option(
+        "--input-shape", "-s", help="Fix an input's shape: NAME=1x3x224x224 (repeatable).")] = None,
+    mcpu: Annotated[Optional[str], typer.Option(
+        help="LLVM CPU name (default: the preset's; detected for host).")] = None,
+    num_cores: Annotated[Optional[int], typer.Option(help="Cores the kernels may use (default: preset's).")] = None,
+    layout: LayoutOpt = "NHWC",
+    pad_channels: PadChannelsOpt = True,
+    fast_math: FastMathOpt = True,
+    partition: Annotated[str, typer.Option(help="How ops are grouped into kernels: ago (AGO clustering) or stock "
+                                           "(TVM FuseOps).")] = "ago",
+    threshold: ThresholdOpt = None,
+    keep_inside: KeepInsideOpt = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sample inputs stored for verification.")] = 0,
+    dump_dir: Annotated[Optional[Path], typer.Option(help="Write the IR after each stage here.")] = None,
+    db: Annotated[Optional[Path], typer.Option(
+        "--db", help="Apply the verified schedules of this tuning database.")] = None,
+    joins: Annotated[str, typer.Option("--joins", help=JOINS_HELP)] = "latency",
+    arch: Annotated[str, typer.Option("--arch", help="CUDA compute capability (--target cuda only).")] = "sm_90",
+    training: Annotated[bool, typer.Option(
+        "--training", help="Compile forward + loss + backward (--target cuda only).")] = False,
+    samples: Annotated[Optional[Path], typer.Option(
+        "--inputs", help="Sample inputs to store, check and verify with: an .npz holding one array per model input "
+        "(default: seeded random data, see README).")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check/--no-check", help="Run the built library on the sample inputs and compare with onnxruntime before "
+        "writing the artifact (ARM targets under qemu, when present); --no-check writes it unchecked.")] = True,
+    other_target: Annotated[bool, typer.Option(
+        "--other-target", help="With --db and --target: apply records tuned for another target than the one built "
+        "for.")] = False,
+):
+    """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
+    from toolchain.artifact import check_replaceable, check_writable
+
+    check_replaceable(output)  # before any long work: nothing of the user's is ever replaced
+    check_writable(output)
+    if target == "cuda":
+        return _compile_cuda(model, output, input_shape or [], arch, training)
+    rule = _join_rule(joins, db)
+    _check_request(partition, seed, dump_dir, threshold)
+    knobs = dict(partition=partition, threshold=threshold, keep_inside=keep_inside, layout=layout,
+                 pad_channels=pad_channels, fast_math=fast_math, target=target, mcpu=mcpu, num_cores=num_cores)
+    if db is not None:
+        knobs = _from_db(db, knobs, other_target)
+    else:
+        knobs["keep_inside"] = keep_inside_bytes(keep_inside)
+    spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
+    if rule.startswith("traffic:") and request.partition == "ago":  # judged for this build: db is only read
+        request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
+    device = _check_device(spec, compiler) if check else None
+    from host.commands.common import interruptible
+    from toolchain.pipeline import compile_model
+
+    with err_console.status("compiling") as status:
+        artifact = interruptible(compile_model, request, compiler, output, on_stage=lambda s: status.update(s),
+                                  device=device)
+    _report(artifact, request.model_name, spec, rule)
+
+
+def _check_request(partition: str, seed: int, dump_dir: Optional[Path], threshold: Optional[float]) -> None:
+    check_partition(partition)
+    if seed < 0:
+        raise InputShapeError(f"--seed must be 0 or more (got {seed})")
+    if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
+        raise UnsupportedModelError(f"--dump-dir {dump_dir} is a file; give a directory for the IR dumps")
+    check_threshold(threshold)
+
+
+def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
+    """compile --db: the kernels cut exactly as they were tuned (the database's settings), for its target."""
+    from toolchain.tune import TuneDB, TuningError
+
+    tuned = TuneDB(db)
+    session = tuned.session
+    if session is None:
+        raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
+    settings = session["settings"]
+    target, mcpu, num_cores = _tuned_target(db, session["target"], knobs["target"], knobs["mcpu"],
+                                            knobs["num_cores"], other_target)
+    return {**knobs, "partition": settings["partition"], "threshold": settings["threshold"],
+            "keep_inside": settings.get("keep_inside", 0), "layout": tuned.activation_layout,
+            "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "target": target, "mcpu": mcpu,
+            "num_cores": num_cores}
+
+
+def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db, rule: str, check: bool, samples):
+    """(target spec, compiler, CompileRequest) for the resolved knobs; the model loaded and described."""
+    from toolchain import onnx_import
+    from toolchain.partition import DEFAULT_THRESHOLD
+    from toolchain.pipeline import CompileRequest, check_sizes
+    from toolchain.targets import find_compiler, resolve_target
+
+    threshold = DEFAULT_THRESHOLD if knobs["threshold"] is None else knobs["threshold"]
+    spec = resolve_target("host" if knobs["target"] is None else knobs["target"], mcpu=knobs["mcpu"],
+                          num_cores=knobs["num_cores"], layout=knobs["layout"], pad_channels=knobs["pad_channels"],
+                          fast_math=knobs["fast_math"])
+    compiler = find_compiler(spec)
+    proto, label, inputs, overrides = load_supported(model, shapes)
+    check_sizes(inputs)
+    for notice in onnx_import.defaulted_batch(proto, overrides):
+        err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
+    partition, keep_inside = knobs["partition"], knobs["keep_inside"]
+    kept = f", keeping tensors of {keep_inside // 1024} KiB or more inside"
+    shown = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in inputs)
+    err_console.print(
+        f"[dim]compiling {escape(label)} ({escape(shown)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
+        f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
+        f"{'' if spec.pad_channels else ', channels not padded'}{'' if spec.fast_math else ', exact math'}"
+        f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
+        f"{kept if partition == 'ago' and keep_inside else ''}"
+        "[/dim]",
+        soft_wrap=True,
+    )
+    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
+                             keep_inside=keep_inside, joins=rule, check=check,
+                             samples=_load_samples(samples) if samples else None)
+    return spec, compiler, request
+
+
+def _report(artifact, label: str, spec, rule: str) -> None:
+    """The one line of a compiled artifact, and what was built differently from the plan."""
+    m = artifact.manifest
+    checked = m.check or {}
+    console.print(
+        f"[green]✓[/green] {escape(label)} → {escape(str(artifact.root))}  "
+        f"({len(m.kernels)} kernels"
+        + (f", {m.tuning['applied']} tuned" if m.tuning else "")
+        + f", {m.compile_seconds:.1f} s, target {spec.preset}"
+        + (f", checked on {escape(checked['device'])}: max error {checked['max_abs']:.2g})"
+           if checked.get("status") == "passed" else ")")
+    )
+    if checked.get("status") != "passed":
+        err_console.print(f"[yellow]not checked against onnxruntime:[/yellow] {escape(checked.get('reason', '?'))}",
+                          soft_wrap=True)
+    info = m.partition_info or {}
+    padded = collections.Counter(f"{p['channels']} → {p['padded']}" for p in info.get("padded") or [])
+    if padded:
+        console.print(f"  {sum(padded.values())} conv/matmul op(s) compute padded output channels "
+                      f"({', '.join(f'{k} ×{n}' if n > 1 else k for k, n in padded.items())}; whole vectors; "
+                      f"manifest partition_info.padded)")
+    unfused = info.get("unfused") or []
+    if unfused:
+        why = ("the model moved no fewer simulated DRAM bytes with it joined" if rule.startswith("traffic:")
+               else "the joined kernel measured slower than the minis together" if rule == "latency"
+               else f"--joins {rule}")
+        console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: {why}, or it has no "
+                      f"verified schedule (manifest partition_info.unfused)")
+
+
+def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, training: bool) -> None:
+    """--target cuda: APOLLO/FusionStitching fusion → CUDA source (+ PTX with nvcc); see toolchain/cuda."""
+    from toolchain.cuda import codegen
+    from toolchain.cuda import compile as cuda_compile
+    from toolchain.cuda import training as cuda_training
+    from toolchain.pipeline import package_versions
+
+    started = time.perf_counter()
+    target_spec = codegen.cuda_target(arch)
+    builtin = None
+    if model.startswith("zoo:") and training:
+        name = model[4:].split("@")[0]
+        builtin = {"bert-tiny": "bert-tiny", "mobilenet-v2": "mobilenet-v2-block"}.get(name, name)
+        if builtin not in cuda_training.GRAPHS:
+            builtin = None
+    if builtin is None:
+        proto, label, inputs, _ = load_supported(model, shapes)
+    else:
+        proto, label, inputs = None, builtin, []
+    graph = cuda_compile.graph_from_source(proto, label, inputs, training, builtin)
+    err_console.print(f"[dim]compiling {escape(graph.description)} for cuda {escape(arch)}[/dim]", soft_wrap=True)
+    with err_console.status("compiling") as status:
+        compiled = cuda_compile.compile_graph(graph, target_spec, on_stage=lambda s: status.update(s))
+        manifest = cuda_compile.write_artifact(graph, target_spec, compiled, output, started=started,
+                                               versions=package_versions())
+    counts = manifest["kernel_counts"]
+    ptx = manifest["nvcc"].get("ptx") or manifest["nvcc"].get("skipped", "no PTX")
+    console.print(
+        f"[green]✓[/green] {escape(graph.name)} → {escape(str(output))}  "
+        f"({counts['fused']['launches_per_step']} kernel "
+        f"launches per step fused vs {counts['stock']['launches_per_step']} stock TVM, "
+        f"{counts['fused']['stitched_groups']} stitched groups; {escape(str(ptx))})"
+    )
+
+
+def _load_samples(path: Path) -> dict:
+    """``--inputs FILE.npz`` as name → array (no pickled objects)."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except Exception as exc:  # a user's file: whatever numpy cannot read in it is the file's problem
+        raise InputShapeError(f"--inputs {path} is not a readable .npz of arrays ({first_line(exc)}); write it "
+                              "with numpy.savez(path, input_name=array, ...)") from None
+
+
+def _check_device(spec, compiler):
+    """Where compile's self-check runs a target this machine does not: qemu, when it and the linux-arm64
+    runner are here and the library is glibc-linked (not the NDK's bionic); None otherwise (in-process for
+    host targets; recorded as unchecked for the rest)."""
+    import shutil
+
+    from toolchain.errors import DeviceError
+
+    if spec.runs_on_host or compiler.kind == "ndk" or not shutil.which("qemu-aarch64"):
+        return None
+    if not spec.tvm_target.get("mtriple", "").startswith("aarch64"):
+        return None
+    from host.devices import qemu_device, runner_build
+
+    try:
+        runner_build("linux-arm64")
+    except DeviceError:
+        return None
+    return qemu_device()
+
+
+def _tuned_target(db: Path, tuned: dict, target: Optional[str], mcpu: Optional[str], num_cores: Optional[int],
+                  other: bool) -> tuple[str, Optional[str], Optional[int]]:
+    """compile --db: the target the database was tuned for (preset, mcpu, cores), or the one asked for when it
+    is the same target; another target only with ``other`` (--other-target)."""
+    from toolchain.errors import TargetError
+    from toolchain.targets import preset_of, resolve_target
+
+    preset = preset_of(tuned)
+    if target is None:
+        err_console.print(f"[dim]building for {preset} (mcpu {escape(str(tuned.get('mcpu')))}): the target "
+                          f"{escape(str(db))} was tuned for[/dim]", soft_wrap=True)
+        return preset, mcpu or tuned.get("mcpu"), num_cores or tuned.get("num-cores")
+    asked = resolve_target(target, mcpu=mcpu, num_cores=num_cores).tvm_target
+    keys = ("mtriple", "mcpu", "mattr")
+    if any(asked.get(k) != tuned.get(k) for k in keys) and not other:
+        raise TargetError(
+            f"{db} was tuned for {preset} ({', '.join(f'{k} {tuned.get(k)}' for k in keys if tuned.get(k))}), not "
+            f"for --target {target} ({', '.join(f'{k} {asked.get(k)}' for k in keys if asked.get(k))}): drop "
+            "--target to build what was tuned, or add --other-target to apply its records anyway")
+    return target, mcpu, num_cores
+
+
+def _join_rule(joins: str, db: Optional[Path]) -> str:
+    """``compile --joins`` as a rule of pairing.JOIN_RULES; a geometry name becomes ``traffic:NAME``."""
+    from host.bench import proxy
+
+    if joins != "latency" and db is None:
+        raise UnsupportedModelError("--joins decides between a tuned join and its tuned minis: it needs --db")
+    from toolchain.tune.pairing import TRAFFIC, rule_for
+
+    rule, names = rule_for(joins), [g.name for g in proxy.GEOMETRIES]
+    if rule.startswith(TRAFFIC) and joins not in names:
+        raise UnsupportedModelError(f"unknown --joins '{joins}': latency, joined, minis, or a cache geometry "
+                                    f"({', '.join(names)})")
+    return rule
+
+
+def _judge(proto, label: str, overrides: dict, db: Path, geometry: str) -> dict:
+    """The joins of ``db`` judged in ``geometry`` (host/bench/judge.py): the database's judgement when current,
+    else one made for this compile and not kept (a compile only reads a database); with progress and a table."""
+    from host.bench import judge
+
+    pending = judge.pending_joins(db, geometry)
+    if pending:
+        err_console.print(f"[dim]judging {len(pending)} join(s) by the model's simulated DRAM traffic in {geometry}'s "
+                          f"caches: {len(pending) + 1} builds, one join flipped in each, each checked and run under "
+                          "valgrind (about a minute each for a mobile CNN at 112; for this compile: `python -m "
+                          "host.bench.judge --db DIR --geometry GEOMETRY MODEL` keeps them in the database)[/dim]",
+                          soft_wrap=True)
+        with err_console.status("judging joins") as status:
+            record = judge.judge_joins(proto, label, overrides, db, geometry, on_stage=lambda s: status.update(s))
+    else:
+        record = judge.current_judgement(db, geometry) or {}
+    if record.get("joins"):  # a database without joins (tuned without the reformer): nothing to judge
+        console.print(render.traffic_table(record, pending))
+    return record

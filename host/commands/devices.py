@@ -1,0 +1,160 @@
+"""Where artifacts run: `agoc devices`, `agoc targets`, `agoc deploy` and `agoc bench` (one artifact timed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from host import render
+from host.console import console, err_console
+from host.options import ArtifactArg, PhoneOpt
+from toolchain.errors import AgocError, InputShapeError
+
+DEVICE_COLUMNS = ("name", "kind", "usable", "abi", "cores", "model", "note")
+
+
+def devices(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON list.")] = False):
+    """List the devices agoc can run on: local, qemu (if installed) and attached phones."""
+    from host import devices as dv
+
+    rows = [{"name": "local", "kind": "local", "usable": True, **dv.LocalDevice().describe()}]
+    try:
+        qemu = dv.qemu_device()
+        dv.runner_build(qemu.runner_target)
+        rows.append({"name": "qemu", "kind": "qemu", "usable": True, **qemu.describe()})
+    except AgocError as exc:
+        rows.append({"name": "qemu", "kind": "qemu", "usable": False, "note": str(exc)})
+    for serial in dv.adb_serials():
+        try:
+            info = dv.adb_device(serial).describe()
+            usable = str(info.get("abi", "")).startswith("arm64")
+            rows.append({"name": serial, "kind": "adb", "usable": usable, **info,
+                         **({} if usable else {"note": "not an arm64 device"})})
+        except AgocError as exc:
+            rows.append({"name": serial, "kind": "adb", "usable": False, "note": str(exc)})
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title="devices", title_justify="left")
+    for col in DEVICE_COLUMNS:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(escape(str(r.get(c, "") if r.get(c) is not None else "")) for c in DEVICE_COLUMNS))
+    console.print(table)
+
+
+def targets():
+    """List the target presets."""
+    from toolchain.targets import PRESETS
+
+    table = Table(title="target presets", title_justify="left")
+    for col in ("name", "triple", "mcpu", "linker", "description"):
+        table.add_column(col)
+    for p in PRESETS:
+        table.add_row(p.name, p.mtriple or "(host)", p.mcpu or "(detected)", p.linker, p.description)
+    console.print(table)
+
+
+def deploy(artifact_dir: ArtifactArg, device: PhoneOpt = None):
+    """Push the runner, the TVM runtime and the artifact to a device; print where it landed."""
+    from host.devices import get_device
+    from toolchain.artifact import load_artifact
+
+    art = load_artifact(artifact_dir)
+    dev = get_device(device, default=None)
+    with err_console.status(f"deploying to {dev.name}"):
+        remote = dev.deploy(art)
+    console.print(f"[green]✓[/green] {escape(str(artifact_dir))} → {escape(dev.name)}:{escape(remote)}")
+
+
+def bench(
+    artifact_dir: ArtifactArg,
+    device: PhoneOpt = None,
+    threads: Annotated[Optional[int], typer.Option(help="Runtime threads (default: the runtime's).")] = None,
+    cores: Annotated[Optional[str], typer.Option(help="Pin to these cores, e.g. 4,5,6,7 (the big cluster).")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed runs first (default 5; with --proxy 2).")] = None,
+    repeat: Annotated[Optional[int], typer.Option(help="Timed runs (default 20; with --proxy 1).")] = None,
+    min_time_ms: Annotated[float, typer.Option(help="Keep timing until this much time has passed.")] = 0.0,
+    per_kernel: Annotated[bool, typer.Option("--per-kernel", help="Also time each fused kernel.")] = False,
+    proxy: Annotated[Optional[str], typer.Option(
+        "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a55, "
+        "small-slc) and report instructions, D1 misses, L2 traffic and DRAM bytes per inference.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (with median_ms).")] = False,
+):
+    """Time the artifact on a device with the C++ runner (median, spread, cpufreq, temperature)."""
+    from host.devices import BenchOptions, get_device
+    from toolchain.artifact import load_artifact
+
+    if threads is not None and threads < 1:
+        raise InputShapeError(f"--threads must be at least 1 (got {threads}); leave it out for the runtime's default")
+    if (warmup is not None and warmup < 0) or (repeat is not None and repeat < 1) or not min_time_ms >= 0:
+        raise InputShapeError(f"--warmup must be 0 or more, --repeat at least 1 and --min-time-ms 0 or more (got "
+                              f"{warmup}, {repeat}, {min_time_ms}); e.g. --warmup 5 --repeat 20")
+    if proxy is not None:
+        _bench_proxy(artifact_dir, device, proxy, 2 if warmup is None else warmup, 1 if repeat is None else repeat,
+                     as_json)
+        return
+    warmup = 5 if warmup is None else warmup
+    repeat = 20 if repeat is None else repeat
+    core_list = _cores(cores)
+    art = load_artifact(artifact_dir)
+    dev = get_device(device, default=None)
+    options = BenchOptions(warmup, repeat, min_time_ms, threads, core_list, per_kernel)
+    err_console.print(
+        f"[dim]bench {escape(art.manifest.model_name)} on {escape(dev.name)} ({dev.kind}): warm-up {warmup}, "
+        f"repeat {repeat}, threads {threads or 'default'}, cores {cores or 'any'}[/dim]",
+        soft_wrap=True,
+    )
+    with err_console.status(f"running on {dev.name}"):
+        result = dev.bench(art, options)
+    result = {**result, "device": dev.name, "device_kind": dev.kind, "model": art.manifest.model_name,
+              "target": art.target_preset, "warmup": warmup, "repeat": repeat}
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(render.bench_result_table(result))
+    if dev.kind == "qemu":
+        err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
+
+
+def _cores(cores: Optional[str]) -> Optional[tuple[int, ...]]:
+    """``--cores 4,5,6,7`` as core numbers."""
+    try:
+        core_list = tuple(int(c) for c in cores.split(",")) if cores else None
+        if core_list and min(core_list) < 0:
+            raise ValueError(cores)
+    except ValueError:
+        raise InputShapeError(f"--cores '{cores}': expected comma-separated core numbers like 4,5,6,7") from None
+    return core_list
+
+
+def _bench_proxy(artifact_dir: Path, device: Optional[str], geometry: str, warmup: int, calls: int,
+                 as_json: bool) -> None:
+    """`agoc bench OUT --proxy GEOMETRY`: the phone-cache proxy (host/bench/proxy.py) on this machine."""
+    from host.bench import proxy
+    from toolchain.artifact import load_artifact
+
+    if device not in (None, "local"):
+        raise proxy.ProxyError(f"--proxy simulates a phone cache on this machine; drop --device {device}")
+    if calls < 1:
+        raise proxy.ProxyError("--repeat must be at least 1")
+    geo = proxy.geometry(geometry)
+    art = load_artifact(artifact_dir)
+    sizes = ", ".join(c.label for c in (geo.l2, *geo.llc))
+    err_console.print(
+        f"[dim]phone-cache proxy {geo.name}: {escape(art.manifest.model_name)} under valgrind callgrind, "
+        f"D1 {geo.l1d.label} {geo.l1d.assoc}-way, LL {sizes}; warm-up {warmup}, {calls} collected call(s), "
+        f"1 thread, env -i[/dim]",
+        soft_wrap=True,
+    )
+    with err_console.status(f"simulating {geo.name} caches"):
+        result = proxy.measure(art, geo, warmup=warmup, calls=calls)
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(render.proxy_result_table(result))
