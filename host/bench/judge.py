@@ -139,14 +139,14 @@ def keep_judgement(model, model_name: str, input_shapes: dict, db_dir: Path, geo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m host.bench.judge --db DIR --geometry a76 MODEL``: judge the joins and keep the judgement."""
-    from host.bench.source import load
+    from host.source import load_source
 
     parser = argparse.ArgumentParser(prog="python -m host.bench.judge", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="the model the database was tuned for: zoo:NAME[@SHAPE] or an ONNX file")
     parser.add_argument("--db", type=Path, required=True, help="the tuning database")
     parser.add_argument("--geometry", default="a76", help="a cache geometry of host.bench.proxy (default a76)")
     args = parser.parse_args(argv)
-    proto, label = load(args.model)
+    proto, label, _ = load_source(args.model, [])
     record = keep_judgement(proto, label, {}, args.db, args.geometry, on_stage=print)
     print(f"{len(record.get('joins', {}))} join(s) judged in {args.geometry}: {record.get('baseline_bytes')} → "
           f"{record.get('final_bytes')} DRAM bytes per inference, kept in {args.db}/traffic.json")

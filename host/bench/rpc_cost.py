@@ -18,12 +18,12 @@ DEFAULT_MODEL = "zoo:pair-pw-dw@1x24x28x28"
 
 def _kernel(model: str, spec):
     """The model's first conv / matmul kernel (legalized, unfused): (model label, name, PrimFunc)."""
-    from host.bench.source import load
+    from host.source import load_source
     from toolchain import build, onnx_import
     from toolchain.errors import UnsupportedModelError
     from toolchain.tune import group_kernels
 
-    proto, label = load(model)
+    proto, label, _ = load_source(model, [])
     mod = build.legalize(onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {})), spec)
     for name, func in group_kernels(mod):
         if name.startswith(("conv2d", "matmul", "dense")):
