@@ -17,6 +17,7 @@ from typing import Callable
 
 from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
+from toolchain.tune import intrinsics
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
@@ -211,7 +212,7 @@ def latency(record) -> float:
 def space_for(func, spec, intensive: bool, tile_cache: int = 0):
     """The MetaSchedule space for one kernel: intensive fusion where it applies (unless AGO-NI),
     otherwise TVM's default llvm space; both carry the static dropped-iteration check. ``tile_cache``:
-    bytes an intensive tile's slice of the intermediate may take (``--keep-inside``; 0: no cap)."""
+    bytes an intensive tile's slice of the intermediate may take (TuneSettings.tile_cache; 0: no cap)."""
     return make_space_generator(func, spec.tvm(), intensive=intensive, num_cores=spec.num_cores,
                                                 tile_cache=tile_cache)
 
@@ -268,7 +269,7 @@ def session_cost_model(funcs: dict, database, spec):
         if not records:
             continue
         mod = workload_module(func)
-        context = ms.TuneContext(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
+        context = intrinsics.tune_context(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
         candidates, results = [], []
         for record in records:
             sch = s_tir.Schedule(mod)
@@ -309,6 +310,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         ms_logger.removeHandler(handler)
     builder = make_builder(spec, measure, max(1, min(spec.num_cores, os.cpu_count() or 1)))
     exhaustion = _exhaustion_callback()
+    intrinsics.load(spec.tvm())
     ms.tune_tir(
         workload_module(func),
         target=spec.tvm(),
@@ -318,7 +320,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         builder=builder,
         runner=make_runner(settings, measure),
         database=database,
-        space=space_for(func, spec, intensive, settings.keep_inside).generator,
+        space=space_for(func, spec, intensive, settings.tile_cache).generator,
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
@@ -339,9 +341,7 @@ def postprocess(sch, spec):
     scalar: 5-10x slower). The schedule (its trace then records the steps), or None if one fails —
     by returning False or, as MetaSchedule's own search tolerates, by a TVM check failing inside it
     (``RewriteLayout`` on a gather's index load, BERT's ``take``): the reason is logged."""
-    from tvm.s_tir import meta_schedule as ms
-
-    ctx = ms.TuneContext(mod=sch.mod, target=spec.tvm(), space_generator="post-order-apply", num_threads=1)
+    ctx = intrinsics.tune_context(mod=sch.mod, target=spec.tvm(), space_generator="post-order-apply", num_threads=1)
     sch.enter_postproc()
     for proc in postprocs(check=False):
         proc._initialize_with_tune_context(ctx)

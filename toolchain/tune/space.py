@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from toolchain.tune import intrinsics
 from toolchain.tune.intensive import (
     Decide,
     IntensivePair,
@@ -39,7 +40,7 @@ def _rest_rules(target, mod, kind: str = "MultiLevelTiling", write_fusion: bool 
 
     stock = ms.schedule_rule.ScheduleRule.create("llvm") if write_fusion else _rules_without_write_fusion()
     rules = [r for r in stock if type(r).__name__ == kind]
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply")
+    ctx = intrinsics.tune_context(mod=mod, target=target, space_generator="post-order-apply")
     for r in rules:
         r._initialize_with_tune_context(ctx)
     return rules
@@ -57,34 +58,20 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
     state: dict = {}
     lanes = vector_lanes(target)
 
+    def rules(key, mod, kind: str = "MultiLevelTiling", write_fusion: bool = True) -> list:
+        if key not in state:  # initialised once, on the first schedule that needs them
+            state[key] = _rest_rules(target, mod, kind, write_fusion)
+        return state[key]
+
     def schedule(sch, write_fusion: bool):
         intensive_schedule(sch, pair, num_cores, decide, lanes, tile_cache)
         outside = _rest_simple(sch, pair)
         if outside:  # as the stock space does first: e.g. a third conv's bias + relu6, three passes otherwise
-            if "inline" not in state:
-                state["inline"] = _rest_rules(target, sch.mod, "AutoInline")
-            mine = set(pair.blocks)
-            for name in outside:
-                # not into a block of the pair: moved into D's tile, it would leave the third conv's
-                # write fusion reaching into the tile (MultiLevelTiling then drops iterations)
-                if block_exists(sch, name) and not any(
-                        sch.get(c).name_hint in mine for c in sch.get_consumers(sch.get_sblock(name))):
-                    for rule in state["inline"]:
-                        (sch,) = rule.apply(sch, sch.get_sblock(name))
+            sch = _inline_outside(sch, pair, outside, rules("inline", sch.mod, "AutoInline"))
         rest = rest_complex(sch, pair)
         if not rest:
             return [sch]
-        key = ("rules", write_fusion)
-        if key not in state:
-            state[key] = _rest_rules(target, sch.mod, write_fusion=write_fusion)
-        schs = [sch]
-        for name in rest:
-            nxt = []
-            for s in schs:
-                for rule in state[key]:
-                    nxt.extend(rule.apply(s, s.get_sblock(name)))
-            schs = nxt or schs
-        return schs
+        return _tile_rest(sch, rest, rules(("rules", write_fusion), sch.mod, write_fusion=write_fusion))
 
     def apply(sch):
         if "write_fusion" not in state:  # decided on the first schedule, on a copy of it
@@ -97,6 +84,31 @@ def schedule_fn(pair: IntensivePair, target, num_cores: int | None = None, decid
         return schedule(sch, state["write_fusion"])
 
     return apply
+
+
+def _inline_outside(sch, pair: IntensivePair, outside: list[str], inline_rules: list):
+    """AutoInline the simple blocks ``outside`` the pair, except into a block of the pair: moved into D's
+    tile, it would leave the third conv's write fusion reaching into the tile (MultiLevelTiling then
+    drops iterations)."""
+    mine = set(pair.blocks)
+    for name in outside:
+        if block_exists(sch, name) and not any(
+                sch.get(c).name_hint in mine for c in sch.get_consumers(sch.get_sblock(name))):
+            for rule in inline_rules:
+                (sch,) = rule.apply(sch, sch.get_sblock(name))
+    return sch
+
+
+def _tile_rest(sch, rest: list[str], tiling_rules: list) -> list:
+    """Every schedule MultiLevelTiling gives the complex blocks ``rest`` outside the pair, block by block."""
+    schs = [sch]
+    for name in rest:
+        nxt = []
+        for s in schs:
+            for rule in tiling_rules:
+                nxt.extend(rule.apply(s, s.get_sblock(name)))
+        schs = nxt or schs
+    return schs
 
 
 def _rest_simple(sch, pair: IntensivePair) -> list[str]:
