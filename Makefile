@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -31,6 +31,7 @@ include android_runner/runner.mk
 help:
 	@echo "make demo       partition MobileNet-V2 (AGO vs stock), compile it for host and ARM64, verify both (ARM64 under qemu)"
 	@echo "make test       run the fast test suite (what CI runs), in JOBS=2 parallel workers (JOBS=0: one process)"
+	@echo "make lint       ruff (complexity <= 15) and the import contracts in pyproject.toml; silent when clean (make test runs it first)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
 	@echo "make test-conformance  ONNX's backend node tests (from the onnx wheel) through the default pipeline:"
 	@echo "                   a per-family table -> bench/results/conformance-DATE.json (FAMILIES=conv,pool QUICK=1)"
@@ -91,7 +92,13 @@ runners: setup
 JOBS ?= 2
 PYTEST_JOBS = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 
-test: setup runners
+# ruff (pycodestyle, pyflakes, bugbear, isort, mccabe complexity <= 15) and the import contracts in pyproject.toml;
+# prints nothing when clean (lint-imports' report only when a contract is broken)
+lint: setup
+	@$(VENV)/bin/ruff check --quiet toolchain host models tests
+	@out=$$($(VENV)/bin/lint-imports 2>&1) || { echo "$$out"; exit 1; }
+
+test: setup runners lint
 	$(PYTEST) -q $(PYTEST_JOBS)
 
 test-slow: setup runners
@@ -147,4 +154,4 @@ bench-quick: setup
 	$(AGOC) bench-suite host --quick $(if $(MODELS),--models "$(MODELS)") $(if $(THREADS),--threads $(THREADS))
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache .ruff_cache .import_linter_cache

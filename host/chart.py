@@ -62,7 +62,8 @@ def speedup_chart(document: dict, path: Path) -> Path:
         rows = _proxy_rows(document, base)
         if rows:  # a locality panel: how many times less DRAM traffic than the baseline (simulated phone cache)
             size = next(iter(next(
-                res["proxy"]["model_figures"]["dram_bytes"] for e in document["results"] for res in e["variants"].values()
+                res["proxy"]["model_figures"]["dram_bytes"]
+                for e in document["results"] for res in e["variants"].values()
                 if res.get("proxy", {}).get("status") == "ok")))
             panels.append((f"simulated DRAM traffic ({proxy['geometry']}, LL {size}): x less than {base}", rows))
     panel_heights = [40 + max(len(rows), 1) * ROW_H + 24 for _, rows in panels]

@@ -503,7 +503,9 @@ class RunnerDevice:
         out_dir = f"{remote}/outputs"
         self.transport.mkdir(out_dir)
         result = self._runner(
-            remote, ["bench", "--artifact", f"{remote}/artifact", "--warmup", "0", "--repeat", "1", "--outputs-dir", out_dir], 1800
+            remote,
+            ["bench", "--artifact", f"{remote}/artifact", "--warmup", "0", "--repeat", "1", "--outputs-dir", out_dir],
+            1800,
         )
         outputs = {}
         with tempfile.TemporaryDirectory() as tmp:
@@ -556,7 +558,8 @@ def adb_device(serial: str) -> RunnerDevice:
         device.get_state()
     except (adbutils.AdbError, OSError) as exc:
         raise DeviceError(f"no adb device '{serial}' ({exc}); check `adb devices`, or use --device qemu") from None
-    target = "android-arm64" if (REPO / "build" / "runner" / "android-arm64" / "agoc-runner").exists() else "linux-arm64"
+    android = REPO / "build" / "runner" / "android-arm64" / "agoc-runner"
+    target = "android-arm64" if android.exists() else "linux-arm64"
     return RunnerDevice(serial, AdbTransport(device), target)
 
 

@@ -45,8 +45,10 @@ def partition_dot(graph, plan, title: str) -> str:
 def render_png(dot_text: str, path: Path) -> Path:
     exe = shutil.which("dot")
     if not exe:
-        raise AgocError("--png needs Graphviz's `dot`: run `make setup` or `apt-get install graphviz` (--dot works without it)")
-    result = subprocess.run([exe, "-Tpng", "-o", str(path)], input=dot_text, text=True, capture_output=True, timeout=300)
+        raise AgocError("--png needs Graphviz's `dot`: run `make setup` or `apt-get install graphviz` "
+                        "(--dot works without it)")
+    result = subprocess.run([exe, "-Tpng", "-o", str(path)], input=dot_text, text=True, capture_output=True,
+                            timeout=300)
     if result.returncode != 0:
         raise AgocError(f"dot failed: {result.stderr.strip()[:300]}")
     return path

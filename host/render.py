@@ -96,7 +96,7 @@ def bench_table(document: dict) -> Table:
     for base in baselines:
         table.add_column(f"× vs {base}", justify="right")
     for row in summary_rows(document):
-        counts = ["" if row["kernels"] is None else str(row["kernels"]), "" if row["trials"] is None else str(row["trials"])]
+        counts = ["" if row[k] is None else str(row[k]) for k in ("kernels", "trials")]
         if row["status"] != "ok":
             cells = [row["case"], row["variant"], *counts, f"[red]{row['status']}[/red]", row["reason"][:60], ""]
         else:
@@ -170,7 +170,8 @@ def proxy_result_table(result: dict) -> Table:
     l2 = geo["l2"]["size"] // 1024
     table = Table(
         title=f"phone-cache proxy '{geo['name']}': {result['model']}, per inference (valgrind callgrind, "
-              f"{result['calls']} collected call(s) after {result['warmup']} warm-up, 1 thread, {result['seconds']:.1f} s)",
+              f"{result['calls']} collected call(s) after {result['warmup']} warm-up, 1 thread, "
+              f"{result['seconds']:.1f} s)",
         title_justify="left",
     )
     table.add_column("kernel")
@@ -311,7 +312,8 @@ def traffic_table(record: dict, judged_now=()) -> Table:
     now = f", {len(judged_now)} judged now" if judged_now else ""
     table = Table(title=f"joins judged in {record.get('geometry', '?')}'s caches: the model's DRAM KB per inference "
                         f"(LL {record.get('cache', '?')}, {record.get('target', '?')} build{now}; baseline "
-                        f"{record.get('baseline_bytes', 0) / 1e3:.0f} KB, kept {record.get('final_bytes', 0) / 1e3:.0f} KB; "
+                        f"{record.get('baseline_bytes', 0) / 1e3:.0f} KB, "
+                        f"kept {record.get('final_bytes', 0) / 1e3:.0f} KB; "
                         "each join judged with the flips kept before it)", title_justify="left")
     table.add_column("join")
     table.add_column("joined", justify="right")
@@ -331,7 +333,8 @@ def _short(nodes, funcs) -> str:
 
 
 def bench_result_table(result: dict) -> Table:
-    table = Table(title=f"bench {result['model']} on {result['device']} ({result['device_kind']})", title_justify="left")
+    table = Table(title=f"bench {result['model']} on {result['device']} ({result['device_kind']})",
+                  title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in ("median_ms", "mean_ms", "min_ms", "max_ms", "std_ms", "load_ms"):
@@ -355,7 +358,7 @@ def tune_status_table(summary: dict, db_dir) -> Table:
     settings = summary["session"]["settings"]
     latency = settings.get("scheduler") == "latency"
     title = (
-        f"tuning database {db_dir}: partition {settings['partition']}, {settings['trials']} trials"
+        f"tuning database {db_dir}: partition {settings['partition']['method']}, {settings['trials']} trials"
         f"{' (latency scheduler: trials/first batch)' if latency else ''}, "
         f"intensive {'on' if settings['intensive'] else 'off'}, reformer {'on' if settings['reformer'] else 'off'}; "
         f"estimated model latency {summary['estimate_ms']:.3f} ms"

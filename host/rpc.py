@@ -388,8 +388,8 @@ class RpcSession:
                 self.tracker = (info["host"], info["port"])
             self.work_dir.mkdir(parents=True, exist_ok=True)
             for device, name in zip(self.devices, self.names):
-                argv = [sys.executable, "-m", "host.cli", "tracker", "serve", "--device", device.name, "--key", self.key,
-                        "--tracker", f"{self.tracker[0]}:{self.tracker[1]}", "--name", name,
+                argv = [sys.executable, "-m", "host.cli", "tracker", "serve", "--device", device.name,
+                        "--key", self.key, "--tracker", f"{self.tracker[0]}:{self.tracker[1]}", "--name", name,
                         "--status-file", str(self.status_path(name))]
                 self.agents[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             self._wait_for_servers()
@@ -411,8 +411,8 @@ class RpcSession:
             if dead or time.monotonic() > deadline:
                 why = "; ".join(f"{n}: {self.agent_status(n).get('state', 'exited' if n in dead else 'starting')}"
                                 for n in self.agents) or "none registered"
-                raise DeviceError(f"no device serves key '{self.key}' on the tracker {self.tracker[0]}:{self.tracker[1]} "
-                                  f"({why})")
+                raise DeviceError(f"no device serves key '{self.key}' on the tracker "
+                                  f"{self.tracker[0]}:{self.tracker[1]} ({why})")
             time.sleep(0.3)
 
     def measure(self):

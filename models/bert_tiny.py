@@ -58,7 +58,8 @@ def _attention(g: GraphBuilder, x: str, n: int, s: int, name: str) -> str:
 
 def _layer(g: GraphBuilder, x: str, n: int, s: int, name: str) -> str:
     attn = _attention(g, x, n, s, name=f"{name}_attention")
-    x = g.layernorm(g.add(x, attn, name=f"{name}_attention_residual"), HIDDEN, name=f"{name}_attention_layernorm", eps=LN_EPS)
+    x = g.layernorm(g.add(x, attn, name=f"{name}_attention_residual"), HIDDEN, name=f"{name}_attention_layernorm",
+                    eps=LN_EPS)
     h = g.linear(x, HIDDEN, INTERMEDIATE, name=f"{name}_intermediate_dense", act="gelu")
     h = g.linear(h, INTERMEDIATE, HIDDEN, name=f"{name}_output_dense")
     return g.layernorm(g.add(x, h, name=f"{name}_output_residual"), HIDDEN, name=f"{name}_output_layernorm", eps=LN_EPS)
@@ -76,7 +77,8 @@ def build(shape: tuple[int, ...] = (1, 128)) -> onnx.ModelProto:
     type_table = g.weight("embeddings_token_type.weight", (TYPE_VOCAB, HIDDEN), 1.0)
     words = g.op("Gather", [word_table, ids], "embeddings_word", axis=0)  # [n, s, H]
     positions = g.op("Gather", [pos_table, g.const("position_ids", np.arange(s))], "embeddings_position", axis=0)
-    types = g.op("Gather", [type_table, g.const("token_type_ids", np.zeros(s, dtype=np.int64))], "embeddings_token_type", axis=0)
+    types = g.op("Gather", [type_table, g.const("token_type_ids", np.zeros(s, dtype=np.int64))],
+                 "embeddings_token_type", axis=0)
     x = g.add(words, types, name="embeddings_add_token_type")
     x = g.add(x, positions, name="embeddings_add_position")
     x = g.layernorm(x, HIDDEN, name="embeddings_layernorm", eps=LN_EPS)

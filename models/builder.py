@@ -172,7 +172,8 @@ class GraphBuilder:
         )
         return self.act(y, act, name)
 
-    def linear(self, x: str, din: int, dout: int, *, name: str, act: str | None = None, gain: float | None = None) -> str:
+    def linear(self, x: str, din: int, dout: int, *, name: str, act: str | None = None,
+               gain: float | None = None) -> str:
         """``x @ W + b`` over the last axis (MatMul + Add; works on any rank)."""
         std = (_GAINS[act] if gain is None else gain) / math.sqrt(din)
         w = self.weight(f"{name}.weight", (din, dout), std)
@@ -231,7 +232,8 @@ class GraphBuilder:
 
     # ----------------------------------------------------------------- finish
 
-    def finish(self, output: str, shape: tuple[int, ...], elem_type: int = TensorProto.FLOAT, doc: str = "") -> onnx.ModelProto:
+    def finish(self, output: str, shape: tuple[int, ...], elem_type: int = TensorProto.FLOAT,
+               doc: str = "") -> onnx.ModelProto:
         """Wrap everything into a ModelProto (IR 9, opset 17). ``output`` must already be named as wanted."""
         graph = helper.make_graph(
             self.nodes,

@@ -38,7 +38,8 @@ def _conv(rng, nodes, inits, x, name, cin, cout, kind):
         attrs = {"kernel_shape": [1, 1]}
     b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
     inits += [numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")]
-    nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_conv"], name=f"{name}_conv", **attrs))
+    nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_conv"], name=f"{name}_conv",
+                                  **attrs))
     nodes.append(helper.make_node("Clip", [f"{name}_conv", "zero", "six"], [f"{name}_relu6"], name=f"{name}_relu6"))
     return f"{name}_relu6", cout
 

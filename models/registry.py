@@ -78,7 +78,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="mnasnet",
-        description="MnasNet-B1 1.0 (no SE): stem + sepconv + 16 MBConv blocks (k3/k5, ReLU) + 1x1 conv 1280 + 1000-way FC",
+        description="MnasNet-B1 1.0 (no SE): stem + sepconv + 16 MBConv blocks (k3/k5, ReLU) + 1x1 conv 1280 "
+                    "+ 1000-way FC",
         builder="models.mnasnet:build",
         shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
         published_params=4_383_312,
@@ -91,7 +92,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="mobilenet-v3-small",
-        description="MobileNet-V3-Small 1.0: hard-swish stem + 11 inverted-residual blocks (9 with squeeze-excite) + 1x1 conv 576 + FC 1024 + 1000-way FC",
+        description="MobileNet-V3-Small 1.0: hard-swish stem + 11 inverted-residual blocks (9 with squeeze-excite) "
+                    "+ 1x1 conv 576 + FC 1024 + 1000-way FC",
         builder="models.mobilenet_v3:build",
         shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
         published_params=2_542_856,
@@ -105,7 +107,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="squeezenet-1.1",
-        description="SqueezeNet 1.1: 3x3/2 conv + 8 Fire modules + 3 ceil-mode max pools + 1x1 conv classifier + global avg pool",
+        description="SqueezeNet 1.1: 3x3/2 conv + 8 Fire modules + 3 ceil-mode max pools + 1x1 conv classifier "
+                    "+ global avg pool",
         builder="models.squeezenet:build",
         shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
         published_params=1_235_496,
@@ -118,7 +121,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="shufflenet-v2",
-        description="ShuffleNet-V2 1.0x: stem + 4/8/4 units (116/232/464 ch, split + channel shuffle) + 1x1 conv 1024 + 1000-way FC",
+        description="ShuffleNet-V2 1.0x: stem + 4/8/4 units (116/232/464 ch, split + channel shuffle) "
+                    "+ 1x1 conv 1024 + 1000-way FC",
         builder="models.shufflenet_v2:build",
         shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
         published_params=2_278_604,
@@ -131,7 +135,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="bert-tiny",
-        description="BERT-tiny encoder (2 layers, hidden 128, 2 heads, FFN 512, erf-GELU) on 128 tokens; output = pooler output [1,128]",
+        description="BERT-tiny encoder (2 layers, hidden 128, 2 heads, FFN 512, erf-GELU) on 128 tokens; "
+                    "output = pooler output [1,128]",
         builder="models.bert_tiny:build",
         shapes=((1, 128),),
         input_dtype="int64",
@@ -146,7 +151,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         name="mobilevit",
-        description="MobileViT-XS: MV2 blocks + 3 MobileViT blocks (2/4/3 transformer layers, width 96/120/144, 2x2 patches) + 1000-way FC",
+        description="MobileViT-XS: MV2 blocks + 3 MobileViT blocks (2/4/3 transformer layers, width 96/120/144, "
+                    "2x2 patches) + 1000-way FC",
         builder="models.mobilevit:build",
         shapes=((1, 3, 224, 224),),
         published_params=2_300_000,

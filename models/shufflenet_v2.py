@@ -35,7 +35,8 @@ def _channel_shuffle(g: GraphBuilder, x: str, n: int, c: int, h: int, w: int, na
     return g.reshape(x, (n, c, h, w), name=f"{name}_shuffle_reshape_out")
 
 
-def _unit(g: GraphBuilder, x: str, n: int, cin: int, cout: int, h: int, w: int, stride: int, name: str) -> tuple[str, int, int]:
+def _unit(g: GraphBuilder, x: str, n: int, cin: int, cout: int, h: int, w: int, stride: int,
+          name: str) -> tuple[str, int, int]:
     """One ShuffleNet-V2 unit; returns (output, out height, out width)."""
     half = cout // 2
     if stride == 1:

@@ -65,8 +65,8 @@ NHWC_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"], "relax.nn.conv2d_transpose"
 
 
 def has_layout_ops(mod) -> bool:
-    """Does ``mod`` hold an op :data:`NHWC_LAYOUTS` puts in another layout than NCHW? Without one, a layout change has nothing to do (and
-    ``ConvertLayout`` only risks failing on the ops it passes through)."""
+    """Does ``mod`` hold an op :data:`NHWC_LAYOUTS` puts in another layout than NCHW? Without one, a layout
+    change has nothing to do (and ``ConvertLayout`` only risks failing on the ops it passes through)."""
     from tvm import relax
 
     found = []
@@ -105,7 +105,8 @@ def legalize(mod, spec: TargetSpec):
                 mod, padded = padding.pad_output_channels(mod)
             if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
                 mod = relayout.follow_layout(mod)
-                mod = relayout.sink_transposes(relax.transform.Normalize()(relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)))
+                converted = relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)
+                mod = relayout.sink_transposes(relax.transform.Normalize()(converted))
             fast = getattr(spec, "fast_math", False) and fastmath.count_fast(mod) > 0
             if fast:  # after the layout change: a call_tir has no layout rule
                 mod = fastmath.fast_math(mod)
@@ -203,7 +204,8 @@ def mark_weights(mod):
 
     constant: dict[str, set[int]] = {}
     for name, args in kernel_calls(mod["main"]):
-        here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant) and is_weight(a.value.shape, a.value.dtype)}
+        here = {i for i, a in enumerate(args)
+                if isinstance(a, tvm.ir.Constant) and is_weight(a.value.shape, a.value.dtype)}
         constant[name] = constant[name] & here if name in constant else here
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():

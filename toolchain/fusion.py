@@ -195,7 +195,8 @@ def _is_glue(binding, relax) -> bool:
     """main's result glue: a tuple of outputs, an alias or a constant (not a match_cast's checked var)."""
     import tvm
 
-    return isinstance(binding, relax.VarBinding) and isinstance(binding.value, (relax.Tuple, relax.Var, tvm.ir.Constant))
+    return isinstance(binding, relax.VarBinding) and isinstance(binding.value,
+                                                                (relax.Tuple, relax.Var, tvm.ir.Constant))
 
 
 def _result_names(result, relax) -> set[str]:

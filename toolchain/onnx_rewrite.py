@@ -207,7 +207,8 @@ def resize_exact(node, ctx: Context):
             index = ctx.constant("source", matrix.argmax(axis=0).astype(np.int64))
             nodes.append(helper.make_node("Gather", [current, index], [result], axis=axis))
         elif axis == rank - 1:
-            nodes.append(helper.make_node("MatMul", [current, ctx.constant("weights", matrix.astype(np.float32))], [result]))
+            weights = ctx.constant("weights", matrix.astype(np.float32))
+            nodes.append(helper.make_node("MatMul", [current, weights], [result]))
         elif axis == rank - 2:
             weights = ctx.constant("weights", np.ascontiguousarray(matrix.T).astype(np.float32))
             nodes.append(helper.make_node("MatMul", [weights, current], [result]))
@@ -215,8 +216,9 @@ def resize_exact(node, ctx: Context):
             perm = [d for d in range(rank) if d != axis] + [axis]
             back = list(np.argsort(perm))
             moved, product = ctx.fresh("moved"), ctx.fresh("product")
+            weights = ctx.constant("weights", matrix.astype(np.float32))
             nodes += [helper.make_node("Transpose", [current], [moved], perm=perm),
-                      helper.make_node("MatMul", [moved, ctx.constant("weights", matrix.astype(np.float32))], [product]),
+                      helper.make_node("MatMul", [moved, weights], [product]),
                       helper.make_node("Transpose", [product], [result], perm=[int(p) for p in back])]
         current = result
     if not todo:
@@ -239,7 +241,8 @@ def tile_as_expand(node, ctx: Context):
     spread, expanded = ctx.fresh("spread"), ctx.fresh("expanded")
     ints = lambda base, values: ctx.constant(base, np.array(values, np.int64))  # noqa: E731
     return [
-        helper.make_node("Reshape", [node.input[0], ints("spread_shape", [v for d in shape for v in (1, d)])], [spread]),
+        helper.make_node("Reshape", [node.input[0], ints("spread_shape", [v for d in shape for v in (1, d)])],
+                         [spread]),
         helper.make_node("Expand", [spread, ints("expand_shape", [v for d, r in zip(shape, reps) for v in (r, d)])],
                          [expanded]),
         helper.make_node("Reshape", [expanded, ints("tiled_shape", [d * r for d, r in zip(shape, reps)])],

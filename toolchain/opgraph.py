@@ -243,6 +243,41 @@ def _shape_of(var) -> tuple[int, ...]:
         return ()
 
 
+def _op_node(binding, cast: bool, mod, nests: dict) -> tuple[OpNode, object]:
+    """The node of one op binding, and the expression whose vars it reads (its edges' sources)."""
+    from tvm import relax
+
+    value = binding.value
+    shape = _shape_of(binding.var)
+    if cast or extern_reason(value, mod) is not None:
+        func, blocks, op_class, read = type(value).__name__, (), EXTERN, value
+    else:
+        gv = value.args[0]
+        if gv.name_hint not in nests:
+            nests[gv.name_hint] = block_nests(mod[gv])
+        func, blocks, read = gv.name_hint, nests[gv.name_hint], relax.Tuple(list(value.args[1:]))
+        op_class = classify(func, blocks, shape)
+    return OpNode(binding.var.name, func, op_class, blocks, shape), read
+
+
+def _sources(expr, ty, producer: dict, sym_producer: dict) -> list[str]:
+    """The node ids ``expr`` reads, in order: its vars' producers, then the match_casts that first
+    carried a symbolic dim of ``ty`` (a shape only a match_cast knows)."""
+    from tvm import relax
+
+    found: list[str] = []
+
+    def visit(e):
+        if isinstance(e, relax.Var) and e in producer and producer[e] not in found:
+            found.append(producer[e])
+
+    relax.analysis.post_order_visit(expr, visit)
+    for v in relax.analysis.tir_vars_in_type(ty):
+        if sym_producer.get(v) is not None and sym_producer[v] not in found:
+            found.append(sym_producer[v])
+    return found
+
+
 def op_graph(mod) -> OpGraph:
     """Build the :class:`OpGraph` of ``mod['main']`` (a legalized module)."""
     import tvm
@@ -256,21 +291,7 @@ def op_graph(mod) -> OpGraph:
     nodes: list[OpNode] = []
     edges: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
-    nests: dict[str, tuple[BlockNest, ...]] = {}
-
-    def sources(expr, ty) -> list[str]:
-        found: list[str] = []
-
-        def visit(e):
-            if isinstance(e, relax.Var) and e in producer and producer[e] not in found:
-                found.append(producer[e])
-
-        relax.analysis.post_order_visit(expr, visit)
-        for v in relax.analysis.tir_vars_in_type(ty):  # a shape only a match_cast knows
-            if sym_producer.get(v) is not None and sym_producer[v] not in found:
-                found.append(sym_producer[v])
-        return found
-
+    nests: dict[str, tuple[BlockNest, ...]] = {}  # PrimFunc name -> its block nests, computed once
     for block in main.body.blocks:
         for binding in block.bindings:
             value = binding.value
@@ -280,24 +301,15 @@ def op_graph(mod) -> OpGraph:
                 continue
             if isinstance(value, (relax.Tuple, relax.Var, tvm.ir.Constant)) and not cast:
                 continue  # result glue (main's output tuple, aliases): stays in main, not an op
-            node_id = binding.var.name
-            shape = _shape_of(binding.var)
-            if cast or extern_reason(value, mod) is not None:
-                func, blocks, op_class, read = type(value).__name__, (), EXTERN, value
-            else:
-                gv = value.args[0]
-                if gv.name_hint not in nests:
-                    nests[gv.name_hint] = block_nests(mod[gv])
-                func, blocks, read = gv.name_hint, nests[gv.name_hint], relax.Tuple(list(value.args[1:]))
-                op_class = classify(func, blocks, shape)
-            nodes.append(OpNode(node_id, func, op_class, blocks, shape))
-            for src in sources(read, binding.var.ty):
-                if (src, node_id) not in seen:
-                    seen.add((src, node_id))
-                    edges.append((src, node_id))
-            producer[binding.var] = node_id
+            node, read = _op_node(binding, cast, mod, nests)
+            nodes.append(node)
+            for src in _sources(read, binding.var.ty, producer, sym_producer):
+                if (src, node.id) not in seen:
+                    seen.add((src, node.id))
+                    edges.append((src, node.id))
+            producer[binding.var] = node.id
             for v in relax.analysis.tir_vars_in_type(binding.var.ty):
-                sym_producer.setdefault(v, node_id)
+                sym_producer.setdefault(v, node.id)
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ValueError("binding names in main are not unique")

@@ -12,17 +12,12 @@ from toolchain import cluster as clustering
 from toolchain.dag import Graph
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.quotient import check_partition, partition_stats
-from toolchain.weights import WeightModel, default_threshold, load_model, op_weights
+from toolchain.settings import PartitionSettings
+from toolchain.weights import WeightModel, load_model, op_weights
 
 #: Subgraphs lighter than this (weight units = predicted tuning trials) are "trivial" in the stats:
 #: a lone elementwise or layout op predicted to need a handful of trials.
 TRIVIAL_CUT = 5.0
-#: Default clustering threshold Td. Fitted weights are in tuning trials (Eq. 1 fitted to budgets), so
-#: Td is the most trials one subgraph should need to stabilise; the weight fit file may override it
-#: (key "default_threshold"), since Td and the weights only make sense together.
-DEFAULT_TD_TRIALS = 48.0  # three 16-candidate search batches
-DEFAULT_THRESHOLD = default_threshold(DEFAULT_TD_TRIALS)
-
 _MARK = "__agoc__"
 
 
@@ -83,7 +78,7 @@ class PartitionPlan:
     decisions: tuple = ()  # clustering decisions (ago), for --explain
     seconds: float = 0.0
     units: tuple[tuple[str, ...], ...] = ()  # ops kept together before clustering (ago: epilogue units)
-    keep_inside: int = 0  # ago: complex-op pairs joined by a tensor of at least this many bytes start as one unit
+    settings: PartitionSettings = PartitionSettings()  # what it was made with
 
     def group_weight(self, group) -> float:
         return sum(self.weights[n] for n in group)
@@ -161,10 +156,12 @@ def stock_groups(mod, spec, extern: frozenset[str] = frozenset()) -> tuple[tuple
     return tuple(groups)
 
 
-def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None) -> PartitionPlan:
+def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None,
+               settings: PartitionSettings = PartitionSettings("stock")) -> PartitionPlan:
     started = time.perf_counter()
     groups = stock_groups(mod, spec, graph.extern_ids)
-    return PartitionPlan("stock", groups, op_weights(graph, model), seconds=time.perf_counter() - started)
+    return PartitionPlan("stock", groups, op_weights(graph, model), seconds=time.perf_counter() - started,
+                         settings=settings)
 
 
 def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
@@ -260,32 +257,30 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
     return tuple(sorted(rest + joined, key=lambda u: position[u[0]])), tuple(notes)
 
 
-def plan_ago(
-    graph: OpGraph, threshold: float = DEFAULT_THRESHOLD, model: WeightModel | None = None, keep_inside: int = 0
-) -> PartitionPlan:
-    """AGO's clustering over epilogue units; with ``keep_inside`` (bytes), complex-op pairs joined by a
-    tensor at least that large start as one unit too (:func:`locality_units`)."""
+def plan_ago(graph: OpGraph, settings: PartitionSettings = PartitionSettings(),
+             model: WeightModel | None = None) -> PartitionPlan:
+    """AGO's clustering over epilogue units at ``settings.td``; with a locality unit (bytes), complex-op
+    pairs joined by a tensor at least that large start as one unit too (:func:`locality_units`)."""
     started = time.perf_counter()
     weights = op_weights(graph, model or load_model())
     g = Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
     units, notes = epilogue_units(graph), ()
-    if keep_inside:
-        units, notes = locality_units(graph, units, keep_inside)
-    result = clustering.cluster(g, threshold, units=units, boundaries=kept_apart(graph))
+    if settings.locality_unit:
+        units, notes = locality_units(graph, units, settings.locality_unit)
+    result = clustering.cluster(g, settings.td, units=units, boundaries=kept_apart(graph))
     return PartitionPlan(
-        "ago", result.groups, weights, threshold, notes + tuple(result.decisions),
-        seconds=time.perf_counter() - started, units=units, keep_inside=keep_inside,
+        "ago", result.groups, weights, settings.td, notes + tuple(result.decisions),
+        seconds=time.perf_counter() - started, units=units, settings=settings,
     )
 
 
-def plan(method: str, mod, spec, threshold: float = DEFAULT_THRESHOLD, graph: OpGraph | None = None,
-         keep_inside: int = 0) -> PartitionPlan:
+def plan(settings: PartitionSettings, mod, spec, graph: OpGraph | None = None) -> PartitionPlan:
+    """The plan ``settings`` ask for (:class:`SettingsError` for an unknown method)."""
+    settings.validate()
     graph = graph or op_graph(mod)
-    if method == "stock":
-        return plan_stock(mod, spec, graph)
-    if method == "ago":
-        return plan_ago(graph, threshold, keep_inside=keep_inside)
-    raise ValueError(f"unknown partition method '{method}'")
+    if settings.method == "stock":
+        return plan_stock(mod, spec, graph, settings=settings)
+    return plan_ago(graph, settings)
 
 
 def check(graph: OpGraph, plan_: PartitionPlan) -> None:

@@ -42,15 +42,12 @@ from toolchain.artifact import (
 from toolchain.errors import InputShapeError, SelfCheckError, UnsupportedModelError
 from toolchain.onnx_import import TensorInfo
 from toolchain.opgraph import op_graph
-from toolchain.partition import DEFAULT_THRESHOLD
 from toolchain.reference import run_onnxruntime
 from toolchain.samples import sample_inputs
+from toolchain.settings import PartitionSettings
 from toolchain.targets import Compiler, TargetSpec
 
 log = logging.getLogger("agoc.pipeline")
-
-#: --partition choices: "stock" is TVM's own FuseOps + FuseTIR; "ago" is AGO's clustering built by fuse_groups.
-PARTITION_METHODS = ("ago", "stock")
 
 
 @dataclass(frozen=True)
@@ -59,12 +56,10 @@ class CompileRequest:
     model_name: str
     target: TargetSpec
     input_shapes: dict = field(default_factory=dict, hash=False)  # name -> shape overrides
-    partition: str = "ago"
-    threshold: float = DEFAULT_THRESHOLD  # AGO's Td (ago only)
-    seed: int = 0
+    partition: PartitionSettings = PartitionSettings()
+    seed: int = 0  # of the sample inputs
     dump_dir: Path | None = None
     db: Path | None = None  # a tuning database: apply its verified schedules
-    keep_inside: int = 0  # AGO: pairs joined by a tensor of at least this many bytes start as one unit
     joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
     traffic: dict | None = field(default=None, hash=False, repr=False)  # joins traffic:GEO: its judgement (None: db's)
@@ -194,7 +189,7 @@ def compile_model(
             outputs=tuple(out_files),
             target=request.target.to_json(),
             compiler=compiler.to_json(),
-            partition=request.partition,
+            partition=request.partition.method,
             partition_info=partition_record,
             kernels=tuple(k.to_json() for k in kernels),
             tuning=tuning_record,
@@ -226,7 +221,8 @@ def _tuning_db(request: CompileRequest):
     made = tuned.activation_layout
     if made != request.target.layout:
         raise UnsupportedModelError(
-            f"{request.db} was tuned in layout {made}; compile with --layout {made} (its kernels are not this layout's)")
+            f"{request.db} was tuned in layout {made}; compile with --layout {made} "
+            "(its kernels are not this layout's)")
     return tuned
 
 
@@ -266,15 +262,12 @@ def _check_legalized_as_tuned(request: CompileRequest, tuned, mod) -> None:
 def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) -> tuple[object, dict]:
     """(the checked partition plan, the manifest's record of it)."""
     padded_ops = padding.applied_ops(mod)
-    on_stage(f"partitioning ({request.partition})")
-    if request.partition not in PARTITION_METHODS:
-        raise UnsupportedModelError(
-            f"unknown partition '{request.partition}'; choose one of: {', '.join(PARTITION_METHODS)}"
-        )
+    on_stage(f"partitioning ({request.partition.method})")
     graph = op_graph(mod)
-    plan = partition.plan(request.partition, mod, request.target, request.threshold, graph, request.keep_inside)
+    plan = partition.plan(request.partition, mod, request.target, graph)
+    ago_db = request.db is not None and request.partition.method == "ago"
     unfused: list[dict] = []
-    if request.db is not None and request.partition == "ago":
+    if ago_db:
         from toolchain.tune.apply import unfuse_slower
 
         plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds), request.traffic)
@@ -282,10 +275,11 @@ def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) ->
     return plan, {
         "method": plan.method,
         "threshold": plan.threshold,
-        "keep_inside": plan.keep_inside,
+        "keep_inside": plan.settings.locality_unit,  # the locality unit (bytes), under its flag's name
+        "settings": plan.settings.to_json(),  # as session.json records them
         **partition.stats(graph, plan),
         "groups": [list(g) for g in plan.groups],
-        **({"joins": request.joins} if request.db is not None and request.partition == "ago" else {}),
+        **({"joins": request.joins} if ago_db else {}),
         "unfused": unfused,  # subgraphs built as their minis, and why (the joins rule above)
         "padded": padded_ops,  # ops computing padded output channels, and why (toolchain/padding.py)
     }
@@ -295,7 +289,7 @@ def _fuse(request: CompileRequest, mod, plan, on_stage: Callable[[str], None]) -
     """(the fused module, with the database's verified schedules applied; its kernels; the manifest's
     record of the tuning, None without a database)."""
     on_stage(f"fusing {len(plan.groups)} subgraphs")
-    if request.partition == "stock":
+    if request.partition.method == "stock":
         mod = build.fuse_stock(mod, request.target)
     else:
         mod = fusion.fuse_groups(mod, plan.groups, request.target)

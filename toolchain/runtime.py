@@ -43,7 +43,8 @@ class VMSession:
                 shutil.copyfile(library, copy)
                 module = tvm.runtime.load_module(str(copy))
             except Exception as exc:
-                raise DeviceError(f"cannot load {library} on this machine: {str(exc).strip().splitlines()[-1]}") from exc
+                last = str(exc).strip().splitlines()[-1]
+                raise DeviceError(f"cannot load {library} on this machine: {last}") from exc
         self._tvm = tvm
         self._device = tvm.cpu()
         try:

@@ -138,7 +138,8 @@ def export_bundle(graphs=GRAPHS, arch: str = "sm_90", rounds: int = 20, number: 
         entry = {"graph": name, "description": g.description, "memory_bound": name in MEMORY_BOUND,
                  "kernel_counts": cuda_compile.kernel_report(compiled)}
         args = g.sample_args(seed)
-        entry["llvm_numerics_fused_vs_unfused"] = numerics.check_fused_llvm(compiled.legalized, compiled.plan, args).to_json()
+        entry["llvm_numerics_fused_vs_unfused"] = numerics.check_fused_llvm(
+            compiled.legalized, compiled.plan, args).to_json()
         expected = numerics.run(compiled.legalized, args)
         entry["args"] = {"inputs": [[n, list(shape)] for n, shape in g.inputs],
                          "num_data": g.num_data, "num_params": g.num_params, "seed": seed}
@@ -257,7 +258,8 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, number: int | None 
         if value is not None:
             protocol[key] = value
     doc["machine"].update({"gpu_host": platform.node(), "gpu": gpu})
-    doc.update(gpu_present=True, gpu_status=gpu, timed=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    doc.update(gpu_present=True, gpu_status=gpu,
+               timed=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     doc["versions"]["timed with"] = {"python": platform.python_version(), "tvm": tvm.__version__,
                                      "tvm runtime only": bool(tvm.base._RUNTIME_ONLY), "numpy": np.__version__}
     on_event(f"GPU: {gpu}")

@@ -133,7 +133,8 @@ def fit_constants(rows: Sequence) -> tuple[float, float, float]:
 # Tuning
 
 
-def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER, seed: int = DEFAULT_SEED) -> list[float]:
+def tune(func, spec, work_dir: Path, trials: int, per_iter: int = DEFAULT_PER_ITER,
+         seed: int = DEFAULT_SEED) -> list[float]:
     """Tune one PrimFunc alone in a fresh ``work_dir``; the per-trial latencies in measurement order."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -292,7 +293,8 @@ def measure(
             "seeds": sorted({_key(r)[1] for r in doc["subgraphs"]}),
             "stability_rule": STABILITY_RULE,
             "tuner": "tvm.s_tir.meta_schedule.tune_tir, post-order-apply space, evolutionary search, xgb cost "
-                     "model, LocalBuilder(f_build=fast_build), LocalRunner(number=3, repeat=5, min_repeat_ms=30; since 2026-11-21 warmed up 100 ms, fastest of 2 measurements), median of the repeats",
+                     "model, LocalBuilder(f_build=fast_build), LocalRunner(number=3, repeat=5, min_repeat_ms=30; "
+                     "since 2026-11-21 warmed up 100 ms, fastest of 2 measurements), median of the repeats",
             "updated_at": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         _write_json(out_path, doc)
@@ -390,7 +392,8 @@ def show(budgets_path: Path = BUDGETS_FILE, fit_path: Path = FIT_FILE, echo=prin
     if rows:
         ctx = doc.get("context", {})
         echo(f"{len(rows)} subgraphs, {len(doc['subgraphs'])} runs of {ctx.get('trials_per_subgraph', '?')} trials "
-             f"(budget capped by it; the 'per seed' column lists each run); {ctx.get('cpu', '?')}, TVM {ctx.get('tvm_version', '?')}, "
+             f"(budget capped by it; the 'per seed' column lists each run); {ctx.get('cpu', '?')}, "
+             f"TVM {ctx.get('tvm_version', '?')}, "
              f"{sum(r['seconds'] for r in rows):.0f} s tuning; rule: {ctx.get('stability_rule', STABILITY_RULE)}")
 
 

@@ -75,9 +75,9 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     session = db.session
     if session is None:
         raise JudgeError(f"{db_dir} is not a tuning database (no session.json); create one with `agoc tune`")
-    settings = session["settings"]
-    if settings.get("partition", "ago") != "ago" or not db.layout.get("minis"):
-        raise JudgeError(f"{db_dir} has no joined subgraphs to judge (partition {settings.get('partition')}, "
+    settings = db.settings
+    if settings.partition.method != "ago" or not db.layout.get("minis"):
+        raise JudgeError(f"{db_dir} has no joined subgraphs to judge (partition {settings.partition.method}, "
                          "or tuned without the reformer)")
     kept = current_judgement(db_dir, geometry)
     if kept is not None:
@@ -93,8 +93,7 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
     other = {"joined": "minis", "minis": "joined"}
 
     def model_bytes(builds: dict[str, str], what: str, root: Path) -> int:
-        request = CompileRequest(model, model_name, spec, input_shapes, "ago", settings["threshold"],
-                                 db=Path(db_dir), keep_inside=settings.get("keep_inside", 0),
+        request = CompileRequest(model, model_name, spec, input_shapes, settings.partition, db=Path(db_dir),
                                  join_builds=tuple(builds.items()))
         artifact = compile_model(request, find_compiler(spec), root)
         report = verify_artifact(artifact, LocalDevice())
@@ -110,7 +109,8 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
         current, current_bytes = dict(baseline), model_bytes(baseline, "the baseline", root / "baseline")
         baseline_bytes = current_bytes
         for i, (joined, minis) in enumerate(joins.items(), start=1):
-            on_stage(f"build {i + 1} of {len(joins) + 1}: {joined} flipped, simulated in {geo.name}'s caches (valgrind)")
+            on_stage(f"build {i + 1} of {len(joins) + 1}: {joined} flipped, "
+                     f"simulated in {geo.name}'s caches (valgrind)")
             trial = {**current, joined: other[current[joined]]}
             trial_bytes = model_bytes(trial, f"{joined} {trial[joined]}", root / f"flip-{i}")
             by_way = {current[joined]: current_bytes, trial[joined]: trial_bytes}

@@ -322,7 +322,8 @@ def measure(artifact: Artifact, geo: Geometry, runner: Path | None = None, warmu
             # it moves beyond them is activations (its own, or other kernels' written back as it evicts them)
             figures["weight_bytes"] = k["weight_bytes"]
             figures["dram_beyond_weights"] = {
-                label: max(0, v - (k["weight_bytes"] if floor[label] else 0)) for label, v in figures["dram_bytes"].items()}
+                label: max(0, v - (k["weight_bytes"] if floor[label] else 0))
+                for label, v in figures["dram_bytes"].items()}
         kernels.append({"name": name, **figures})
     return {
         "schema": SCHEMA,

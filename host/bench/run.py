@@ -171,23 +171,13 @@ def same_kernels(results: dict, tuned: list, case_dir: Path) -> None:
 
 def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settings, work_dir: Path, rng,
              on_event) -> dict:
+    """One case: tune and compile the TVM variants (the databases others use first), the phone-cache proxy,
+    then every engine loaded in its worker and measured in interleaved rounds → results by variant name."""
     results: dict[str, dict] = {}
-    artifacts: dict[str, Path] = {}
     tuned = [v for v in variants if v.engine == "tvm" and v.tuned and not v.db_of]  # what spends trials
     if tuned and settings.trials:
-        on_event("stage", case=case.label, stage="planning the tuning budget")
-        try:
-            settings = replace(settings, trials=equal_budget(case, tuned, suite, settings))
-            on_event("stage", case=case.label, stage=f"{settings.trials} tuning trials for each tuned variant")
-        except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
-            on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
-    for variant in sorted(variants, key=lambda v: bool(v.base or v.db_of)):  # the databases they use made first
-        if variant.engine == "tvm":
-            stage = "tuning + compiling" if variant.tuned else "compiling"
-            on_event("stage", case=case.label, stage=f"{stage} + verifying {variant.name}")
-            results[variant.name], path = compile_variant(case, variant, suite, settings, work_dir, on_event)
-            if path is not None:
-                artifacts[variant.name] = path
+        settings = _equal_budget_settings(case, tuned, suite, settings, on_event)
+    artifacts = _compile_tvm_variants(case, variants, suite, settings, work_dir, on_event, results)
     same_kernels(results, tuned, work_dir / case.label)
     if settings.proxy:  # before any timing, so no simulation runs beside a timed engine
         for name, path in artifacts.items():
@@ -203,9 +193,42 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
         if variant.engine == "onnxruntime":
             results[variant.name] = {"status": "ok"}
             artifacts[variant.name] = reference_inputs
+    samples, round_medians, failures = _load_and_measure(case, artifacts, settings, rng, on_event, results)
+    _record_latencies(results, samples, round_medians, failures, suite)
+    return results
 
+
+def _equal_budget_settings(case: Case, tuned: list[Variant], suite: Suite, settings: Settings, on_event) -> Settings:
+    """``settings`` with the case's equal tuning budget for each tuned variant (the suite's when planning fails)."""
+    on_event("stage", case=case.label, stage="planning the tuning budget")
+    try:
+        settings = replace(settings, trials=equal_budget(case, tuned, suite, settings))
+        on_event("stage", case=case.label, stage=f"{settings.trials} tuning trials for each tuned variant")
+    except Exception as exc:  # noqa: BLE001 - the variants report their own failure below
+        on_event("stage", case=case.label, stage=f"budget planning failed ({exc}); suite budget kept")
+    return settings
+
+
+def _compile_tvm_variants(case: Case, variants: list[Variant], suite: Suite, settings: Settings, work_dir: Path,
+                          on_event, results: dict) -> dict[str, Path]:
+    """Tune, compile and verify each TVM variant into ``results``; → the artifacts that compiled, by name."""
+    artifacts: dict[str, Path] = {}
+    for variant in sorted(variants, key=lambda v: bool(v.base or v.db_of)):  # the databases they use made first
+        if variant.engine == "tvm":
+            stage = "tuning + compiling" if variant.tuned else "compiling"
+            on_event("stage", case=case.label, stage=f"{stage} + verifying {variant.name}")
+            results[variant.name], path = compile_variant(case, variant, suite, settings, work_dir, on_event)
+            if path is not None:
+                artifacts[variant.name] = path
+    return artifacts
+
+
+def _load_and_measure(case: Case, artifacts: dict[str, Path], settings: Settings, rng, on_event,
+                      results: dict) -> tuple[dict, dict, dict]:
+    """Load every artifact in one worker per engine kind (its thread pool), recording load time, memory and
+    load failures in ``results``; measure them in rounds → (samples, round medians, failures)."""
     on_event("stage", case=case.label, stage="loading engines")
-    groups: dict[str, dict[str, tuple[Variant, Path]]] = {}  # one worker per engine kind (its thread pool)
+    groups: dict[str, dict[str, tuple[Variant, Path]]] = {}
     for name, path in artifacts.items():
         variant = VARIANTS_BY_NAME[name]
         groups.setdefault(variant.engine, {})[name] = (variant, path)
@@ -222,13 +245,16 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
                 results[name]["model_rss_mb"] = alone.get(name, worker.hello["model_rss_mb"][name])
                 results[name]["worker"] = {"engines": worker.names}
         on_event("stage", case=case.label, stage="measuring")
-        samples, round_medians, failures = measure_rounds(workers, settings, rng, on_event)
+        return measure_rounds(workers, settings, rng, on_event)
     finally:
         for worker in workers:
             peak = worker.close().get("peak_rss_mb")
             for name in worker.names:
                 results[name]["worker"].update(peak_rss_mb=peak, cache=dict(worker.cache))
 
+
+def _record_latencies(results: dict, samples: dict, round_medians: dict, failures: dict, suite: Suite) -> None:
+    """Latency statistics and each variant's speedup over the suite's baselines, into ``results``."""
     for name in samples:
         if name in failures:
             results[name].update(status="failed", reason=failures[name])
@@ -243,7 +269,6 @@ def run_case(case: Case, variants: list[Variant], suite: Suite, settings: Settin
             for base in suite.baselines
             if base != name and "round_medians_ms" in results.get(base, {})
         }
-    return results
 
 
 def _proxy_ratios(results: dict[str, dict], suite: Suite) -> None:

@@ -25,7 +25,7 @@ class Variant:
     cold_weights: bool = True  # tuned: candidates timed with their weights flushed (False: warm, the old way)
     base: str | None = None  # tuned: starts from this variant's tuning database, tuned first in the same run
     # (agoc tune --from: its records of the same kernels are copied in and count as trials)
-    keep_inside: int = 0  # ago: a conv pair joined by a tensor of at least this many bytes stays in one subgraph
+    keep_inside: int = 0  # bytes, as --keep-inside: the locality unit and the tile cache cap (variants.partition_of)
     db_of: str | None = None  # tuned: built from this variant's tuning database (made first in the same run), not tuned
     joins: str = "latency"  # ago tuned: how a split subgraph is built (compile --joins: latency, or a cache geometry)
 
@@ -34,7 +34,8 @@ class Variant:
 VARIANTS: tuple[Variant, ...] = (
     Variant("onnxruntime", "onnxruntime", "onnxruntime CPU execution provider, same thread count (the reference)"),
     Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
-    Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning", partition="ago"),
+    Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning",
+            partition="ago"),
     Variant("tvm-stock-tuned", "tvm", "FuseOps partition + MetaSchedule default space (the Ansor-like baseline)",
             partition="stock", tuned=True),
     Variant("tvm-ago-tuned", "tvm", "AGO: partition + intensive fusion + divide-and-conquer tuning",
@@ -84,7 +85,8 @@ class Settings:
     layout: str = "NHWC"  # activation layout of every TVM variant (toolchain.targets.LAYOUTS)
     pad_channels: bool = True  # every TVM variant pads output channels (toolchain.padding)
     fast_math: bool = True  # every TVM variant computes exp / erf / tanh / sigmoid / softmax fast (toolchain.fastmath)
-    cache: str = "cold"  # what every timed call finds in cache (host.bench.cache_regime.REGIMES); results without: shared
+    # what every timed call finds in cache (host.bench.cache_regime.REGIMES); results without: shared
+    cache: str = "cold"
     order_seed: int | None = None  # the per-round engine order's seed alone (None: ``seed``, which also seeds tuning)
 
     @property
@@ -168,7 +170,8 @@ SUITES: dict[str, Suite] = {
 }
 
 
-def suite_cases(suite: Suite, quick: bool, models: list[str] | None = None, shapes: list[int] | None = None) -> list[Case]:
+def suite_cases(suite: Suite, quick: bool, models: list[str] | None = None,
+                shapes: list[int] | None = None) -> list[Case]:
     """The (model, shape) pairs of a suite; quick keeps each model's smallest shape."""
     import models as zoo
     from toolchain.errors import AgocError

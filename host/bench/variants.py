@@ -13,17 +13,25 @@ log = logging.getLogger(__name__)
 
 
 def suite_threshold(suite: Suite) -> float:
-    from toolchain.partition import DEFAULT_THRESHOLD
+    from toolchain.settings import DEFAULT_THRESHOLD
 
     return suite.threshold if suite.threshold is not None else DEFAULT_THRESHOLD
+
+
+def partition_of(variant: Variant, suite: Suite):
+    """(PartitionSettings, tile cache cap in bytes) of a variant at the suite's Td: its ``keep_inside`` sets
+    both, as ``--keep-inside`` does."""
+    from toolchain.settings import PartitionSettings
+
+    return PartitionSettings(variant.partition, suite_threshold(suite), variant.keep_inside), variant.keep_inside
 
 
 def tune_settings(variant: Variant, suite: Suite, settings: Settings, trials: int | None = None):
     from toolchain.tune import TuneSettings
 
+    parts, tile_cache = partition_of(variant, suite)
     return TuneSettings(
-    trials=settings.trials if trials is None else trials, partition=variant.partition,
-    threshold=suite_threshold(suite), keep_inside=variant.keep_inside,
+    trials=settings.trials if trials is None else trials, partition=parts, tile_cache=tile_cache,
     intensive=variant.intensive, reformer=variant.reformer, seed=settings.seed, cold_weights=variant.cold_weights,
     scheduler=settings.scheduler, prepack=settings.prepack, transfer=settings.transfer,
     population=settings.population,
@@ -35,9 +43,9 @@ def _case_model(case: Case, settings: Settings):
     import models as zoo
     from toolchain.targets import resolve_target
 
-    return zoo.build(case.model, case.shape), resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout,
-                                                         pad_channels=settings.pad_channels,
-                                                         fast_math=settings.fast_math)
+    spec = resolve_target(settings.target, num_cores=settings.threads, layout=settings.layout,
+                          pad_channels=settings.pad_channels, fast_math=settings.fast_math)
+    return zoo.build(case.model, case.shape), spec
 
 
 def _legalized(model, spec):
@@ -57,6 +65,7 @@ def partition_figures(case: Case, suite: Suite, settings: Settings) -> dict:
     ``graph_seconds``: the op graph both partition (extracted once, its time apart)."""
     from toolchain import partition
     from toolchain.opgraph import op_graph
+    from toolchain.settings import PartitionSettings
 
     model, spec = _case_model(case, settings)
     mod = _legalized(model, spec)
@@ -64,7 +73,8 @@ def partition_figures(case: Case, suite: Suite, settings: Settings) -> dict:
     graph = op_graph(mod)
     figures: dict = {"ops": len(graph.nodes), "graph_seconds": round(time.perf_counter() - started, 3)}
     for method in ("ago", "stock"):
-        plans = [partition.plan(method, mod, spec, suite_threshold(suite), graph) for _ in range(PARTITION_REPEATS)]
+        method_settings = PartitionSettings(method, suite_threshold(suite))
+        plans = [partition.plan(method_settings, mod, spec, graph) for _ in range(PARTITION_REPEATS)]
         partition.check(graph, plans[0])
         seconds = sorted(p.seconds for p in plans)[len(plans) // 2]
         figures[method] = {**partition.stats(graph, plans[0]), "seconds": round(seconds, 4)}
@@ -192,8 +202,8 @@ def compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settin
                 record["joins"] = _judge(case, variant, model, db, on_event)
         elif variant.tuned:
             record["tuning"] = _tune(case, variant, suite, settings, model, spec, db, base, on_event)
-        request = CompileRequest(model, case.label, spec, partition=variant.partition, threshold=suite_threshold(suite),
-                                 db=db, keep_inside=variant.keep_inside, joins=join_rule(variant))
+        request = CompileRequest(model, case.label, spec, partition=partition_of(variant, suite)[0], db=db,
+                                 joins=join_rule(variant))
         artifact = compile_model(request, find_compiler(spec), out)
         if "joins" in record:  # the judged joins built as their minis
             record["joins"]["minis"] = len((artifact.manifest.partition_info or {}).get("unfused") or [])
@@ -237,12 +247,11 @@ def proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Settings
         if proxy.has_avx512(artifact.manifest.target["tvm_target"]):
             spec = resolve_target("host-avx2", num_cores=settings.threads, layout=settings.layout,
                                   pad_channels=settings.pad_channels, fast_math=settings.fast_math)
-            threshold = suite_threshold(suite)
             db = variant_db(case, variant, work_dir) if variant.tuned else None
-            request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec, partition=variant.partition,
-                                     threshold=threshold, db=db, keep_inside=variant.keep_inside,
-                                     joins=join_rule(variant))
-            artifact = compile_model(request, find_compiler(spec), work_dir / case.label / f"{variant.name}@{spec.preset}")
+            request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec,
+                                     partition=partition_of(variant, suite)[0], db=db, joins=join_rule(variant))
+            out_dir = work_dir / case.label / f"{variant.name}@{spec.preset}"
+            artifact = compile_model(request, find_compiler(spec), out_dir)
             if not verify_artifact(artifact, LocalDevice()).passed:
                 return {"status": "wrong", "reason": f"the {spec.preset} build differs from onnxruntime"}
         return {"status": "ok", **proxy.measure(artifact, geo)}

@@ -4,6 +4,7 @@ checking output paths and the search knobs."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -19,24 +20,14 @@ def load_supported(model: str, shapes: list[str]):
     return proto, label, frontend.checked_inputs(proto, overrides), overrides
 
 
-def keep_inside_bytes(kib: int) -> int:
-    """``--keep-inside KIB`` in bytes."""
-    if kib < 0:
-        raise UnsupportedModelError("--keep-inside must be 0 (off) or a size in KiB")
-    return kib * 1024
+def partition_settings(method: str, threshold: Optional[float], keep_inside_kib: int):
+    """The partition flags as their record, validated, and the tile cache cap ``--keep-inside`` sets too:
+    (PartitionSettings, tile_cache bytes)."""
+    from toolchain import settings
 
-
-def check_threshold(threshold: Optional[float]) -> None:
-    from toolchain.partition import DEFAULT_THRESHOLD
-
-    if threshold is not None and not threshold > 0:  # NaN included
-        raise UnsupportedModelError(f"--threshold must be a positive weight (got {threshold}); the default is "
-                                    f"{DEFAULT_THRESHOLD:g}")
-
-
-def check_partition(partition: str) -> None:
-    if partition not in ("ago", "stock"):
-        raise UnsupportedModelError(f"unknown --partition '{partition}'; choose ago or stock")
+    checked = settings.PartitionSettings(method, threshold).validate()  # the flags in the order of --help
+    unit, tile_cache = settings.keep_inside(keep_inside_kib)
+    return replace(checked, locality_unit=unit), tile_cache
 
 
 def check_search(scheduler: str, transfer: int, population: int, per_iter: Optional[int] = None) -> None:

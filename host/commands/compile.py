@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from host import render
-from host.commands.common import check_partition, check_threshold, keep_inside_bytes, load_supported
+from host.commands.common import load_supported, partition_settings
 from host.console import console, err_console
 from host.options import FastMathOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
 from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
@@ -67,15 +67,14 @@ def compile(
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
     rule = _join_rule(joins, db)
-    _check_request(partition, seed, dump_dir, threshold)
-    knobs = dict(partition=partition, threshold=threshold, keep_inside=keep_inside, layout=layout,
-                 pad_channels=pad_channels, fast_math=fast_math, target=target, mcpu=mcpu, num_cores=num_cores)
+    parts, _ = partition_settings(partition, threshold, keep_inside)  # a compile tiles nothing: no tile cache
+    _check_request(seed, dump_dir)
+    knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
+                 mcpu=mcpu, num_cores=num_cores)
     if db is not None:
         knobs = _from_db(db, knobs, other_target)
-    else:
-        knobs["keep_inside"] = keep_inside_bytes(keep_inside)
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
-    if rule.startswith("traffic:") and request.partition == "ago":  # judged for this build: db is only read
+    if rule.startswith("traffic:") and request.partition.method == "ago":  # judged for this build: db is only read
         request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
     device = _check_device(spec, compiler) if check else None
     from host.commands.common import interruptible
@@ -87,13 +86,11 @@ def compile(
     _report(artifact, request.model_name, spec, rule)
 
 
-def _check_request(partition: str, seed: int, dump_dir: Optional[Path], threshold: Optional[float]) -> None:
-    check_partition(partition)
+def _check_request(seed: int, dump_dir: Optional[Path]) -> None:
     if seed < 0:
         raise InputShapeError(f"--seed must be 0 or more (got {seed})")
     if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
         raise UnsupportedModelError(f"--dump-dir {dump_dir} is a file; give a directory for the IR dumps")
-    check_threshold(threshold)
 
 
 def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
@@ -104,11 +101,9 @@ def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
     session = tuned.session
     if session is None:
         raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
-    settings = session["settings"]
     target, mcpu, num_cores = _tuned_target(db, session["target"], knobs["target"], knobs["mcpu"],
                                             knobs["num_cores"], other_target)
-    return {**knobs, "partition": settings["partition"], "threshold": settings["threshold"],
-            "keep_inside": settings.get("keep_inside", 0), "layout": tuned.activation_layout,
+    return {**knobs, "partition": tuned.settings.partition, "layout": tuned.activation_layout,
             "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "target": target, "mcpu": mcpu,
             "num_cores": num_cores}
 
@@ -116,11 +111,9 @@ def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
 def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db, rule: str, check: bool, samples):
     """(target spec, compiler, CompileRequest) for the resolved knobs; the model loaded and described."""
     from toolchain import onnx_import
-    from toolchain.partition import DEFAULT_THRESHOLD
     from toolchain.pipeline import CompileRequest, check_sizes
     from toolchain.targets import find_compiler, resolve_target
 
-    threshold = DEFAULT_THRESHOLD if knobs["threshold"] is None else knobs["threshold"]
     spec = resolve_target("host" if knobs["target"] is None else knobs["target"], mcpu=knobs["mcpu"],
                           num_cores=knobs["num_cores"], layout=knobs["layout"], pad_channels=knobs["pad_channels"],
                           fast_math=knobs["fast_math"])
@@ -129,7 +122,8 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
     check_sizes(inputs)
     for notice in onnx_import.defaulted_batch(proto, overrides):
         err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
-    partition, keep_inside = knobs["partition"], knobs["keep_inside"]
+    parts = knobs["partition"]
+    partition, threshold, keep_inside = parts.method, parts.td, parts.locality_unit
     kept = f", keeping tensors of {keep_inside // 1024} KiB or more inside"
     shown = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in inputs)
     err_console.print(
@@ -141,8 +135,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
         "[/dim]",
         soft_wrap=True,
     )
-    request = CompileRequest(proto, label, spec, overrides, partition, threshold, seed, dump_dir, db,
-                             keep_inside=keep_inside, joins=rule, check=check,
+    request = CompileRequest(proto, label, spec, overrides, parts, seed, dump_dir, db, joins=rule, check=check,
                              samples=_load_samples(samples) if samples else None)
     return spec, compiler, request
 

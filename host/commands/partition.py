@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from host import render
-from host.commands.common import check_output_file, check_threshold, keep_inside_bytes, load_supported, write_file
+from host.commands.common import check_output_file, load_supported, partition_settings, write_file
 from host.console import console
 from host.options import FastMathOpt, InputShapeOpt, KeepInsideOpt, LayoutOpt, ModelArg, PadChannelsOpt, ThresholdOpt
 from toolchain.errors import UnsupportedModelError
@@ -38,24 +38,24 @@ def partition(
     from toolchain import frontend
     from toolchain import partition as partitioning
     from toolchain.opgraph import op_graph
+    from toolchain.settings import PartitionSettings
     from toolchain.targets import resolve_target
 
     check_output_file(dot, "--dot")
     check_output_file(png, "--png")
-    check_threshold(threshold)
+    ago, _ = partition_settings("ago", threshold, keep_inside)
     if trivial_cut is not None and not trivial_cut >= 0:  # NaN included
         raise UnsupportedModelError(f"--trivial-cut must be a weight of 0 or more (got {trivial_cut}); the default is "
                                     f"{partitioning.TRIVIAL_CUT:g}")
-    threshold = partitioning.DEFAULT_THRESHOLD if threshold is None else threshold
+    threshold = ago.td
     trivial_cut = partitioning.TRIVIAL_CUT if trivial_cut is None else trivial_cut
-    keep_inside = keep_inside_bytes(keep_inside)
     proto, label, _, overrides = load_supported(model, input_shape or [])
     spec = resolve_target("host", layout=layout, pad_channels=pad_channels, fast_math=fast_math)
     mod, _ = frontend.prepare(proto, spec, overrides)
     graph = op_graph(mod)
     plans = {
-        "ago": partitioning.plan("ago", mod, spec, threshold, graph, keep_inside),
-        "stock": partitioning.plan("stock", mod, spec, graph=graph),
+        "ago": partitioning.plan(ago, mod, spec, graph),
+        "stock": partitioning.plan(PartitionSettings("stock"), mod, spec, graph),
     }
     for p in plans.values():
         partitioning.check(graph, p)

@@ -10,11 +10,20 @@ import typer
 from rich.markup import escape
 
 from host import render
-from host.commands.common import (check_partition, check_search, check_threshold, keep_inside_bytes,
-                                  load_supported)
+from host.commands.common import check_search, load_supported, partition_settings
 from host.console import console, err_console
-from host.options import (FastMathOpt, InputShapeOpt, KeepInsideOpt, LayoutOpt, NoPrepackOpt, PadChannelsOpt,
-                          PopulationOpt, SchedulerOpt, ThresholdOpt, TransferOpt)
+from host.options import (
+    FastMathOpt,
+    InputShapeOpt,
+    KeepInsideOpt,
+    LayoutOpt,
+    NoPrepackOpt,
+    PadChannelsOpt,
+    PopulationOpt,
+    SchedulerOpt,
+    ThresholdOpt,
+    TransferOpt,
+)
 from toolchain.errors import UnsupportedModelError
 
 AgainstOpt = Annotated[Optional[Path], typer.Option(
@@ -86,11 +95,11 @@ def tune(
     if model is None or db is None:
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     where = _Where.of(device or [], tracker, key, rpc, target)
-    _check(partition, scheduler, transfer, population, per_iter, warmup, trials, threshold, split_fraction,
-           max_spread, cooldown)
+    parts, tile_cache = partition_settings(partition, threshold, keep_inside)
+    _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     _check_databases(db, base)
     settings = tuning.TuneSettings(
-        trials=trials, partition=partition, threshold=threshold, keep_inside=keep_inside_bytes(keep_inside),
+        trials=trials, partition=parts, tile_cache=tile_cache,
         intensive=not no_intensive, reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter,
         seed=seed, cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
         transfer=transfer, population=population,
@@ -150,14 +159,12 @@ class _Where:
         return ", ".join(d.name for d in self.devices) + " over RPC"
 
 
-def _check(partition: str, scheduler: str, transfer: int, population: int, per_iter: int, warmup: int, trials: int,
-           threshold: Optional[float], split_fraction: float, max_spread: float, cooldown: float) -> None:
-    """The session's knobs, checked before anything is written."""
-    check_partition(partition)
+def _check(scheduler: str, transfer: int, population: int, per_iter: int, warmup: int, trials: int,
+           split_fraction: float, max_spread: float, cooldown: float) -> None:
+    """The session's search knobs, checked before anything is written."""
     if min(per_iter, warmup, trials) < 1:
         raise UnsupportedModelError("--trials, --per-iter and --warmup must be at least 1")
     check_search(scheduler, transfer, population, per_iter)
-    check_threshold(threshold)
     if not 0 <= split_fraction <= 1:
         raise UnsupportedModelError(f"--split-fraction must be between 0 and 1 (got {split_fraction})")
     if not (max_spread > 0 and cooldown >= 0):
@@ -190,7 +197,7 @@ def _describe(label: str, db: Path, where: _Where, s, spec) -> None:
     """The resolved settings, echoed before the long work."""
     err_console.print(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where.describe())}: "
-        f"{s.trials} trials, partition {s.partition}, intensive {'on' if s.intensive else 'off'}, "
+        f"{s.trials} trials, partition {s.partition.method}, intensive {'on' if s.intensive else 'off'}, "
         f"reformer {'on' if s.reformer else 'off'}, split {s.split_fraction:g}, {s.per_iter}/batch from a "
         f"population of {s.population}, scheduler {s.scheduler}"
         f"{f' (warm-up {s.warmup})' if s.scheduler == 'latency' else ''}, "

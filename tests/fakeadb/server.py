@@ -93,6 +93,7 @@ import stat as st
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,6 +241,7 @@ _VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*|[0-9?!$#@])\}|([A-Za-z_][A-Za-z
 _EXPANSION_RE = re.compile(f"[{_VAR_Q}{_VAR_U}]([^{_VAR_END}]*){_VAR_END}")
 _REDIRECTS = {">", ">>", "<", ">&", "&>", ">|"}
 _SEPARATORS = {";", "&&", "||", "&"}
+_UNQUOTED = {"*": _STAR, "?": _QMARK, "\n": " ; "}  # unquoted chars _mark rewrites (a newline separates commands)
 
 
 def _mark(text: str) -> str:
@@ -283,14 +285,8 @@ def _mark(text: str) -> str:
         elif c in "'\"":
             quote = c
             out.append(c)
-        elif c == "*":
-            out.append(_STAR)
-        elif c == "?":
-            out.append(_QMARK)
-        elif c == "\n":
-            out.append(" ; ")
         else:
-            out.append(c)
+            out.append(_UNQUOTED.get(c, c))
         i += 1
     return "".join(out)
 
@@ -612,6 +608,19 @@ class FakeAdbServer:
         if self.unplugged and req not in ("host:version", "host:devices", "host:devices-l", "host:kill"):
             _fail(sock, f"device '{self.serial}' not found")
             return
+        if self._transport(sock, req):
+            return
+        for prefix in (f"host-serial:{self.serial}:", f"host-transport-id:{TRANSPORT_ID}:", "host:"):
+            if req.startswith(prefix):
+                self._host_command(sock, req[len(prefix):], req)
+                return
+        if req.startswith(("host-serial:", "host-transport-id:")):
+            _fail(sock, f"device '{req.split(':')[1]}' not found")
+        else:
+            _fail(sock, f"unknown host service '{req}'")
+
+    def _transport(self, sock: socket.socket, req: str) -> bool:
+        """Answer a transport request (True), then serve the device service it asks for; False: not one."""
         transports = {
             f"host:transport:{self.serial}": b"",
             "host:transport-any": b"",
@@ -624,71 +633,75 @@ class FakeAdbServer:
             sock.sendall(b"OKAY" + transports[req])
             size = int(_recv_exact(sock, 4), 16)
             self._device_service(sock, _recv_exact(sock, size).decode())
-            return
+            return True
         if req.startswith(("host:transport", "host:tport:")):
             _fail(sock, f"device '{req.rsplit(':', 1)[-1]}' not found")
-            return
+            return True
+        return False
 
-        for prefix in (f"host-serial:{self.serial}:", f"host-transport-id:{TRANSPORT_ID}:", "host:"):
-            if req.startswith(prefix):
-                cmd = req[len(prefix):]
-                break
-        else:
-            if req.startswith(("host-serial:", "host-transport-id:")):
-                _fail(sock, f"device '{req.split(':')[1]}' not found")
-            else:
-                _fail(sock, f"unknown host service '{req}'")
-            return
-
-        if cmd == "version":
-            _okay(sock, f"{ADB_VERSION:04x}")
-        elif cmd == "devices":
-            _okay(sock, "" if self.unplugged else f"{self.serial}\tdevice\n")
-        elif cmd == "devices-l":
-            p = {k: re.sub(r"[^A-Za-z0-9._-]", "_", v) for k, v in self.props.items()}  # as adb does
-            _okay(
-                sock,
-                "" if self.unplugged else
-                f"{self.serial:<22} device product:{p['ro.product.name']} model:{p['ro.product.model']} "
-                f"device:{p['ro.product.device']} transport_id:{TRANSPORT_ID}\n",
-            )
-        elif cmd == "features":
-            _okay(sock, FEATURES)
-        elif cmd == "kill":
-            _okay(sock)
-        elif cmd == "get-state":
-            _okay(sock, "device")
-        elif cmd == "get-serialno":
-            _okay(sock, self.serial)
-        elif cmd == "get-devpath":
-            _okay(sock, "fakeadb")
+    def _host_command(self, sock: socket.socket, cmd: str, req: str) -> None:
+        """One host service for this device (``cmd``: ``req`` less its host[-serial:S]: prefix)."""
+        answers = {  # the ones that answer OKAY + one fixed block
+            "version": f"{ADB_VERSION:04x}",
+            "features": FEATURES,
+            "get-state": "device",
+            "get-serialno": self.serial,
+            "get-devpath": "fakeadb",
+        }
+        handlers = {
+            "devices": self._devices,
+            "devices-l": self._devices_long,
+            "kill": _okay,
+            "list-forward": self._list_forward,
+            "killforward-all": self._killforward_all,
+        }
+        if cmd in answers:
+            _okay(sock, answers[cmd])
+        elif cmd in handlers:
+            handlers[cmd](sock)
         elif re.fullmatch(r"wait-for-(any|usb|local)-(device|any)", cmd):
             sock.sendall(b"OKAY" + b"OKAY")
-        elif cmd == "list-forward":
-            with self._lock:
-                lines = "".join(f"{self.serial} {loc} {rem}\n" for loc, (rem, _) in self._forwards.items())
-            _okay(sock, lines)
         elif cmd.startswith("forward:"):
             self._forward(sock, cmd[len("forward:"):])
-        elif cmd == "killforward-all":
-            with self._lock:
-                relays = [r for _, r in self._forwards.values() if r]
-                self._forwards.clear()
-            for relay in relays:
-                relay.close()
-            sock.sendall(b"OKAY" + b"OKAY")
         elif cmd.startswith("killforward:"):
-            local = cmd[len("killforward:"):]
-            with self._lock:
-                entry = self._forwards.pop(local, None)
-            if entry is None:
-                _fail(sock, f"listener '{local}' not found")
-            else:
-                if entry[1]:
-                    entry[1].close()
-                sock.sendall(b"OKAY" + b"OKAY")
+            self._killforward(sock, cmd[len("killforward:"):])
         else:
             _fail(sock, f"unknown host service '{req}'")
+
+    def _devices(self, sock: socket.socket) -> None:
+        _okay(sock, "" if self.unplugged else f"{self.serial}\tdevice\n")
+
+    def _devices_long(self, sock: socket.socket) -> None:
+        p = {k: re.sub(r"[^A-Za-z0-9._-]", "_", v) for k, v in self.props.items()}  # as adb does
+        _okay(
+            sock,
+            "" if self.unplugged else
+            f"{self.serial:<22} device product:{p['ro.product.name']} model:{p['ro.product.model']} "
+            f"device:{p['ro.product.device']} transport_id:{TRANSPORT_ID}\n",
+        )
+
+    def _list_forward(self, sock: socket.socket) -> None:
+        with self._lock:
+            lines = "".join(f"{self.serial} {loc} {rem}\n" for loc, (rem, _) in self._forwards.items())
+        _okay(sock, lines)
+
+    def _killforward_all(self, sock: socket.socket) -> None:
+        with self._lock:
+            relays = [r for _, r in self._forwards.values() if r]
+            self._forwards.clear()
+        for relay in relays:
+            relay.close()
+        sock.sendall(b"OKAY" + b"OKAY")
+
+    def _killforward(self, sock: socket.socket, local: str) -> None:
+        with self._lock:
+            entry = self._forwards.pop(local, None)
+        if entry is None:
+            _fail(sock, f"listener '{local}' not found")
+        else:
+            if entry[1]:
+                entry[1].close()
+            sock.sendall(b"OKAY" + b"OKAY")
 
     def _map_ports(self, spec: str, table: dict, sock: socket.socket) -> None:
         """[norebind:]tcp:A;tcp:B -> table[tcp:A] = tcp:B with a relay A -> B when A != B."""
@@ -797,51 +810,63 @@ class FakeAdbServer:
             if ident == b"QUIT":
                 return
             if ident in (b"STAT", b"STA2", b"LST2"):
-                try:
-                    host = self._resolve(path, "/", follow=ident != b"LST2")[1]
-                    s = os.stat(host) if ident != b"LST2" else os.lstat(host)
-                except (SandboxError, OSError):
-                    s = None
-                if ident == b"STAT":
-                    vals = (s.st_mode, s.st_size, int(s.st_mtime)) if s else (0, 0, 0)
-                    sock.sendall(b"STAT" + struct.pack("<III", *(v & 0xFFFFFFFF for v in vals)))
-                elif s is None:
-                    sock.sendall(ident + struct.pack("<IQQIIIIQqqq", 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
-                else:
-                    sock.sendall(ident + struct.pack(
-                        "<IQQIIIIQqqq", 0, s.st_dev, s.st_ino, s.st_mode, s.st_nlink, 2000, 2000,
-                        s.st_size, int(s.st_atime), int(s.st_mtime), int(s.st_ctime)))
+                self._sync_stat(sock, ident, path)
             elif ident == b"LIST":
-                try:
-                    host = self._resolve(path, "/")[1]
-                    names = [".", ".."] + sorted(os.listdir(host))
-                except (SandboxError, OSError):
-                    names = []
-                for name in names:
-                    try:
-                        s = os.lstat(host / name)
-                    except OSError:
-                        continue
-                    raw = name.encode()
-                    sock.sendall(b"DENT" + struct.pack("<IIII", s.st_mode, s.st_size & 0xFFFFFFFF,
-                                                       int(s.st_mtime), len(raw)) + raw)
-                sock.sendall(b"DONE" + bytes(16))
+                self._sync_list(sock, path)
             elif ident == b"RECV":
-                try:
-                    host = self._resolve(path, "/")[1]
-                    with open(host, "rb") as f:
-                        while chunk := f.read(SYNC_DATA_MAX):
-                            sock.sendall(b"DATA" + struct.pack("<I", len(chunk)) + chunk)
-                    sock.sendall(b"DONE" + bytes(4))
-                except SandboxError as e:
-                    fail(str(e))
-                except OSError as e:
-                    fail(f"{path}: {e.strerror}")
+                self._sync_recv(sock, path, fail)
             elif ident == b"SEND":
                 self._sync_send(sock, path, fail)
             else:
                 fail(f"unknown sync command {ident!r}")
                 return
+
+    def _sync_stat(self, sock: socket.socket, ident: bytes, path: str) -> None:
+        """STAT (v1: mode, size, mtime; zeros when missing), STA2 / LST2 (v2; error 2 when missing)."""
+        try:
+            host = self._resolve(path, "/", follow=ident != b"LST2")[1]
+            s = os.stat(host) if ident != b"LST2" else os.lstat(host)
+        except (SandboxError, OSError):
+            s = None
+        if ident == b"STAT":
+            vals = (s.st_mode, s.st_size, int(s.st_mtime)) if s else (0, 0, 0)
+            sock.sendall(b"STAT" + struct.pack("<III", *(v & 0xFFFFFFFF for v in vals)))
+        elif s is None:
+            sock.sendall(ident + struct.pack("<IQQIIIIQqqq", 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+        else:
+            sock.sendall(ident + struct.pack(
+                "<IQQIIIIQqqq", 0, s.st_dev, s.st_ino, s.st_mode, s.st_nlink, 2000, 2000,
+                s.st_size, int(s.st_atime), int(s.st_mtime), int(s.st_ctime)))
+
+    def _sync_list(self, sock: socket.socket, path: str) -> None:
+        """LIST: a DENT per entry (. and .. included; none for a missing directory), then DONE."""
+        try:
+            host = self._resolve(path, "/")[1]
+            names = [".", ".."] + sorted(os.listdir(host))
+        except (SandboxError, OSError):
+            names = []
+        for name in names:
+            try:
+                s = os.lstat(host / name)
+            except OSError:
+                continue
+            raw = name.encode()
+            sock.sendall(b"DENT" + struct.pack("<IIII", s.st_mode, s.st_size & 0xFFFFFFFF,
+                                               int(s.st_mtime), len(raw)) + raw)
+        sock.sendall(b"DONE" + bytes(16))
+
+    def _sync_recv(self, sock: socket.socket, path: str, fail) -> None:
+        """RECV: the file in DATA chunks, then DONE; FAIL when it cannot be read."""
+        try:
+            host = self._resolve(path, "/")[1]
+            with open(host, "rb") as f:
+                while chunk := f.read(SYNC_DATA_MAX):
+                    sock.sendall(b"DATA" + struct.pack("<I", len(chunk)) + chunk)
+            sock.sendall(b"DONE" + bytes(4))
+        except SandboxError as e:
+            fail(str(e))
+        except OSError as e:
+            fail(f"{path}: {e.strerror}")
 
     def _sync_send(self, sock: socket.socket, spec: str, fail) -> None:
         path, _, mode_text = spec.rpartition(",")
@@ -890,6 +915,20 @@ class FakeAdbServer:
 
 
 # ---------------------------------------------------------------- the shell
+
+
+def _program_streams(io: _IO, background: bool) -> tuple:
+    """A program's (stdout, stderr) for Popen: its redirections, else pipes (pumped to the client), or
+    /dev/null for a background program."""
+    stdout = io.stdout if io.stdout is not None else subprocess.PIPE
+    if io.stderr_to_stdout:
+        stderr = subprocess.STDOUT
+    else:
+        stderr = io.stderr if io.stderr is not None else subprocess.PIPE
+    if background:
+        stdout = subprocess.DEVNULL if stdout is subprocess.PIPE else stdout
+        stderr = subprocess.DEVNULL if stderr is subprocess.PIPE else stderr
+    return stdout, stderr
 
 
 class _Shell:
@@ -1077,30 +1116,15 @@ class _Shell:
         return self._program(argv, assigns, io, background, clear)
 
     def _program(self, argv: list[str], assigns: dict, io: _IO, background: bool, clear: bool) -> int:
-        try:
-            dev, host = self.server._resolve(argv[0], self.cwd)
-        except SandboxError as e:
-            io.err(f"sh: {e}\n")
-            return 127 if "outside" in str(e) else 126
-        if not host.is_file():
-            io.err(f"sh: {argv[0]}: {'Is a directory' if host.is_dir() else 'inaccessible or not found'}\n")
-            return 126 if host.is_dir() else 127
-        if not os.access(host, os.X_OK):
-            io.err(f"sh: {argv[0]}: can't execute: Permission denied\n")
-            return 126
+        host, code = self._executable(argv[0], io)
+        if host is None:
+            return code
         with open(host, "rb") as f:
             head = f.read(64)
         env = {} if clear else {k: self.vars[k] for k in self.exported if k in self.vars}
         env.update(assigns)
         if head.startswith(b"#!"):
-            interp = head[2:].split(b"\n")[0].split()
-            if not interp or posixpath.basename(interp[0].decode()) != "sh":
-                io.err(f"sh: {argv[0]}: fakeadb runs only sh scripts\n")
-                return 126
-            sub = _Shell(self.server, self.session, [argv[0], *argv[1:]])
-            sub.cwd, sub.vars = self.cwd, {**self.vars, **env}
-            sub.exported = self.exported | set(env)
-            return sub.run(host.read_text())
+            return self._script(argv, host, head, env, io)
         if head[:4] != b"\x7fELF" or struct.unpack_from("<H", head, 18)[0] != 183:
             io.err(f"sh: {argv[0]}: not an aarch64 executable: exec format error\n")
             return 126
@@ -1108,6 +1132,43 @@ class _Shell:
         if qemu is None:
             io.err(f"sh: {argv[0]}: {QEMU} is not installed on the host\n")
             return 126
+        cmd, host_env = self._qemu_command(qemu, argv, host, env)
+        cwd = self.server._resolve(self.cwd, "/")[1]
+        stdout, stderr = _program_streams(io, background)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=host_env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, start_new_session=True)
+        if background:
+            return self._detach(proc)
+        return self._wait(proc, io)
+
+    def _executable(self, arg0: str, io: _IO) -> tuple[Path | None, int]:
+        """(host path, 0) of a program the shell may run, or (None, the shell's exit code) with its message."""
+        try:
+            _, host = self.server._resolve(arg0, self.cwd)
+        except SandboxError as e:
+            io.err(f"sh: {e}\n")
+            return None, 127 if "outside" in str(e) else 126
+        if not host.is_file():
+            io.err(f"sh: {arg0}: {'Is a directory' if host.is_dir() else 'inaccessible or not found'}\n")
+            return None, 126 if host.is_dir() else 127
+        if not os.access(host, os.X_OK):
+            io.err(f"sh: {arg0}: can't execute: Permission denied\n")
+            return None, 126
+        return host, 0
+
+    def _script(self, argv: list[str], host: Path, head: bytes, env: dict, io: _IO) -> int:
+        """A ``#!...sh`` script, run by this mini shell with ``env`` added."""
+        interp = head[2:].split(b"\n")[0].split()
+        if not interp or posixpath.basename(interp[0].decode()) != "sh":
+            io.err(f"sh: {argv[0]}: fakeadb runs only sh scripts\n")
+            return 126
+        sub = _Shell(self.server, self.session, [argv[0], *argv[1:]])
+        sub.cwd, sub.vars = self.cwd, {**self.vars, **env}
+        sub.exported = self.exported | set(env)
+        return sub.run(host.read_text())
+
+    def _qemu_command(self, qemu: str, argv: list[str], host: Path, env: dict) -> tuple[list[str], dict]:
+        """qemu's command line and environment: LD_* variables go to the guest (-E), device paths translated."""
         cmd = [qemu, "-L", SYSROOT, "-0", argv[0]]
         host_env = {}
         for k, v in env.items():
@@ -1117,25 +1178,20 @@ class _Shell:
             else:
                 host_env[k] = v
         cmd += [str(host), *(self.server._translate(a) for a in argv[1:])]
-        cwd = self.server._resolve(self.cwd, "/")[1]
-        stdout = io.stdout if io.stdout is not None else subprocess.PIPE
-        if io.stderr_to_stdout:
-            stderr = subprocess.STDOUT
-        else:
-            stderr = io.stderr if io.stderr is not None else subprocess.PIPE
-        if background:
-            stdout = subprocess.DEVNULL if stdout is subprocess.PIPE else stdout
-            stderr = subprocess.DEVNULL if stderr is subprocess.PIPE else stderr
-        proc = subprocess.Popen(cmd, cwd=cwd, env=host_env, stdin=subprocess.DEVNULL, stdout=stdout,
-                                stderr=stderr, start_new_session=True)
-        if background:
-            with self.server._lock:
-                jobs = self.server._jobs
-                for pid in [pid for pid, job in jobs.items() if job.poll() is not None]:
-                    del jobs[pid]  # reaped
-                jobs[proc.pid] = proc
-            self.last_bg = str(proc.pid)
-            return 0
+        return cmd, host_env
+
+    def _detach(self, proc: subprocess.Popen) -> int:
+        """A background program: a job of the device (``$!``, ``kill``), its finished jobs reaped."""
+        with self.server._lock:
+            jobs = self.server._jobs
+            for pid in [pid for pid, job in jobs.items() if job.poll() is not None]:
+                del jobs[pid]  # reaped
+            jobs[proc.pid] = proc
+        self.last_bg = str(proc.pid)
+        return 0
+
+    def _wait(self, proc: subprocess.Popen, io: _IO) -> int:
+        """A foreground program: its output pumped to ``io`` until it exits (SIGHUP when the client goes)."""
         with self.server._lock:
             self.server._procs.add(proc)
         self.session.procs.add(proc)

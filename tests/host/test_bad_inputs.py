@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: a one-line message names its fix: what to do, or the values that are accepted
 FIX = re.compile(r"\b(give|use|choose|recompile|check|re-export|export|create|run|drop|connect|add|move|upgrade|"
-                 r"replace|make|remove|leave|set|unset|rerun|pass|say|copy|write|must|expected|available|see|needs|inputs are|"
+                 r"replace|make|remove|leave|set|unset|rerun|pass|say|copy|write|must|expected|available|see|needs|"
+                 r"inputs are|"
                  r"declares|fixed shape)\b|e\.g\.", re.I)
 #: a message string that lost its f prefix
 UNFORMATTED = re.compile(r"\{[A-Za-z_][A-Za-z_0-9.]*(\(\))?(:[^}]*)?\}")
@@ -338,13 +339,16 @@ def _compile_cases():
         case("compile-missing-file", ["compile", "{t}/nope.onnx", *OUT], "no such file"),
         case("compile-dev-null", ["compile", "/dev/null", *OUT], "ONNX"),
         case("compile-directory-as-model", ["compile", "{t}/m.onnx", *OUT], "is a directory", mkdir("m.onnx")),
-        case("compile-symlink-loop", ["compile", "{t}/loop.onnx", *OUT], "no such file", symlink("loop.onnx", "loop.onnx")),
+        case("compile-symlink-loop", ["compile", "{t}/loop.onnx", *OUT], "no such file",
+             symlink("loop.onnx", "loop.onnx")),
         case("compile-name-$(touch pwned)", ["compile", "{t}/$(touch pwned).onnx", *OUT], "pwned",
              write("$(touch pwned).onnx")),
-        case("compile-name-backticks", ["compile", "{t}/`touch pwned`.onnx", *OUT], "pwned", write("`touch pwned`.onnx")),
+        case("compile-name-backticks", ["compile", "{t}/`touch pwned`.onnx", *OUT], "pwned",
+             write("`touch pwned`.onnx")),
         case("compile-name-semicolon-rm", ["compile", "{t}/x; rm -rf ~; touch pwned.onnx", *OUT], "rm -rf",
              write("x; rm -rf ~; touch pwned.onnx")),
-        case("compile-name-spaces", ["compile", "{t}/my model v2 .onnx", *OUT], "my model v2", write("my model v2 .onnx")),
+        case("compile-name-spaces", ["compile", "{t}/my model v2 .onnx", *OUT], "my model v2",
+             write("my model v2 .onnx")),
         case("compile-name-newline", ["compile", "{t}/a\nb.onnx", *OUT], "ONNX", write("a\nb.onnx")),
         case("compile-name-quotes", ["compile", "{t}/it's \"x\".onnx", *OUT], "it's", write("it's \"x\".onnx")),
         case("compile-name-unicode", ["compile", "{t}/模型 ü 🚀.onnx", *OUT], "模型", write("模型 ü 🚀.onnx")),
@@ -356,7 +360,8 @@ def _compile_cases():
         case("compile-no-model", ["compile", *OUT], "Missing argument", usage=True),
         case("compile-no-output", ["compile", "{model}"], "Missing option", usage=True),
         # destinations
-        case("compile-o-below-a-file", ["compile", "{model}", "-o", "{t}/f.txt/out"], "cannot write", write("f.txt", "mine")),
+        case("compile-o-below-a-file", ["compile", "{model}", "-o", "{t}/f.txt/out"], "cannot write",
+             write("f.txt", "mine")),
         case("compile-o-is-a-file", ["compile", "{model}", "-o", "{t}/f.txt"], "is a file", write("f.txt", "mine")),
         case("compile-o-under-proc", ["compile", "{model}", "-o", "/proc/agoc-out"], "cannot write"),
         case("compile-o-under-proc-self", ["compile", "{model}", "-o", "/proc/self/agoc"], "cannot write"),
@@ -419,7 +424,8 @@ def _compile_cases():
              tune_db('{"schema": "x"}')),
         case("compile-seed-negative", ["compile", "{model}", *OUT, "--seed", "-1"], "--seed"),
         case("compile-inputs-missing", ["compile", "{model}", *OUT, "--inputs", "{t}/nope.npz"], "--inputs"),
-        case("compile-inputs-garbage", ["compile", "{model}", *OUT, "--inputs", "{t}/g.npz"], "--inputs", write("g.npz")),
+        case("compile-inputs-garbage", ["compile", "{model}", *OUT, "--inputs", "{t}/g.npz"], "--inputs",
+             write("g.npz")),
         case("compile-dump-dir-is-a-file", ["compile", "{model}", *OUT, "--dump-dir", "{t}/f.txt"], "--dump-dir",
              write("f.txt", "mine")),
         # input shapes
@@ -462,7 +468,8 @@ def _compile_cases():
              user_dir("site")),
         case("compile-cuda-o-under-proc", ["compile", "zoo:tiny-cnn", "--target", "cuda", "-o", "/proc/x"],
              "cannot write"),
-        case("compile-cuda-garbage-model", ["compile", "{t}/m.onnx", *OUT, "--target", "cuda"], "ONNX", write("m.onnx")),
+        case("compile-cuda-garbage-model", ["compile", "{t}/m.onnx", *OUT, "--target", "cuda"], "ONNX",
+             write("m.onnx")),
     ]
     return c
 
@@ -501,8 +508,8 @@ def _verify_cases():
         ("manifest-input-file-outside", manifest_edit(lambda d: d["inputs"][0].update(file="/etc/passwd")), "outside"),
         ("manifest-model-file-outside", manifest_edit(lambda d: d["model"].update(file="../tiny-cnn.onnx")), "outside"),
         ("library-missing", replace_file("model.so", None), "missing"),
-        ("library-symlink-outside", artifact(lambda r: ((r / "model.so").unlink(), (r / "model.so").symlink_to("/bin/ls"))),
-         "outside"),
+        ("library-symlink-outside",
+         artifact(lambda r: ((r / "model.so").unlink(), (r / "model.so").symlink_to("/bin/ls"))), "outside"),
         ("expected-truncated-no-model-copy",
          artifact(lambda r: ((r / "model.onnx").unlink(), (r / "data" / "expected_0.bin").write_bytes(b"\0" * 12))),
          "elements"),
@@ -659,11 +666,13 @@ def _export_cases():
     return [
         case("export-unknown-model", ["models", "export", "resnet-9000", "-o", "{t}/m.onnx"], "resnet-9000"),
         case("export-hostile-model-name", ["models", "export", "$(touch pwned)", "-o", "{t}/m.onnx"], "pwned"),
-        case("export-shape-not-numbers", ["models", "export", "tiny-cnn", "--shape", "big", "-o", "{t}/m.onnx"], "shape"),
+        case("export-shape-not-numbers", ["models", "export", "tiny-cnn", "--shape", "big", "-o", "{t}/m.onnx"],
+             "shape"),
         case("export-shape-zero", ["models", "export", "tiny-cnn", "--shape", "0x0", "-o", "{t}/m.onnx"], "shape"),
         case("export-shape-negative", ["models", "export", "tiny-cnn", "--shape", "-1x3x8x8", "-o", "{t}/m.onnx"],
              "shape"),
-        case("export-shape-wrong-rank", ["models", "export", "tiny-cnn", "--shape", "1x3", "-o", "{t}/m.onnx"], "shape"),
+        case("export-shape-wrong-rank", ["models", "export", "tiny-cnn", "--shape", "1x3", "-o", "{t}/m.onnx"],
+             "shape"),
         case("export-o-a-directory", ["models", "export", "tiny-cnn", "-o", "{t}/d"], "directory", mkdir("d")),
         case("export-o-empty", ["models", "export", "tiny-cnn", "-o", ""], "directory"),
         case("export-o-below-a-file", ["models", "export", "tiny-cnn", "-o", "{t}/f.txt/m.onnx"], "f.txt",

@@ -57,7 +57,8 @@ def test_the_suite_records_both_partitions_and_the_partitioning_time(document):
     for method in ("ago", "stock"):
         assert fig[method]["acyclic"] and 0 < fig[method]["seconds"] < 60
         assert {"subgraphs", "trivial", "jain", "chains", "max_complex_ops"} <= set(fig[method])
-    assert fig["ago"]["subgraphs"] <= fig["stock"]["subgraphs"] == 4  # the tvm-stock variant's groups (NHWC: 2 transposes)
+    # the tvm-stock variant's groups (NHWC: 2 transposes)
+    assert fig["ago"]["subgraphs"] <= fig["stock"]["subgraphs"] == 4
 
 
 def test_write_results_gives_json_and_png_without_overwriting(document, tmp_path):
@@ -108,8 +109,8 @@ def test_a_variant_that_does_not_load_fails_alone_in_its_shared_worker(tmp_path)
     worker = bench.Worker(members, tiny_settings())
     try:
         assert list(worker.errors) == ["tvm-ago"] and worker.names == ["tvm-stock"]
-        samples, medians, failures = bench.measure_rounds([worker], tiny_settings(rounds=2), __import__("random").Random(0),
-                                                    lambda *a, **k: None)
+        samples, medians, failures = bench.measure_rounds([worker], tiny_settings(rounds=2),
+                                                          __import__("random").Random(0), lambda *a, **k: None)
     finally:
         worker.close()
     assert len(samples["tvm-stock"]) == 4 and not failures and "tvm-ago" not in samples
@@ -124,7 +125,7 @@ def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_
     )
     variants = doc["results"][0]["variants"]
     assert variants["tvm-broken"]["status"] == "failed"
-    assert "unknown partition 'no-such-partition'" in variants["tvm-broken"]["reason"]
+    assert "unknown --partition 'no-such-partition'" in variants["tvm-broken"]["reason"]
     assert variants["tvm-stock"]["status"] == "ok" and variants["onnxruntime"]["status"] == "ok"
 
 
@@ -137,7 +138,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
     calls = []
 
     def fake_tune(mod, sha, spec, settings, db, on_event=None, measure=None, base=None):
-        calls.append((settings.partition, base))
+        calls.append((settings.partition.method, base))
         db.mkdir(parents=True)
         (db / "session.json").write_text("{}")
         if base is not None:
@@ -150,6 +151,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
     results = bench.run_case(case, variants, bench.SUITES["tiny"], tiny_settings(rounds=1), tmp_path,
                              __import__("random").Random(0), lambda *a, **k: None)
     assert calls == [("stock", None), ("ago", tmp_path / case.label / "tvm-stock-tuned.db")]
+    assert "add --variants" not in results["tvm-ago-from-stock"].get("reason", "")  # its base was in the run
     alone = bench.run_case(case, variants[:1], bench.SUITES["tiny"], tiny_settings(rounds=1), tmp_path / "alone",
                            __import__("random").Random(0), lambda *a, **k: None)
     assert alone["tvm-ago-from-stock"]["status"] == "failed"
@@ -162,7 +164,7 @@ def test_an_internal_error_in_one_variant_does_not_end_the_suite(monkeypatch, tm
     compile_model = toolchain.pipeline.compile_model
 
     def crash(request, *args, **kwargs):
-        if request.partition == "stock":
+        if request.partition.method == "stock":
             raise RuntimeError("ScheduleError: something TVM did not expect")
         return compile_model(request, *args, **kwargs)
 
@@ -172,7 +174,8 @@ def test_an_internal_error_in_one_variant_does_not_end_the_suite(monkeypatch, tm
     variants = doc["results"][0]["variants"]
     assert variants["tvm-ago"]["status"] == "ok"
     assert variants["tvm-stock"]["status"] == "failed"
-    assert variants["tvm-stock"]["reason"] == "internal error: RuntimeError: ScheduleError: something TVM did not expect"
+    assert variants["tvm-stock"]["reason"] == ("internal error: RuntimeError: ScheduleError: "
+                                               "something TVM did not expect")
     assert variants["onnxruntime"]["status"] == "ok"
 
 
@@ -214,7 +217,8 @@ def test_bench_suite_cli_rejects_unknown_names(cli):
 
 
 def test_every_tuned_variant_of_a_case_gets_the_same_budget_even_when_one_needs_more_than_the_suites():
-    # tiny-cnn's stock partition has 3 kernels (in NCHW; NHWC adds two transposes): at one batch each a 16-trial suite budget is not enough
+    # tiny-cnn's stock partition has 3 kernels (in NCHW; NHWC adds two transposes): at one batch each a 16-trial
+    # suite budget is not enough
     tuned = [bench.VARIANTS_BY_NAME["tvm-stock-tuned"], bench.VARIANTS_BY_NAME["tvm-ago-tuned"]]
     settings = tiny_settings(trials=16, layout="NCHW")
     budget = bench.equal_budget(Case("tiny-cnn", (1, 3, 16, 16)), tuned, bench.SUITES["e2e"], settings)
@@ -246,7 +250,7 @@ def test_bench_report_prints_a_saved_run_and_refuses_other_files(document, cli, 
     path, _ = bench.write_results(document, tmp_path)
     result = cli("bench-report", path, "--png", tmp_path / "again.png")
     assert result.exit_code == 0, result.stderr
-    assert "tiny-cnn@1x3x16x16" in result.stdout and "tvm-stock" in result.stdout and "× vs onnxruntime" in result.stdout
+    assert all(s in result.stdout for s in ("tiny-cnn@1x3x16x16", "tvm-stock", "× vs onnxruntime"))
     assert "partitions (AGO | stock TVM)" in result.stdout
     assert (tmp_path / "again.png").stat().st_size > 0
     other = tmp_path / "other.json"

@@ -5,8 +5,7 @@ import os
 import pytest
 
 from host import bench
-from host.bench import cache_regime
-from host.bench import Case
+from host.bench import Case, cache_regime
 from tests.host.test_bench import tiny_settings
 
 
@@ -90,7 +89,7 @@ def test_the_worker_calls_its_engines_in_the_regimes_order(monkeypatch, capsys, 
     commands = [{"cmd": "run", "n": 2, "order": ["a", "b"]}, {"cmd": "quit"}]
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
     config = {"threads": 1, "warmup": 0, "cache": name,
-              "engines": [{"name": "a", "engine": "tvm", "artifact": "-"}, {"name": "b", "engine": "tvm", "artifact": "-"}]}
+              "engines": [{"name": n, "engine": "tvm", "artifact": "-"} for n in ("a", "b")]}
     assert bench_worker.main(["worker", json.dumps(config)]) == 0
     replies = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert replies[0]["cache"] == name

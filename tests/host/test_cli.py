@@ -2,13 +2,11 @@
 
 import json
 
-import pytest
+import onnx
 from onnx import TensorProto, helper
 
 import models
 from models.registry import IR_VERSION, OPSET
-
-import onnx
 
 
 def assert_clean_error(result, *fragments):

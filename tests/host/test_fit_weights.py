@@ -162,14 +162,17 @@ def test_measure_end_to_end_small(tmp_path, monkeypatch):
 
 def test_fit_file_writes_constants_and_source(tmp_path):
     rows = [{"name": f"s{i}", "loop_term_sum": t, "n_ops": n, "budget": 0.2 * t + 1.5 * n, "trials": 64,
-             "best_latency_ms": 1.0, "seconds": 1.0} for i, (t, n) in enumerate([(100, 2), (250, 4), (400, 8), (600, 11)])]
+             "best_latency_ms": 1.0, "seconds": 1.0}
+            for i, (t, n) in enumerate([(100, 2), (250, 4), (400, 8), (600, 11)])]
     budgets = tmp_path / "budgets.json"
-    budgets.write_text(json.dumps({"context": {"cpu": "X", "llvm_mcpu": "y", "tvm_num_threads": "2"}, "subgraphs": rows}))
+    context = {"cpu": "X", "llvm_mcpu": "y", "tvm_num_threads": "2"}
+    budgets.write_text(json.dumps({"context": context, "subgraphs": rows}))
     out = tmp_path / "fit.json"
     fw.fit_file(budgets, out, echo=lambda _m: None, threshold=80)
     data = json.loads(out.read_text())
     assert data["c"] == pytest.approx(0.2) and data["b"] == pytest.approx(1.5) and data["n"] == 4
-    assert data["source"].startswith("fitted by host/bench/fit_weights.py from ") and "64 trials/subgraph" in data["source"]
+    assert data["source"].startswith("fitted by host/bench/fit_weights.py from ")
+    assert "64 trials/subgraph" in data["source"]
     assert data["default_threshold"] == 80.0
 
     from toolchain.weights import default_threshold, load_model

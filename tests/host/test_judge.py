@@ -33,6 +33,7 @@ def make_pair_db(root):
 
     from toolchain import build, onnx_import
     from toolchain.opgraph import op_graph
+    from toolchain.settings import PartitionSettings
     from toolchain.targets import resolve_target
     from toolchain.tune.adapter import workload_module
     from toolchain.tune.db import TuneDB
@@ -43,7 +44,7 @@ def make_pair_db(root):
     model = models.build(*PAIR)
     spec = resolve_target("host-avx2", layout="NHWC")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
     db = TuneDB(root)
     db.open_session({"schema": SCHEMA, "model_sha256": onnx_import.model_hash(model),

@@ -9,6 +9,7 @@ import models
 from host.bench import proxy
 from tests.conftest import require_tool
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
 
 # A callgrind output file as written with --compress-strings=no --compress-pos=no (cut down).
@@ -150,7 +151,7 @@ def pair_artifacts(tmp_path_factory):
     spec = resolve_target("host-avx2")
     built = {}
     for partition in ("stock", "ago"):
-        request = CompileRequest(models.build(*PAIR), PAIR[0], spec, partition=partition, threshold=1e9)
+        request = CompileRequest(models.build(*PAIR), PAIR[0], spec, partition=PartitionSettings(partition, 1e9))
         built[partition] = compile_model(request, find_compiler(spec), root / partition)
     convs = {p: [k for k in a.manifest.kernels if "conv2d" in k["name"]] for p, a in built.items()}
     assert len(convs["stock"]) == 2 and len(convs["ago"]) == 1  # (and in NHWC a transpose at each edge)

@@ -12,6 +12,7 @@ import pytest
 import models
 from host.devices import LocalDevice
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
 from toolchain.verify import verify_artifact
 
@@ -32,7 +33,7 @@ def cases():
 @pytest.mark.parametrize("name, shape, partition", list(cases()))
 def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, partition, tmp_path):
     spec = resolve_target("host")
-    request = CompileRequest(models.build(name, shape), name, spec, partition=partition)
+    request = CompileRequest(models.build(name, shape), name, spec, partition=PartitionSettings(partition))
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     assert artifact.manifest.partition_info["acyclic"]
     if partition == "ago":
@@ -47,7 +48,8 @@ def test_zoo_model_compiles_for_host_and_matches_onnxruntime(name, shape, partit
 def test_ago_pair_fuses_into_one_kernel_and_matches_onnxruntime(kind, tmp_path):
     spec = resolve_target("host")
     name = f"pair-{kind}"
-    request = CompileRequest(models.build(name, models.get(name).shapes[-1]), name, spec, threshold=1e9)
+    request = CompileRequest(models.build(name, models.get(name).shapes[-1]), name, spec,
+                             partition=PartitionSettings(threshold=1e9))
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     convs = [k for k in artifact.manifest.kernels if "conv2d" in k["name"]]
     assert len(convs) == 1  # the pair is one kernel; in NHWC the input and output get a transpose each

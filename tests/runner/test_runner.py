@@ -20,6 +20,7 @@ import pytest
 import models
 from tests.conftest import require_tool
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +44,8 @@ def build_runner(target: str) -> Path:
     with open(ROOT / "build" / ".runners.lock", "w") as lock:  # parallel workers (pytest -n): one make at a time
         __import__("fcntl").flock(lock, __import__("fcntl").LOCK_EX)
         result = subprocess.run(
-            ["make", "--no-print-directory", "-f", str(RUNNER_MK), "runner", f"TARGET={target}", f"PY={sys.executable}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=900,
+            ["make", "--no-print-directory", "-f", str(RUNNER_MK), "runner", f"TARGET={target}",
+             f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
     assert result.returncode == 0, f"runner build failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     binary = ROOT / "build" / "runner" / target / "agoc-runner"
@@ -80,7 +81,7 @@ def artifacts(tmp_path_factory):
         key = (name, target, partition, shape)
         if key not in cache:
             out = root / f"{name}-{target}-{partition}-{len(cache)}"
-            cache[key] = compile_zoo(name, out, target, shape, partition=partition)
+            cache[key] = compile_zoo(name, out, target, shape, partition=PartitionSettings(partition))
         return cache[key]
 
     return get

@@ -4,10 +4,11 @@ import pytest
 
 import models
 from toolchain import build, onnx_import, partition, reform
-from toolchain.tune.plan import group_kernels
 from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
+from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
+from toolchain.tune.plan import group_kernels
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def dwsep_split():
     model = models.build("tiny-dwsep")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
     graph = op_graph(mod)
-    plan = partition.plan("ago", mod, spec, threshold=1e9, graph=graph)
+    plan = partition.plan(PartitionSettings(threshold=1e9), mod, spec, graph=graph)
     split = reform.split_plan(graph, plan)
     (joined,) = group_kernels(fuse_groups(mod, plan.groups, spec))
     minis = group_kernels(fuse_groups(mod, split.plan.groups, spec))
@@ -50,7 +51,7 @@ def layer_norm_take():
     onnx.checker.check_model(model)
     spec = resolve_target("host")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
-    plan = partition.plan("ago", mod, spec, threshold=1e9, graph=op_graph(mod))
+    plan = partition.plan(PartitionSettings(threshold=1e9), mod, spec, graph=op_graph(mod))
     fused = fuse_groups(mod, plan.groups, spec)
     calls = [(n, a) for n, a in build.kernel_calls(fused["main"]) if "take" in n]
     assert len(calls) == 1 and "layer_norm" in calls[0][0]  # one kernel: the gather reads the norm's output

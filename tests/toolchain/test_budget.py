@@ -7,9 +7,21 @@ import sys
 
 import pytest
 
-from toolchain.tune.budget import (budgets, expected_gain, first_pass, hand_back, join_yields, next_round,
-                                   round_gains, roofline_gain, session_trials, split_budget, stabilised, task_ms,
-                                   unspent)
+from toolchain.tune.budget import (
+    budgets,
+    expected_gain,
+    first_pass,
+    hand_back,
+    join_yields,
+    next_round,
+    roofline_gain,
+    round_gains,
+    session_trials,
+    split_budget,
+    stabilised,
+    task_ms,
+    unspent,
+)
 from toolchain.tune.settings import Task
 
 

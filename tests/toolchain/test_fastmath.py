@@ -1,18 +1,18 @@
 """Transcendental ops as fast polynomials (toolchain/fastmath.py): which ops, how close, and the
 databases that record it."""
 
-import numpy as np
 import pytest
 
 import models
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
 from toolchain import build, fastmath, onnx_import
-from toolchain.tune.db import TuneDB
-from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.errors import UnsupportedModelError
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
+from toolchain.tune.db import TuneDB
+from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.verify import verify_artifact
 
 
@@ -58,7 +58,7 @@ def test_a_model_without_such_ops_is_the_same_either_way():
 @pytest.mark.parametrize("partition", ["ago", "stock"])
 def test_a_model_computed_with_fast_math_matches_onnxruntime(partition, tmp_path):
     spec = resolve_target("host")
-    artifact = compile_model(CompileRequest(every_op_model(), "fast", spec, partition=partition),
+    artifact = compile_model(CompileRequest(every_op_model(), "fast", spec, partition=PartitionSettings(partition)),
                              find_compiler(spec), tmp_path / "a")
     assert artifact.manifest.target["fast_math"] is True
     report = verify_artifact(artifact, LocalDevice())

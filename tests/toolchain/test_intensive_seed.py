@@ -4,17 +4,18 @@
 import numpy as np
 import pytest
 
+from toolchain.settings import PartitionSettings
+from toolchain.targets import resolve_target
 from toolchain.tune import intensive, intensive_seed
-from toolchain.tune.candidates import random_args, run
-from toolchain.tune.space import rest_complex
 from toolchain.tune.adapter import postprocess, trial_latencies, workload_module
+from toolchain.tune.candidates import random_args, run
 from toolchain.tune.compose import seed_joined
 from toolchain.tune.db import TuneDB
 from toolchain.tune.plan import map_blocks, plan_tasks
-from toolchain.tune.settings import TuneSettings
-from toolchain.tune.traces import plain, unroll_of
 from toolchain.tune.schedule_check import execution_counts, format_counts
-from toolchain.targets import resolve_target
+from toolchain.tune.settings import TuneSettings
+from toolchain.tune.space import rest_complex
+from toolchain.tune.traces import plain, unroll_of
 
 SPEC = resolve_target("host", num_cores=2)
 
@@ -140,7 +141,8 @@ def test_a_join_is_seeded_in_its_own_space_too_but_not_under_ago_ni(dwsep, tmp_p
     candidate); AGO-NI searches the stock space, so it gets the side-by-side one only."""
     mod, graph, _, joined, parts = dwsep
     for intensive_on, want in ((True, 1 + len(intensive_seed.TILE_BYTES) * len(intensive_seed.VECTORS)), (False, 1)):
-        settings = TuneSettings(trials=64, per_iter=8, threshold=1e9, intensive=intensive_on)
+        settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9),
+                                intensive=intensive_on)
         _, plan = plan_tasks(mod, graph, SPEC, settings)
         (task,) = [t for t in plan.tasks if t.phase == "joined"]
         by_block = {frozenset(m.values()): t for t, m in parts}

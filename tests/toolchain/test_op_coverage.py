@@ -14,6 +14,7 @@ from toolchain.pipeline import CompileRequest, compile_model
 from toolchain.reference import run_onnxruntime
 from toolchain.runtime import VMSession
 from toolchain.samples import sample_inputs
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
 from toolchain.verify import compare, verify_artifact
 
@@ -43,7 +44,7 @@ def compiled(m, tmp_path, setting="default"):
     """Compile ``m`` in one of :data:`SETTINGS` and verify the artifact against onnxruntime."""
     options = SETTINGS[setting]
     spec = resolve_target("host", **({"layout": options["layout"]} if "layout" in options else {}))
-    request = CompileRequest(m, "case", spec, partition=options.get("partition", "ago"))
+    request = CompileRequest(m, "case", spec, partition=PartitionSettings(options.get("partition", "ago")))
     artifact = compile_model(request, find_compiler(spec), tmp_path / setting)
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
@@ -56,7 +57,7 @@ def built_by_stages(m, tmp_path, layout="NHWC"):
     inputs = onnx_import.resolve_inputs(m, {})
     mod = build.legalize(onnx_import.to_relax(m, inputs), spec)
     graph = op_graph(mod)
-    plan = partition.plan("ago", mod, spec, graph=graph)
+    plan = partition.plan(PartitionSettings("ago"), mod, spec, graph=graph)
     partition.check(graph, plan)
     lib = build.build_library(fusion.fuse_groups(mod, plan.groups, spec), spec, find_compiler(spec),
                               tmp_path / "model.so")
@@ -70,7 +71,8 @@ def built_by_stages(m, tmp_path, layout="NHWC"):
 
 
 def test_a_rank_0_input_runs_as_a_scalar(tmp_path):
-    m = model([helper.make_node("Mul", ["x", "s"], ["y"])], [tensor("x", [2, 3]), tensor("s", [])], [tensor("y", [2, 3])])
+    m = model([helper.make_node("Mul", ["x", "s"], ["y"])], [tensor("x", [2, 3]), tensor("s", [])],
+              [tensor("y", [2, 3])])
     artifact = compiled(m, tmp_path)
     assert artifact.read_inputs()["s"].shape == ()
 
@@ -126,7 +128,7 @@ def test_extern_ops_are_singletons_in_the_ago_plan():
     mod = build.legalize(onnx_import.to_relax(m, onnx_import.resolve_inputs(m, {})), spec)
     graph = op_graph(mod)
     (topk,) = graph.extern_ids
-    plan = partition.plan("ago", mod, spec, threshold=1e9, graph=graph)
+    plan = partition.plan(PartitionSettings(threshold=1e9), mod, spec, graph=graph)
     assert (topk,) in plan.groups and len(plan.groups) == 3
 
 
@@ -142,7 +144,8 @@ def test_a_graph_without_convs_compiles_in_every_layout(tmp_path, setting):
 
 def test_squeeze_with_a_negative_axis_after_a_conv_in_nhwc(tmp_path):
     m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Squeeze", ["c", "a"], ["y"])],
-              [tensor("x", [1, 3, 1, 5])], [tensor("y", [1, 4, 5])], {"a": np.array([-2], np.int64), "w": weights(4, 3, 1, 1)})
+              [tensor("x", [1, 3, 1, 5])], [tensor("y", [1, 4, 5])],
+              {"a": np.array([-2], np.int64), "w": weights(4, 3, 1, 1)})
     compiled(m, tmp_path)
 
 
@@ -245,7 +248,8 @@ def test_concat_with_a_zero_size_initializer(tmp_path):
 
 
 def test_an_output_listed_twice_is_one_output(tmp_path):
-    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2, 3])], [tensor("y", [2, 3]), tensor("y", [2, 3])])
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2, 3])],
+              [tensor("y", [2, 3]), tensor("y", [2, 3])])
     assert [t.info.name for t in compiled(m, tmp_path).manifest.outputs] == ["y"]
 
 

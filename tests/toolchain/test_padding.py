@@ -6,11 +6,12 @@ import models
 from host.devices import LocalDevice
 from models.builder import GraphBuilder
 from toolchain import build, onnx_import, padding
-from toolchain.tune.db import TuneDB
-from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.errors import UnsupportedModelError
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
+from toolchain.tune.db import TuneDB
+from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.verify import verify_artifact
 
 
@@ -83,8 +84,8 @@ def _constants(mod):
 @pytest.mark.parametrize("partition,layout", [("ago", "NHWC"), ("stock", "NHWC"), ("ago", "NCHW")])
 def test_a_model_with_a_padded_chain_matches_onnxruntime(partition, layout, tmp_path):
     spec = resolve_target("host", layout=layout)
-    artifact = compile_model(CompileRequest(chain_model(), "padded-chain", spec, partition=partition),
-                             find_compiler(spec), tmp_path / "a")
+    request = CompileRequest(chain_model(), "padded-chain", spec, partition=PartitionSettings(partition))
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     assert [(p["op"], p["channels"], p["padded"]) for p in artifact.manifest.partition_info["padded"]] == [
         ("conv2d", 72, 80)]  # recorded, with the rule's reason
     assert "ShuffleNet" in artifact.manifest.partition_info["padded"][0]["why"]
@@ -145,7 +146,7 @@ def test_the_padded_conv_and_classifier_compute_padded_channels(layout):
 @pytest.mark.parametrize("partition,layout", [("ago", "NHWC"), ("stock", "NHWC"), ("ago", "NCHW")])
 def test_a_model_with_padded_channels_matches_onnxruntime(partition, layout, tmp_path):
     spec = resolve_target("host", layout=layout)
-    artifact = compile_model(CompileRequest(head_model(), "padded-head", spec, partition=partition),
+    artifact = compile_model(CompileRequest(head_model(), "padded-head", spec, partition=PartitionSettings(partition)),
                              find_compiler(spec), tmp_path / "a")
     assert artifact.manifest.target["pad_channels"] is True
     report = verify_artifact(artifact, LocalDevice())

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.toolchain.test_tuning import SPEC, _fake_db
+from toolchain.settings import PartitionSettings
 from toolchain.tune import pairing
 from toolchain.tune.adapter import workload_module
 from toolchain.tune.apply import unfuse_slower
@@ -11,7 +13,6 @@ from toolchain.tune.pairing import first_batch_vs_minis
 from toolchain.tune.plan import plan_tasks
 from toolchain.tune.settings import TuneSettings, TuningError
 from toolchain.tune.traces import plain
-from tests.toolchain.test_tuning import SPEC, _fake_db
 
 
 def _verified(joined_ms, minis_ms):
@@ -56,7 +57,7 @@ def test_a_current_pairing_overrules_the_recorded_latencies_and_a_stale_one_does
 
 def test_the_build_and_the_estimate_follow_a_pairing(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
     assert unfuse_slower(plan, tmp_path)[0].groups == split.plan.groups  # recorded: slower
     verified = db.verified
@@ -77,7 +78,7 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     from tvm import s_tir
 
     mod, graph, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = plan.compositions
     minis = [name for name, _ in plan.compositions[joined]]
@@ -95,7 +96,8 @@ def test_joins_are_timed_next_to_their_minis_once_per_set_of_schedules(dwsep_spl
     assert [type(e) for e in events] == [Pairing, Paired]
     assert pairing.pair_joins(plan, verified, SPEC, settings, rounds=2) == 0  # still current: not again
     verified[minis[0]]["latency_ms"] = 0.5  # a new schedule for a mini: timed again
-    broken = {**verified, minis[1]: {**verified[minis[1]], "trace": [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]}}
+    bad_trace = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
+    broken = {**verified, minis[1]: {**verified[minis[1]], "trace": bad_trace}}
     assert pairing.pair_joins(plan, broken, SPEC, settings, rounds=2) == 0  # a pairing that fails: recorded
     assert "paired_error" in broken[joined] and "paired" in broken[joined]  # (the stale one is ignored)
     assert pairing.current_pairing(joined, minis, broken) is None
@@ -108,7 +110,7 @@ def test_a_joins_first_batch_is_timed_next_to_its_minis(dwsep_split):
     from tvm.s_tir import meta_schedule as ms
 
     mod, graph, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = plan.compositions
     minis = [name for name, _ in plan.compositions[joined]]
@@ -168,7 +170,7 @@ def test_the_traffic_rule_builds_the_side_that_moves_fewer_bytes_while_its_judge
 
 def test_compile_builds_each_join_as_its_traffic_judgement_says(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     db = _fake_db(tmp_path, mod, graph, settings, joined_ms=0.2, mini_ms=[0.1, 0.1, 0.1])  # by latency: joined
     with pytest.raises(TuningError, match=r"no current traffic judgement for a76 .*--joins a76` judges"):
         unfuse_slower(plan, tmp_path, "traffic:a76")

@@ -50,7 +50,8 @@ def test_manifest_records_model_io_target_compiler_versions_kernels(tmp_path):
     assert data["schema"] == "agoc.artifact/1"
     assert data["model"]["name"] == "tiny-cnn" and len(data["model"]["sha256"]) == 64
     assert data["model"]["op_counts"] == {"Add": 1, "Conv": 1, "Flatten": 1, "Gemm": 1, "Relu": 1}
-    assert data["inputs"] == [{"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "file": "data/input_0.bin"}]
+    assert data["inputs"] == [
+        {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "file": "data/input_0.bin"}]
     assert data["outputs"] == [{"name": "output", "shape": [1, 10], "dtype": "float32", "file": "data/expected_0.bin"}]
     assert data["target"]["preset"] == "host" and data["target"]["tvm_target"]["mcpu"]
     assert data["compiler"]["kind"] == "host" and data["compiler"]["version"]

@@ -6,14 +6,15 @@ import pytest
 
 import models
 from toolchain import build, onnx_import
+from toolchain.reference import run_onnxruntime
+from toolchain.settings import PartitionSettings
+from toolchain.targets import resolve_target
 from toolchain.tune.adapter import postprocess, space_for, workload_module
 from toolchain.tune.apply import apply_verified
 from toolchain.tune.db import TuneDB
 from toolchain.tune.plan import group_kernels, task_name
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
 from toolchain.tune.traces import plain
-from toolchain.reference import run_onnxruntime
-from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")
 
@@ -126,7 +127,7 @@ def test_an_artifact_lists_its_kernels_by_the_names_they_are_built_under(cnn, tm
 
     model, fused = cnn
     name = _prepacked_db(fused, tmp_path / "db")
-    request = CompileRequest(model, "tiny-cnn", SPEC, partition="stock", db=tmp_path / "db")
+    request = CompileRequest(model, "tiny-cnn", SPEC, partition=PartitionSettings("stock"), db=tmp_path / "db")
     artifact = compile_model(request, find_compiler(SPEC), tmp_path / "out")
     names = [k["name"] for k in artifact.manifest.kernels]
     assert f"{name}_prepacked" in names and name not in names

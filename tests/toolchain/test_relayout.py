@@ -12,6 +12,7 @@ from models.shufflenet_v2 import _unit
 from toolchain import onnx_import, relayout
 from toolchain.build import NHWC_LAYOUTS
 from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.settings import PartitionSettings
 from toolchain.targets import find_compiler, resolve_target
 from toolchain.verify import verify_artifact
 
@@ -76,7 +77,7 @@ def test_rules_leave_a_module_without_transposes_alone():
 @pytest.mark.parametrize("partition", ["stock", "ago"])
 def test_shuffle_units_in_nhwc_match_onnxruntime(partition, tmp_path):
     spec = resolve_target("host", layout="NHWC")
-    request = CompileRequest(shuffle_model(), "shuffle-units", spec, partition=partition)
+    request = CompileRequest(shuffle_model(), "shuffle-units", spec, partition=PartitionSettings(partition))
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     if partition == "stock":  # FuseOps leaves a transpose the rules did not cancel a kernel of its own
         layout_kernels = [k["name"] for k in artifact.manifest.kernels
@@ -142,8 +143,8 @@ def test_a_clip_with_bounds_that_are_not_constants_is_kept():
 @pytest.mark.parametrize("partition", ["stock", "ago"])
 def test_hard_activations_in_nhwc_match_onnxruntime(partition, tmp_path):
     spec = resolve_target("host", layout="NHWC")
-    artifact = compile_model(CompileRequest(hard_activation_model(), "hard-acts", spec, partition=partition),
-                             find_compiler(spec), tmp_path / "a")
+    request = CompileRequest(hard_activation_model(), "hard-acts", spec, partition=PartitionSettings(partition))
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     names = [k["name"] for k in artifact.manifest.kernels]
     assert not any("clip" in name for name in names), names
     # no kernel of its own for an activation: what holds no conv or pool is the input's or output's transpose
@@ -173,7 +174,7 @@ def test_leaky_relu_follows_the_layout_where_max_is_the_same(alpha, rewritten):
 @pytest.mark.parametrize("alpha", [0.1, 1.5])
 def test_leaky_relu_in_nhwc_matches_onnxruntime(alpha, tmp_path):
     spec = resolve_target("host", layout="NHWC")
-    artifact = compile_model(CompileRequest(leaky_model(alpha), "leaky", spec, partition="stock"),
+    artifact = compile_model(CompileRequest(leaky_model(alpha), "leaky", spec, partition=PartitionSettings("stock")),
                              find_compiler(spec), tmp_path / "a")
     if alpha <= 1:  # the input's and output's transposes only: the activation is fused into its conv
         assert len(artifact.manifest.kernels) == 4, [k["name"] for k in artifact.manifest.kernels]

@@ -40,7 +40,8 @@ def test_arm64_presets_set_triple_neon_and_four_cores():
 
 
 def test_unknown_target_lists_the_choices():
-    with pytest.raises(TargetError, match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64"):
+    with pytest.raises(TargetError,
+                       match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64"):
         resolve_target("x86")
 
 

@@ -73,7 +73,8 @@ def test_local_runner_evaluator_reads_the_config_when_no_timing_is_given():
 def test_cold_timing_flushes_all_but_the_first_argument_before_each_single_call():
     mod = FakeModule([[1.0] * 30, [1.0] * 30])
     timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, cold=True, cold_calls=30))
-    assert mod.evaluator == {"number": 1, "repeat": 30, "min_repeat_ms": 0, "f_preproc": "cache_flush_cpu_non_first_arg"}
+    assert mod.evaluator == {"number": 1, "repeat": 30, "min_repeat_ms": 0,
+                             "f_preproc": "cache_flush_cpu_non_first_arg"}
     warm = FakeModule([[1.0] * 3] * 2)
     timing.measure(warm, DEVICE, [()], timing.Timing(warmup_ms=0))
     assert warm.evaluator == {"number": 3, "repeat": 3, "min_repeat_ms": 20}

@@ -8,6 +8,8 @@ import pytest
 
 import models
 from toolchain import build, onnx_import
+from toolchain.settings import PartitionSettings
+from toolchain.targets import resolve_target
 from toolchain.tune import transfer
 from toolchain.tune.adapter import postprocess, space_for, trial_latencies, workload_module
 from toolchain.tune.candidates import check_candidate
@@ -16,7 +18,6 @@ from toolchain.tune.db import TuneDB
 from toolchain.tune.plan import TaskPlan, group_kernels
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.traces import plain, rename_blocks
-from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")
 
@@ -153,7 +154,7 @@ def _joined_kernel(shape):
 
     model = models.build("tiny-dwsep", shape)
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
-    plan = partition.plan("ago", mod, SPEC, threshold=1e9, graph=op_graph(mod))
+    plan = partition.plan(PartitionSettings(threshold=1e9), mod, SPEC, graph=op_graph(mod))
     # NHWC: the input's transpose is a kernel of its own (partition.KEEP_APART)
     (func,) = [f for name, f in group_kernels(fuse_groups(mod, plan.groups, SPEC)) if "conv2d" in name]
     return func
@@ -228,8 +229,8 @@ def _pointwise(act, size, cin=8, cout=16):
 def epilogues():
     """The same pointwise conv with bias only, with hard-swish (a diamond: x · relu6(x + 3) / 6) at two
     sizes, and with ReLU6."""
-    return {"bias": _pointwise(None, 8), "hswish": _pointwise("hardswish", 8), "hswish-large": _pointwise("hardswish", 12),
-            "relu6": _pointwise("relu6", 10)}
+    return {"bias": _pointwise(None, 8), "hswish": _pointwise("hardswish", 8),
+            "hswish-large": _pointwise("hardswish", 12), "relu6": _pointwise("relu6", 10)}
 
 
 def test_kernels_that_differ_only_in_their_epilogue_share_a_core_signature(epilogues):

@@ -5,16 +5,26 @@ is marked slow."""
 import dataclasses
 import json
 import math
-
 import re
 
 import pytest
 
 import models
 from toolchain import build, onnx_import, partition
+from toolchain.opgraph import op_graph
+from toolchain.settings import PartitionSettings
+from toolchain.targets import resolve_target
 from toolchain.tune import adapter, candidates, compose, pairing
-from toolchain.tune.adapter import (latency, postprocess, records_of, session_cost_model, space_for,
-                                    trial_latencies, tune_trials, workload_module)
+from toolchain.tune.adapter import (
+    latency,
+    postprocess,
+    records_of,
+    session_cost_model,
+    space_for,
+    trial_latencies,
+    tune_trials,
+    workload_module,
+)
 from toolchain.tune.apply import unfuse_slower
 from toolchain.tune.budget import budgets, expected_gain, roofline_gain, stabilised
 from toolchain.tune.compose import compose_joined, restore_unroll
@@ -24,8 +34,6 @@ from toolchain.tune.plan import block_names, first_pass_trials, map_blocks, plan
 from toolchain.tune.session import model_times, tune_model
 from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.tune.traces import plain, rename_blocks, replay_tolerant, unroll_of
-from toolchain.opgraph import op_graph
-from toolchain.targets import resolve_target
 
 SPEC = resolve_target("host")
 NCHW = resolve_target("host", layout="NCHW")  # plans counted in kernels: no edge transposes
@@ -197,19 +205,19 @@ def test_a_composed_seed_is_postprocessed_like_every_candidate(dwsep_split):
 
 def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwsep_split):
     mod, graph, *_ = dwsep_split  # one subgraph of three complex ops (pw, dw, pw)
-    roomy = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    roomy = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, roomy)
     assert [t.phase for t in plan.tasks] == ["mini", "mini", "mini", "joined"]  # minis first, then the join
     assert sum(t.budget for t in plan.tasks[:3]) == 32 and plan.tasks[3].budget == 32  # split_fraction 0.5
     assert planned_trials(mod, SPEC, roomy) == 64
     # a tight budget still splits: the subgraph's floor is a batch per mini and one for the join
-    tight = TuneSettings(trials=8, per_iter=8, threshold=1e9)
+    tight = TuneSettings(trials=8, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 8)]
     assert planned_trials(mod, SPEC, tight) == 32  # over --trials (and stated so by `agoc tune`)
     # without the reformer the subgraph is one kernel with one batch
-    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=8, per_iter=8, threshold=1e9,
-                                                        reformer=False))
+    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=8, per_iter=8, reformer=False,
+                                                        partition=PartitionSettings(threshold=1e9)))
     assert [(t.phase, t.budget) for t in plan.tasks] == [("kernel", 8)]
 
 
@@ -241,7 +249,7 @@ def test_a_kernel_the_model_calls_three_times_gets_three_times_the_trials():
         x = b.conv(x, 16, 16, 1, name=f"pw{i}", act="relu")
     x = b.conv(x, 16, 16, 1, name="last")  # no activation: a kernel of its own, called once
     mod, graph = _legalized(b.finish(x, (1, 16, 16, 16)))
-    settings = TuneSettings(trials=64, per_iter=16, partition="stock")
+    settings = TuneSettings(trials=64, per_iter=16, partition=PartitionSettings("stock"))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     assert sorted((t.calls, t.budget) for t in plan.tasks) == [(1, 16), (3, 48)]
 
@@ -253,7 +261,7 @@ def test_a_mini_tuned_elsewhere_is_not_charged_to_the_join_again(threshold, grou
     nothing here: charged again, they took batches from the kernels (MobileNet-V2 at 960 trials: every
     kernel one batch while late joins got three)."""
     mod, graph = _twin_blocks()
-    tight = TuneSettings(trials=8, per_iter=8, threshold=threshold)
+    tight = TuneSettings(trials=8, per_iter=8, partition=PartitionSettings(threshold=threshold))
     _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert len(plan.groups) == groups
     # one subgraph dw pw dw pw (two distinct minis); or dw pw dw + the kernel pw (one mini of its own)
@@ -311,7 +319,7 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     resumed session neither re-tunes a stabilised mini nor adds trials."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=256, per_iter=8, stable_window=8, threshold=1e9)
+    settings = TuneSettings(trials=256, per_iter=8, stable_window=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
@@ -333,7 +341,7 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     built as its minis anyway, so those trials are better spent on them. Nothing more on resume."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
@@ -374,7 +382,8 @@ def test_a_resumed_session_with_a_larger_budget_spends_it_where_a_join_handed_ba
     topped up from 2x to 4x spent 3189 of 3968 trials). It goes to the join's minis now, once."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    small = TuneSettings(trials=64, per_iter=8, threshold=1e9, stable_window=8 if stable else 10_000)
+    small = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9),
+                         stable_window=8 if stable else 10_000)
     _, plan = plan_tasks(mod, graph, SPEC, small)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
@@ -404,7 +413,7 @@ def test_a_join_whose_first_batch_finds_nothing_better_than_its_seed_goes_back_t
     and the join is composed again from their (better) schedules."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     script = plan.funcs[joined.name].script()
@@ -436,7 +445,7 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
     batch must beat."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=2)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9), transfer=2)
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     script = plan.funcs[joined.name].script()
@@ -463,7 +472,7 @@ def test_a_join_starts_from_its_composed_minis_and_from_joins_like_it(
     assert len(trials[script]) == 3 + settings.unit + 1  # three seeds, a batch, the composition again
     rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
     assert rows[joined.name]["seeded_from"] == 2
-    none = TuneSettings(trials=64, per_iter=8, threshold=1e9, transfer=0)
+    none = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9), transfer=0)
     calls = []
     monkeypatch.setattr(compose, "seed_from_siblings", lambda *a, **k: calls.append(a[0].name) or [])
     tune_model(mod, "a" * 64, SPEC, none, tmp_path / "none", lambda event: None)
@@ -475,7 +484,7 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
     module, two convs into one concat) is recorded; the session goes on; compile --db builds the
     subgraph as its verified minis."""
     mod, graph, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     fake = adapter.tune_trials
@@ -489,15 +498,16 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
     events = []
     summary = tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append)
     rows = {r["task"]: r for r in summary["tasks"]}
-    assert any(isinstance(e, SearchFailed) for e in events) and "reverse-compute-at" in rows[joined.name]["search_error"]
+    assert any(isinstance(e, SearchFailed) for e in events)
+    assert "reverse-compute-at" in rows[joined.name]["search_error"]
     assert rows[joined.name]["status"] == "untuned"
     assert all(rows[t.name]["status"] == "verified" for t in plan.tasks if t.phase == "mini")
     assert summary["estimate_ms"] == pytest.approx(3.0)  # the three minis, built in its place
-    built, unfused = unfuse_slower(partition.plan("ago", mod, SPEC, threshold=1e9, graph=graph), tmp_path)
+    built, unfused = unfuse_slower(partition.plan(PartitionSettings(threshold=1e9), mod, SPEC, graph=graph), tmp_path)
     assert len(unfused) == 1 and unfused[0]["joined_ms"] is None and "no verified schedule" in unfused[0]["reason"]
     assert len(built.groups) == 3
     # without the reformer: a kernel whose search fails leaves its trials to the next kernel
-    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
     _, plan = plan_tasks(mod, graph, SPEC, flat)
     first, second = plan.tasks[:2]
     fake_search.clear()
@@ -516,7 +526,7 @@ def test_a_search_that_fails_ends_its_task_not_the_session(dwsep_split, tmp_path
 def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_again(
         dwsep_split, tmp_path, fake_search, monkeypatch):
     mod, graph, *_ = dwsep_split
-    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
     _, plan = plan_tasks(mod, graph, SPEC, flat)
     first, second = plan.tasks[:2]
     fake, small = adapter.tune_trials, plan.funcs[first.name].script()
@@ -546,7 +556,7 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
     """The weight plan's carry has no task after the last kernel: it goes in rounds to the kernels
     that save the model most, as with the latency scheduler; a resumed session adds nothing."""
     mod, graph, *_ = dwsep_split
-    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False)
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
     _, plan = plan_tasks(mod, graph, SPEC, flat)
     last, others = plan.tasks[-1], plan.tasks[:-1]
     fake, small = adapter.tune_trials, plan.funcs[last.name].script()
@@ -578,7 +588,7 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
     the seeds are records of its own, so the search adds only what is left of its budget, and a
     resumed session does not seed again."""
     mod, graph, *_ = dwsep_split
-    flat = TuneSettings(trials=64, per_iter=8, threshold=1.0, reformer=False, transfer=2)
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False, transfer=2)
     _, plan = plan_tasks(mod, graph, SPEC, flat)
     offered = []
 
@@ -617,7 +627,8 @@ def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     db.save_layout(plan)
     minis = iter(mini_ms)
     db.save_verified({
-        t.name: {"status": "verified", "latency_ms": joined_ms if t.phase == "joined" else next(minis), "phase": t.phase}
+        t.name: {"status": "verified", "phase": t.phase,
+                 "latency_ms": joined_ms if t.phase == "joined" else next(minis)}
         for t in plan.tasks
     })
     return db
@@ -627,7 +638,7 @@ def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_calle
     """compare matches kernels by structural hash: another partition's session names the same
     PrimFunc otherwise. Unverified kernels are left out; databases for other targets are refused."""
     mod, graph, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     ago = _fake_db(tmp_path / "ago", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.2, 0.4])
     tasks = ago.tasks
     other = TuneDB(tmp_path / "stock")  # the same kernels under other names, one of them unverified
@@ -640,7 +651,8 @@ def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_calle
     assert [t.phase for t in tasks] == ["mini"] * 3 + ["joined"]
     assert sorted(r["ratio"] for r in c["kernels"]) == pytest.approx([1.0, 2.0, 2.0, 4.0])
     assert c["geomean"] == pytest.approx(2.0) and c["kernels"][0]["ratio"] == pytest.approx(4.0)  # worst first
-    assert {r["other"] for r in c["kernels"]} == set(ms) and {r["task"] for r in c["kernels"]} == {t.name for t in tasks}
+    assert {r["other"] for r in c["kernels"]} == set(ms)
+    assert {r["task"] for r in c["kernels"]} == {t.name for t in tasks}
     assert c["estimate_ms"] == pytest.approx(0.5) and c["other_estimate_ms"] == pytest.approx(0.55)
     verified = other.verified
     verified[renamed[2].name]["status"] = "failed"  # the 4x mini: not verified there, not compared
@@ -661,7 +673,7 @@ def test_two_databases_compare_on_the_kernels_both_tuned_whatever_they_are_calle
 
 def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split, tmp_path):
     mod, graph, plan, split, *_ = dwsep_split
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _fake_db(tmp_path / "slow", mod, graph, settings, joined_ms=0.5, mini_ms=[0.1, 0.1, 0.1])
     built, unfused = unfuse_slower(plan, tmp_path / "slow")
     assert built.groups == split.plan.groups and len(unfused) == 1
@@ -680,7 +692,7 @@ def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split
     db.save_verified(verified)
     assert unfuse_slower(plan, tmp_path / "partial") == (plan, [])
     # a database made for another threshold (another partition) changes nothing
-    other = TuneSettings(trials=64, per_iter=8, threshold=1.0)
+    other = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0))
     _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
     assert unfuse_slower(plan, tmp_path / "other") == (plan, [])
 
@@ -737,24 +749,60 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     assert cli("verify", tmp_path / "art").exit_code == 0
 
 
+def _flat_form(settings: TuneSettings, keep_inside: bool = True) -> dict:
+    """``settings`` as a session.json made before the partition knobs were one record held them: flat, one
+    ``keep_inside`` for both the locality unit and the tile cache (without it: made before that setting)."""
+    part = settings.partition
+    flat = {k: v for k, v in settings.to_json().items() if k not in ("partition", "tile_cache")}
+    flat |= {"partition": part.method, "threshold": part.threshold}
+    return flat | ({"keep_inside": part.locality_unit} if keep_inside else {})
+
+
 def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path, cli):
     """--keep-inside changes the kernels, so a database holds one value: compile --db cuts the model as
     the session did (here the pw → dw pair in one kernel although Td 1 merges nothing else), and a
     session with another value is refused; databases made before the setting hold 0."""
     model = models.build("tiny-dwsep")
+    kept = TuneSettings(partition=PartitionSettings(threshold=1.0, locality_unit=32 * 1024), tile_cache=32 * 1024)
     session = {"schema": SCHEMA, "model_sha256": onnx_import.model_hash(model), "target": SPEC.tvm_target,
-               "layout": "NHWC", "settings": TuneSettings(threshold=1.0, keep_inside=32 * 1024).to_json()}
+               "layout": "NHWC", "settings": kept.to_json()}
     db = TuneDB(tmp_path / "db")
     db.open_session(session)
     result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
     assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2
+    assert info["settings"] == session["settings"]["partition"]  # the same JSON in manifest and session
+    plain = TuneSettings(partition=PartitionSettings(threshold=1.0))
+    with pytest.raises(TuningError, match=r"different settings \(partition.locality_unit: 32768 → 0, tile_cache"):
+        db.open_session({**session, "settings": plain.to_json()})
+    TuneDB(tmp_path / "old").open_session({**session, "settings": _flat_form(plain, keep_inside=False)})
+    TuneDB(tmp_path / "old").open_session({**session, "settings": plain.to_json()})
+
+
+def test_a_database_made_before_the_settings_record_still_opens_and_compiles(tmp_path, cli):
+    """A session.json with the partition knobs flat (``partition``, ``threshold``, ``keep_inside``) reads as
+    the record (keep_inside: both the locality unit and the tile cache), resumes with the same settings
+    given the current way, refuses others, and ``compile --db`` cuts the model as it was tuned."""
+    model = models.build("tiny-dwsep")
+    kept = TuneSettings(partition=PartitionSettings(threshold=1.0, locality_unit=32 * 1024), tile_cache=32 * 1024)
+    session = {"schema": SCHEMA, "model_sha256": onnx_import.model_hash(model), "target": SPEC.tvm_target,
+               "layout": "NHWC", "settings": _flat_form(kept)}
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "session.json").write_text(json.dumps(session))
+    db = TuneDB(tmp_path / "db")
+    assert db.settings == kept == TuneSettings.from_json(session["settings"])
+    assert status(tmp_path / "db")["session"]["settings"] == kept.to_json()
+    result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
+    assert result.exit_code == 0, result.stderr
+    info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
+    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2 and info["threshold"] == 1.0
     with pytest.raises(TuningError, match="different settings"):
-        db.open_session({**session, "settings": TuneSettings(threshold=1.0).to_json()})
-    old = {k: v for k, v in TuneSettings(threshold=1.0).to_json().items() if k != "keep_inside"}
-    TuneDB(tmp_path / "old").open_session({**session, "settings": old})
-    TuneDB(tmp_path / "old").open_session({**session, "settings": TuneSettings(threshold=1.0).to_json()})
+        db.open_session({**session, "settings": dataclasses.replace(kept, tile_cache=0).to_json()})
+    db.open_session({**session, "settings": dataclasses.replace(kept, trials=512).to_json()})  # resumed
+    written = json.loads((tmp_path / "db" / "session.json").read_text())["settings"]  # now in the new form
+    assert written["partition"] == kept.partition.to_json() and written["tile_cache"] == 32 * 1024
+    assert TuneDB(tmp_path / "db").settings == dataclasses.replace(kept, trials=512)
 
 
 def _loop_schedule(func, parallel: bool, factor: int):
@@ -778,7 +826,7 @@ def test_a_session_starts_from_another_databases_records_of_the_same_kernels(dws
 
     (_, first), (_, second), (_, third) = dwsep_split[-1][:3]
     session = {"schema": SCHEMA, "model_sha256": "a" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
-               "settings": TuneSettings(partition="stock").to_json()}
+               "settings": TuneSettings(partition=PartitionSettings("stock")).to_json()}
     base = TuneDB(tmp_path / "stock")
     base.open_session(session)
     database = base.ms_database()
@@ -851,8 +899,9 @@ def test_kernels_and_joins_search_with_the_sessions_two_cost_models(dwsep_split,
 
     monkeypatch.setattr(adapter, "session_cost_model", model)
     search = adapter.tune_trials
-    monkeypatch.setattr(adapter, "tune_trials", lambda func, *a, **k: used.append((func, a[-1])) or search(func, *a, **k))
-    settings = TuneSettings(trials=64, per_iter=8, threshold=1e9)
+    monkeypatch.setattr(adapter, "tune_trials",
+                        lambda func, *a, **k: used.append((func, a[-1])) or search(func, *a, **k))
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     phase = {plan.funcs[t.name].script(): t.phase for t in plan.tasks}
@@ -900,7 +949,8 @@ def test_expected_gain_is_optimistic_early_and_follows_the_search_after():
 
 def test_model_times_count_what_the_model_is_built_with(dwsep_split):
     mod, graph, *_ = dwsep_split
-    _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=64, per_iter=8, threshold=1e9))
+    settings = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1e9))
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t.name for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t.name for t in plan.tasks if t.phase == "joined"]
     verified = {n: {"status": "verified", "latency_ms": 1.0} for n in minis}
@@ -919,7 +969,8 @@ def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dws
     The whole budget is spent, and a resumed session adds nothing."""
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=96, per_iter=8, warmup=4, scheduler="latency", threshold=1e9)
+    settings = TuneSettings(trials=96, per_iter=8, warmup=4, scheduler="latency",
+                            partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
@@ -964,12 +1015,13 @@ def test_the_roofline_scheduler_sends_its_rounds_to_the_task_furthest_above_its_
 
     mod, graph, *_ = dwsep_split
     trials = fake_search
-    settings = TuneSettings(trials=128, per_iter=8, scheduler="roofline", threshold=1e9)
+    settings = TuneSettings(trials=128, per_iter=8, scheduler="roofline", partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     assert first_pass_trials(mod, SPEC, settings) == 96 and planned_trials(mod, SPEC, settings) == 128
-    costs = {plan.funcs[t.name].script(): roofline.Cost(work, 1) for t, work in zip((*minis, joined), (400, 20, 50, 470))}
+    costs = {plan.funcs[t.name].script(): roofline.Cost(work, 1)
+             for t, work in zip((*minis, joined), (400, 20, 50, 470))}
     monkeypatch.setattr(roofline, "cost", lambda func: costs[func.script()])
     for t, speed in zip(minis, (4.0, 2.0, 1.0)):  # work rates 100 / 10 / 50 per ms; bytes 0.25 / 0.5 / 1
         trials.speed_ms[plan.funcs[t.name].script()] = speed
@@ -1051,10 +1103,11 @@ def test_keep_inside_caps_the_intensive_tiles_of_every_search(dwsep_split, tmp_p
 
     *_, (name, func), _ = dwsep_split
     seen, real = [], space_for
-    monkeypatch.setattr(adapter, "space_for", lambda f, s, i, tile_cache=0: seen.append(tile_cache) or real(f, s, i, tile_cache))
+    monkeypatch.setattr(adapter, "space_for",
+                        lambda f, s, i, tile_cache=0: seen.append(tile_cache) or real(f, s, i, tile_cache))
     monkeypatch.setattr(ms, "tune_tir", lambda *a, **k: None)
     for keep_inside in (0, 64 * 1024):
-        tune_trials(func, NCHW, None, 16, TuneSettings(trials=16, keep_inside=keep_inside), True,
+        tune_trials(func, NCHW, None, 16, TuneSettings(trials=16, tile_cache=keep_inside), True,
                     tmp_path / str(keep_inside))
     assert seen == [0, 64 * 1024]
 

@@ -163,7 +163,8 @@ class FullReduction:
 
 
 def schedule_dlight(func, target, notes: list | None = None, name: str = ""):
-    """dlight's default GPU rules in order; a rule that raises counts as not applicable. → (func, rule) or (None, None)."""
+    """dlight's default GPU rules in order; a rule that raises counts as not applicable.
+    → (func, rule) or (None, None)."""
     for rule in _dlight_rules():
         try:
             sch = rule.apply(func, target, False)
@@ -438,6 +439,25 @@ def reduction_length(func) -> int:
     return max(lengths, default=1)
 
 
+def _schedule_group(func, group, t, notes: list, name: str) -> tuple:
+    """(schedule, how) of one group's kernel: stitched for a row-form group, packed for a multi-op
+    element-wise one, dlight otherwise or when those fail (the failure noted); (None, ...) when none does."""
+    if group.form is not None:
+        try:
+            with t:
+                return schedule_stitched(func, group.form.rows, group.form.cols, group.form.threads), "stitched"
+        except Exception as exc:  # noqa: BLE001 - fall back to dlight, and say why
+            notes.append(f"stitched schedule failed on {name}: {type(exc).__name__} {error_line(exc)}")
+    if group.label in ("element-wise", "broadcast") and len(group.members) > 1:
+        try:
+            with t:
+                return schedule_packed(func), "packed"
+        except Exception as exc:  # noqa: BLE001 - not one element space: dlight decides
+            notes.append(f"packed schedule not applicable to {name}: {error_line(exc)}")
+    with t:
+        return schedule_dlight(func, t, notes, name)
+
+
 def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Scheduled:
     """APOLLO's partition: outline + FuseTIR, stitched schedules for row-form groups, dlight for the rest."""
     from toolchain import fusion
@@ -457,24 +477,7 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
             if name in schedules:
                 continue
             func = mod[name]
-            new, how = None, None
-            if group.form is not None:
-                try:
-                    with t:
-                        new = schedule_stitched(func, group.form.rows, group.form.cols, group.form.threads)
-                    how = "stitched"
-                except Exception as exc:  # noqa: BLE001 - fall back to dlight, and say why
-                    notes.append(f"stitched schedule failed on {name}: {type(exc).__name__} {error_line(exc)}")
-            if new is None and group.label in ("element-wise", "broadcast") and len(group.members) > 1:
-                try:
-                    with t:
-                        new = schedule_packed(func)
-                    how = "packed"
-                except Exception as exc:  # noqa: BLE001 - not one element space: dlight decides
-                    notes.append(f"packed schedule not applicable to {name}: {error_line(exc)}")
-            if new is None:
-                with t:
-                    new, how = schedule_dlight(func, t, notes, name)
+            new, how = _schedule_group(func, group, t, notes, name)
             if new is None:
                 if len(group.members) == 1:
                     raise BuildError(f"cannot schedule a single op for CUDA: no schedule for {name}")
@@ -482,7 +485,8 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
                 continue
             why = _feedback(group, how, func)
             if why:
-                failed.append((index, f"feedback: dlight schedules {name} with {how}, {why}", why.startswith("which sums")))
+                failed.append((index, f"feedback: dlight schedules {name} with {how}, {why}",
+                               why.startswith("which sums")))
                 continue
             mod[name] = new
             schedules[name] = how

@@ -124,7 +124,8 @@ def plan_graph(legalized, *, stitching: bool = True, budget: int = stitch.SHARED
 
 
 def compile_graph(graph: Graph, target: codegen.CudaTarget, *, with_stock: bool = True,
-                  budget: int = stitch.SHARED_BUDGET_BYTES, on_stage: Callable[[str], None] = lambda s: None) -> Compiled:
+                  budget: int = stitch.SHARED_BUDGET_BYTES,
+                  on_stage: Callable[[str], None] = lambda s: None) -> Compiled:
     on_stage("legalizing")
     legalized = legalize(graph.mod)
     on_stage("typing ops and aggregating (APOLLO Tables 1-2)")

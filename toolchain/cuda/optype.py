@@ -115,22 +115,31 @@ def _indices(region, tirx):
     return out
 
 
-def relation(load_indices, out_indices, extents: dict, tirx) -> tuple[str, tuple[int, ...], str]:
-    """Classify one input access against the output access (both index lists of one block)."""
+def _access_vars(load_indices, out_indices, extents: dict, tirx) -> tuple[list, list, str]:
+    """(output loop vars, input loop vars, "") of one access, constant indices left out; or why an index
+    is neither a loop variable nor a constant."""
     out_vars = []
     for idx in out_indices:
         if _is_var(idx, tirx):
             out_vars.append(idx)
         elif not isinstance(idx, tirx.IntImm):
-            return "general", (), "output index is not a plain loop variable"
+            return [], [], "output index is not a plain loop variable"
     in_vars = []
     for idx in load_indices:
         if _is_var(idx, tirx):
             if idx not in extents:
-                return "general", (), f"index {idx} is not a loop variable"
+                return [], [], f"index {idx} is not a loop variable"
             in_vars.append(idx)
         elif not isinstance(idx, tirx.IntImm):
-            return "general", (), f"index {idx} is a computed expression"
+            return [], [], f"index {idx} is a computed expression"
+    return out_vars, in_vars, ""
+
+
+def relation(load_indices, out_indices, extents: dict, tirx) -> tuple[str, tuple[int, ...], str]:
+    """Classify one input access against the output access (both index lists of one block)."""
+    out_vars, in_vars, why = _access_vars(load_indices, out_indices, extents, tirx)
+    if why:
+        return "general", (), why
     shared = [v for v in in_vars if any(v.same_as(o) for o in out_vars)]
     in_order = [next(i for i, o in enumerate(out_vars) if o.same_as(v)) for v in shared]
     if in_order != sorted(in_order) or len(set(in_order)) != len(in_order):
@@ -159,7 +168,8 @@ def relation(load_indices, out_indices, extents: dict, tirx) -> tuple[str, tuple
 
 def _param_index(buffer, params) -> int:
     for i, p in enumerate(params):
-        if buffer.same_as(p) or getattr(buffer, "data", None) is not None and buffer.data.same_as(getattr(p, "data", None)):
+        if buffer.same_as(p) or (getattr(buffer, "data", None) is not None
+                                 and buffer.data.same_as(getattr(p, "data", None))):
             return i
     return -1
 
@@ -182,7 +192,8 @@ def type_block(block, param_of: list) -> OpType:
             continue  # a reduction's accumulator
         indices = _indices(read, tirx)
         if indices is None:
-            rels.append(Relation(_param_index(_buffer(read), param_of), "general", (), "reads a region per iteration (gather/window)"))
+            rels.append(Relation(_param_index(_buffer(read), param_of), "general", (),
+                                 "reads a region per iteration (gather/window)"))
             continue
         kind, bdims, why = relation(indices, out_indices, extents, tirx)
         rels.append(Relation(_param_index(_buffer(read), param_of), kind, bdims, why))
@@ -243,9 +254,11 @@ def type_func(func_name: str, func) -> OpType:
         result = _combine(result, nxt, rule.result)
     if result is None:
         kinds = "+".join(t.label for t in types)
-        return OpType(OPAQUE, opaque_detail(func_name, ()), (), 0, False, (), f"compound op ({kinds}) no rule aggregates")
+        return OpType(OPAQUE, opaque_detail(func_name, ()), (), 0, False, (),
+                      f"compound op ({kinds}) no rule aggregates")
     if result.kind == OPAQUE:
-        return OpType(OPAQUE, opaque_detail(func_name, result.relations), result.out_extents, 0, False, result.relations, result.reason)
+        return OpType(OPAQUE, opaque_detail(func_name, result.relations), result.out_extents, 0, False,
+                      result.relations, result.reason)
     if len(types) > 1:
         detail = " → ".join(t.label for t in types)
         return OpType(result.kind, result.kind, result.out_extents, result.reduce_extent, result.row_form,

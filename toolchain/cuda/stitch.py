@@ -30,6 +30,7 @@ partition in topological order, ready for :func:`toolchain.fusion.outline_groups
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -194,34 +195,35 @@ def _fixed_point(state: _State, step) -> None:
 
 def aggregate(state: _State, table=rules_mod.AGGREGATION_RULES, log: list | None = None) -> None:
     """Algorithm 1: apply the Table 1 rules, priority by priority, to a fixed point."""
+    for prio in rules_mod.priority_groups(table):
+        _fixed_point(state, functools.partial(_aggregate_step, state, prio, log))
 
-    def declined(rule, gp, gc, why: str) -> bool:
+
+def _aggregate_step(state: _State, prio, log: list | None, gp: int, gc: int) -> bool:
+    """One Table 1 merge offer (``prio``'s rules) of producer group ``gp`` into consumer ``gc``."""
+
+    def declined(rule, why: str) -> bool:
         if log is not None:
             log.append(Decision(rule.name, state.members(gp), state.members(gc), False, why))
         return False
 
-    for prio in rules_mod.priority_groups(table):
-
-        def step(gp: int, gc: int) -> bool:
-            rule = rules_mod.find(prio, state.groups[gp].label, state.groups[gc].label)
-            if rule is None:
-                return False
-            if not state.acyclic(gp, gc):
-                return declined(rule, gp, gc, "another path joins them: merging would create a cycle")
-            if rule.result == REDUCTION and any(_reduces_to_one(state.types[m]) for m in state.members(gc)):
-                return declined(rule, gp, gc, "feedback: a reduction to one element (the loss) is a grid-wide "
-                                "reduction of its own (FullReduction), which inlines nothing; its producers stay free "
-                                "to stitch with their rows")
-            merged_label = rule.merged(state.groups[gp].label, state.groups[gc].label)
-            if merged_label in SINGLE_OUTPUT_LABELS:
-                outs = state.escaping(set(state.members(gp)) | set(state.members(gc)))
-                if len(outs) != 1:
-                    return declined(rule, gp, gc, f"feedback: the merged {merged_label} would have {len(outs)} "
-                                    "outputs; dlight's Matmul inlines epilogues into a single output only")
-            state.merge(gp, gc, merged_label, rule.name)
-            return True
-
-        _fixed_point(state, step)
+    rule = rules_mod.find(prio, state.groups[gp].label, state.groups[gc].label)
+    if rule is None:
+        return False
+    if not state.acyclic(gp, gc):
+        return declined(rule, "another path joins them: merging would create a cycle")
+    if rule.result == REDUCTION and any(_reduces_to_one(state.types[m]) for m in state.members(gc)):
+        return declined(rule, "feedback: a reduction to one element (the loss) is a grid-wide "
+                        "reduction of its own (FullReduction), which inlines nothing; its producers stay free "
+                        "to stitch with their rows")
+    merged_label = rule.merged(state.groups[gp].label, state.groups[gc].label)
+    if merged_label in SINGLE_OUTPUT_LABELS:
+        outs = state.escaping(set(state.members(gp)) | set(state.members(gc)))
+        if len(outs) != 1:
+            return declined(rule, f"feedback: the merged {merged_label} would have {len(outs)} "
+                            "outputs; dlight's Matmul inlines epilogues into a single output only")
+    state.merge(gp, gc, merged_label, rule.name)
+    return True
 
 
 def _reduces_to_one(t: OpType) -> bool:
@@ -249,7 +251,8 @@ def row_form(members, types: dict[str, OpType]) -> tuple[RowForm | None, str]:
         if t.kind not in (ELEMENTWISE, BROADCAST):
             return None, f"{m} is {t.label}"
         if not fits(t.out_extents, rows, cols):
-            return None, f"{m}'s output {list(t.out_extents)} is neither a row scalar {list(rows)} nor a row {list(rows)}x{cols}"
+            return None, (f"{m}'s output {list(t.out_extents)} is neither a row scalar {list(rows)} "
+                          f"nor a row {list(rows)}x{cols}")
     return RowForm(tuple(rows), int(cols)), ""
 
 
@@ -295,20 +298,21 @@ def shared_bytes(state: _State, members: set[str], form: RowForm) -> int:
 def stitch(state: _State, budget: int = SHARED_BUDGET_BYTES, log: list | None = None) -> None:
     """Algorithm 2: rules 7 then 8 (Table 2), with the row-form and shared-memory checks."""
     for rule in rules_mod.STITCH_RULES:
+        _fixed_point(state, functools.partial(_stitch_step, state, rule, budget, log))
 
-        def step(gp: int, gc: int) -> bool:
-            if not rule.matches(state.groups[gp].label, state.groups[gc].label):
-                return False
-            reason = _stitch_check(state, gp, gc, budget)
-            if log is not None:
-                log.append(Decision(rule.name, state.members(gp), state.members(gc), not reason,
-                                    reason or "row forms agree; fits"))
-            if reason:
-                return False
-            state.merge(gp, gc, rule.result, rule.name)
-            return True
 
-        _fixed_point(state, step)
+def _stitch_step(state: _State, rule, budget: int, log: list | None, gp: int, gc: int) -> bool:
+    """One Table 2 merge offer (``rule``) of producer group ``gp`` into consumer ``gc``."""
+    if not rule.matches(state.groups[gp].label, state.groups[gc].label):
+        return False
+    reason = _stitch_check(state, gp, gc, budget)
+    if log is not None:
+        log.append(Decision(rule.name, state.members(gp), state.members(gc), not reason,
+                            reason or "row forms agree; fits"))
+    if reason:
+        return False
+    state.merge(gp, gc, rule.result, rule.name)
+    return True
 
 
 def _stitch_check(state: _State, gp: int, gc: int, budget: int) -> str:
@@ -330,7 +334,7 @@ def _stitch_check(state: _State, gp: int, gc: int, budget: int) -> str:
 def _topological(state: _State) -> list[int]:
     indeg = {g: 0 for g in state.groups}
     succ = {g: state.succ(g) for g in state.groups}
-    for g, outs in succ.items():
+    for outs in succ.values():
         for o in outs:
             indeg[o] += 1
     first = {g: min(state.order[m] for m in state.groups[g].members) for g in state.groups}

@@ -132,8 +132,10 @@ class _Builder:
         from tvm.relax import op
 
         cube = self.emit(op.multiply(x, self.emit(op.multiply(x, x))))
-        inner = self.emit(op.multiply(_c(math.sqrt(2.0 / math.pi)), self.emit(op.add(x, self.emit(op.multiply(_c(0.044715), cube))))))
-        return self.emit(op.multiply(self.emit(op.multiply(_c(0.5), x)), self.emit(op.add(_c(1.0), self.emit(op.tanh(inner))))))
+        inner = self.emit(op.multiply(_c(math.sqrt(2.0 / math.pi)),
+                                      self.emit(op.add(x, self.emit(op.multiply(_c(0.044715), cube))))))
+        return self.emit(op.multiply(self.emit(op.multiply(_c(0.5), x)),
+                                     self.emit(op.add(_c(1.0), self.emit(op.tanh(inner))))))
 
     def relu6(self, x):
         from tvm.relax import op
@@ -281,7 +283,8 @@ def mobilenet_v2_block(channels: int = 32, size: int = 28, expand: int = 6, batc
     backbone, params = _backbone([("x", shape)], body)
     return differentiate(
         backbone, [("x", shape)], params, shape, "mobilenet-v2-block",
-        f"MobileNet-V2 inverted residual (c={channels}, t={expand}, {size}x{size}, BatchNorm) : forward + MSE loss + backward",
+        f"MobileNet-V2 inverted residual (c={channels}, t={expand}, {size}x{size}, BatchNorm) : "
+        "forward + MSE loss + backward",
     )
 
 
@@ -346,14 +349,14 @@ def _register_missing_gradients() -> None:
     def erf_grad(orig_var, orig_call, output_grad, ctx):
         x = orig_call.args[0]
         two_over_sqrt_pi = relax.const(np.float32(2.0 / math.sqrt(math.pi)), F32)
-        return [relax.op.multiply(output_grad, relax.op.multiply(two_over_sqrt_pi, relax.op.exp(relax.op.negative(relax.op.multiply(x, x)))))]
+        gauss = relax.op.exp(relax.op.negative(relax.op.multiply(x, x)))
+        return [relax.op.multiply(output_grad, relax.op.multiply(two_over_sqrt_pi, gauss))]
 
     register_gradient("relax.erf", erf_grad)
 
 
 def open_compound_ops(func):
     """Rewrite ``nn.layer_norm`` into primitives (APOLLO §3.2; Relax has no gradient for it)."""
-    from tvm import relax
     from tvm.relax import op
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -406,4 +409,5 @@ def from_onnx(model, inputs, name: str) -> TrainingGraph:
     backbone = tvm.IRModule({"backbone": func.with_attr("global_symbol", "backbone").without_attr("num_input")})
     data_shapes = [(p.name, tuple(int(d) for d in p.ty.shape)) for p in func.params[:num_data]]
     param_shapes = [(p.name, tuple(int(d) for d in p.ty.shape)) for p in params]
-    return differentiate(backbone, data_shapes, param_shapes, out_shape, name, f"{name} (ONNX): forward + MSE loss + backward")
+    return differentiate(backbone, data_shapes, param_shapes, out_shape, name,
+                         f"{name} (ONNX): forward + MSE loss + backward")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from toolchain import build
 from toolchain.tune.adapter import apply_records
-from toolchain.tune.db import TuneDB, settings_but_trials
+from toolchain.tune.db import TuneDB
 from toolchain.tune.pairing import TRAFFIC, check_rule, choose, choose_by
 from toolchain.tune.plan import group_kernels, kernel_hash, task_hash
 from toolchain.tune.settings import TuningError
@@ -74,7 +74,7 @@ def apply_verified(fused_mod, db_dir: Path, spec):
     db = TuneDB(db_dir)
     if db.session is None:
         raise TuningError(f"{db_dir} is not a tuning database; create one with `agoc tune`")
-    prepack = settings_but_trials(db.session.get("settings", {}))["prepack"]
+    prepack = db.settings.prepack
     if prepack:  # the kernels as the session tuned them (same structural hash)
         fused_mod = build.mark_weights(fused_mod)
     verified = db.verified

@@ -57,7 +57,8 @@ def check(workload_json: str, trace_json, target: dict, seed: int = 0) -> dict:
         scale = float(np.abs(rn).max()) if rn.size else 0.0
         worst_abs, worst_ref = max(worst_abs, diff), max(worst_ref, scale)
         if diff > ATOL + RTOL * scale:
-            return {"ok": False, "max_abs": diff, "max_ref": scale, "reason": "outputs differ from the unscheduled kernel"}
+            return {"ok": False, "max_abs": diff, "max_ref": scale,
+                    "reason": "outputs differ from the unscheduled kernel"}
     return {"ok": True, "max_abs": worst_abs, "max_ref": worst_ref, "reason": ""}
 
 

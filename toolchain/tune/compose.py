@@ -85,8 +85,8 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     if sch is not None:
         restore_unroll(sch, parts)
     committed = sch is not None and commit_seed(sch, func, database, spec, settings, measure)
-    if settings.intensive and settings.partition == "ago" and parts:  # and in the join's own space
-        for fused in intensive_composed(func, parts, spec, settings.keep_inside):
+    if settings.intensive and settings.partition.method == "ago" and parts:  # and in the join's own space
+        for fused in intensive_composed(func, parts, spec, settings.tile_cache):
             committed = commit_seed(fused, func, database, spec, settings, measure) or committed
     return committed
 

@@ -8,15 +8,13 @@ import json
 import statistics
 from pathlib import Path
 
-from toolchain.tune.adapter import (open_database, record_workload, records_in_order, workload_hash,
-                                    workload_indices)
+from toolchain.tune.adapter import open_database, record_workload, records_in_order, workload_hash, workload_indices
 from toolchain.tune.pairing import choose, minis_ms
 from toolchain.tune.plan import TaskPlan, task_hash
-from toolchain.tune.settings import Task, TuneSettings, TuningError
-
+from toolchain.tune.settings import Task, TuneSettings, TuningError, known_settings, upgraded
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
-BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "keep_inside": 0}
+BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "tile_cache": 0}
 
 
 #: settings a database may be resumed with at another value: the budget, how many sibling seeds a task
@@ -26,7 +24,9 @@ RESUMABLE_SETTINGS = ("trials", "transfer", "population")
 
 
 def settings_but_trials(settings: dict) -> dict:
-    return {k: v for k, v in {**TuneSettings().to_json(), **BEFORE_SETTING, **settings}.items()
+    """A session's settings JSON (either form, :func:`upgraded`) as compared with another's: complete, the
+    current form, without the resumable ones."""
+    return {k: v for k, v in {**TuneSettings().to_json(), **BEFORE_SETTING, **upgraded(settings)}.items()
             if k not in RESUMABLE_SETTINGS}
 
 
@@ -67,6 +67,15 @@ class TuneDB:
                               "move it away, or give --db a new directory")
         return session
 
+    @property
+    def settings(self) -> TuneSettings:
+        """The session's settings as the record (a database made before the partition knobs were one record
+        included; a setting added since at the value it then had: BEFORE_SETTING); :class:`TuningError`
+        without a session."""
+        if self.session is None:
+            raise TuningError(f"{self.root} is not a tuning database (no session.json); create one with `agoc tune`")
+        return TuneSettings.from_json({**BEFORE_SETTING, **upgraded(self.session["settings"])})
+
     def check_own(self) -> None:
         """Raise :class:`TuningError` if ``root`` holds anything a tuning database does not (:data:`DB_ENTRIES`)
         and no session: a folder of the user's, into which nothing of agoc's may be written."""
@@ -90,7 +99,7 @@ class TuneDB:
             existing["fast_math"] = self.fast_math
             session = {**session, "layout": session.get("layout", "NCHW"),
                        "pad_channels": session.get("pad_channels", False), "fast_math": session.get("fast_math", False)}
-            unknown = sorted(set(existing["settings"]) - set(TuneSettings().to_json()))
+            unknown = sorted(known_settings(existing["settings"]) - known_settings(TuneSettings().to_json()))
             if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
                 raise TuningError(
                     f"{self.root} was tuned by a newer agoc, with settings this one does not know "
@@ -191,9 +200,16 @@ class TuneDB:
 
 
 def _setting_changes(old: dict, now: dict) -> str:
-    """The settings two sessions disagree on, as ``name: database's → this run's``."""
+    """The settings two sessions disagree on, as ``name: database's → this run's`` (``partition.X``: the
+    partition's)."""
+    old, now = _flat(old), _flat(now)
     return ", ".join(f"{k}: {_short(old.get(k))} → {_short(now.get(k))}"
                      for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k))
+
+
+def _flat(settings: dict) -> dict:
+    nested = {f"{k}.{n}": x for k, v in settings.items() if isinstance(v, dict) for n, x in v.items()}
+    return {**{k: v for k, v in settings.items() if not isinstance(v, dict)}, **nested}
 
 
 def _short(value) -> str:
@@ -303,7 +319,7 @@ def status(db_dir: Path) -> dict:
             chosen = rows[-1]["best_ms"] if choice.build == "joined" else minis_ms(minis, verified)
             if chosen is not None:
                 estimate += chosen * t.calls
-    return {"session": session, "tasks": rows, "estimate_ms": estimate}
+    return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate}
 
 
 def compare(db_dir: Path, other: Path) -> dict:

@@ -147,7 +147,8 @@ def _classify(info: _Info) -> None:
         else:
             info.kind = "conv"
         return
-    if ("matmul" in name or "dense" in name) and len(info.reduce) == 1 and len(info.spatial) >= 2 and len(operands) >= 2:
+    if (("matmul" in name or "dense" in name) and len(info.reduce) == 1 and len(info.spatial) >= 2
+            and len(operands) >= 2):
         row = sp[-2]
         a = next((r for r in operands if row in set().union(*_region_vars(r))), None)
         if a is None:

@@ -58,26 +58,22 @@ def block_names(func) -> list[str]:
 
 def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[object, TaskPlan]:
     """Legalized module → (fused module, the tuning tasks)."""
-    threshold = settings.threshold if settings.threshold is not None else partition.DEFAULT_THRESHOLD
+    method = settings.partition.method
     mark = build.mark_weights if settings.prepack else (lambda m: m)
-    if settings.partition == "stock":
-        fused = mark(build.fuse_stock(mod, spec))
-        plan = partition.plan("stock", mod, spec, graph=graph)
-    else:
-        plan = partition.plan("ago", mod, spec, threshold, graph, keep_inside=settings.keep_inside)
-        fused = mark(fusion.fuse_groups(mod, plan.groups, spec))
+    plan = partition.plan(settings.partition, mod, spec, graph)
+    fused = mark(build.fuse_stock(mod, spec) if method == "stock" else fusion.fuse_groups(mod, plan.groups, spec))
     kernels = group_kernels(fused)
-    groups = plan.groups if settings.partition != "stock" else [()] * len(kernels)
+    groups = plan.groups if method != "stock" else [()] * len(kernels)
     funcs, final, order, by_hash = _kernel_tasks(kernels, groups, plan.weights)
-    if settings.partition == "stock":  # weights of FuseOps kernels: from their own loop nests
+    if method == "stock":  # weights of FuseOps kernels: from their own loop nests
         model = load_model()
         for name, task in final.items():
             term = loop_term(OpNode(name, name, "simple", block_nests(funcs[name]), ()))
             final[name] = replace(task, weight=model.c * term + model.b)
     minis_of: dict[str, list] = {}
     split_of: dict[int, list] = {}
-    if settings.partition == "ago" and settings.reformer:
-        split = reform.split_plan(graph, plan, threshold)
+    if method == "ago" and settings.reformer:
+        split = reform.split_plan(graph, plan, settings.partition.td)
         mini_kernels = group_kernels(mark(fusion.fuse_groups(mod, split.plan.groups, spec)))
         for parent_index, parent in enumerate(order):
             minis = [(k, g) for k, g, p in zip(mini_kernels, split.plan.groups, split.parent_of) if p == parent_index]

@@ -41,58 +41,69 @@ def _vars(expr) -> set[int]:
 def parallel_races(func) -> list[Race]:
     """Every (block, buffer, parallel loop) write race in ``func`` (a scheduled PrimFunc or IRModule)."""
     import tvm
-    from tvm import s_tir, tirx
 
     if isinstance(func, tvm.IRModule):
         func = func["main"]
-    races: list[Race] = []
-    deps: dict[int, frozenset[int]] = {}  # var handle -> loop var handles it depends on
+    walk = _RaceWalk()
+    walk.stmt(func.body, [], {})
+    return walk.races
 
-    def dep_of(expr) -> frozenset[int]:
+
+class _RaceWalk:
+    """One pass over a PrimFunc body. ``parallel``: [(loop var handle, name)] of the enclosing parallel loops;
+    ``private``: parallel loop handle -> buffer handles allocated inside it."""
+
+    def __init__(self) -> None:
+        self.races: list[Race] = []
+        self.deps: dict[int, frozenset[int]] = {}  # var handle -> loop var handles it depends on
+
+    def dep_of(self, expr) -> frozenset[int]:
         out: set[int] = set()
         for v in _vars(expr):
-            out |= deps.get(v, {v})
+            out |= self.deps.get(v, {v})
         return frozenset(out)
 
-    def walk(stmt, parallel: list, private: dict) -> None:
-        # parallel: [(loop var handle, name)]; private: loop handle -> buffer handles allocated inside it
+    def stmt(self, stmt, parallel: list, private: dict) -> None:
+        from tvm import s_tir, tirx
+
         if stmt is None:
             return
         if isinstance(stmt, tirx.For):
-            handle = stmt.loop_var.__chandle__()
-            deps[handle] = frozenset({handle})
-            is_parallel = int(stmt.kind) == 1 and not (isinstance(stmt.extent, tirx.IntImm) and int(stmt.extent) <= 1)
-            if is_parallel:
-                walk(stmt.body, parallel + [(handle, stmt.loop_var.name)], {**private, handle: set()})
-            else:
-                walk(stmt.body, parallel, private)
+            self.loop(stmt, parallel, private)
         elif isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
-                walk(s, parallel, private)
+                self.stmt(s, parallel, private)
         elif isinstance(stmt, s_tir.SBlockRealize):
-            block = stmt.block
-            for iv, value in zip(block.iter_vars, stmt.iter_values):
-                deps[iv.var.__chandle__()] = dep_of(value)
-            for scope in private.values():  # buffers allocated here are private to every enclosing loop
-                scope.update(b.__chandle__() for b in block.alloc_buffers)  # 0.27: buffers are typed Vars
-            for region in block.writes:
-                buf = region.source
-                index_deps: set[int] = set()
-                for r in region.region:
-                    index_deps |= dep_of(r.min)
-                for handle, name in parallel:
-                    if buf.__chandle__() in private[handle]:
-                        continue
-                    if handle not in index_deps:
-                        races.append(Race(block.name_hint, buf.name, name))
-            walk(block.body, parallel, private)
-        elif isinstance(stmt, s_tir.SBlock):
-            walk(stmt.body, parallel, private)
+            self.realize(stmt, parallel, private)
         elif isinstance(stmt, tirx.IfThenElse):
-            walk(stmt.then_case, parallel, private)
-            walk(stmt.else_case, parallel, private)
-        else:
-            walk(getattr(stmt, "body", None), parallel, private)
+            self.stmt(stmt.then_case, parallel, private)
+            self.stmt(stmt.else_case, parallel, private)
+        else:  # SBlock, LetStmt, Allocate, ...: their body
+            self.stmt(getattr(stmt, "body", None), parallel, private)
 
-    walk(func.body, [], {})
-    return races
+    def loop(self, stmt, parallel: list, private: dict) -> None:
+        from tvm import tirx
+
+        handle = stmt.loop_var.__chandle__()
+        self.deps[handle] = frozenset({handle})
+        is_parallel = int(stmt.kind) == 1 and not (isinstance(stmt.extent, tirx.IntImm) and int(stmt.extent) <= 1)
+        if is_parallel:
+            self.stmt(stmt.body, parallel + [(handle, stmt.loop_var.name)], {**private, handle: set()})
+        else:
+            self.stmt(stmt.body, parallel, private)
+
+    def realize(self, stmt, parallel: list, private: dict) -> None:
+        block = stmt.block
+        for iv, value in zip(block.iter_vars, stmt.iter_values):
+            self.deps[iv.var.__chandle__()] = self.dep_of(value)
+        for scope in private.values():  # buffers allocated here are private to every enclosing loop
+            scope.update(b.__chandle__() for b in block.alloc_buffers)  # 0.27: buffers are typed Vars
+        for region in block.writes:
+            buf = region.source
+            index_deps: set[int] = set()
+            for r in region.region:
+                index_deps |= self.dep_of(r.min)
+            for handle, name in parallel:
+                if buf.__chandle__() not in private[handle] and handle not in index_deps:
+                    self.races.append(Race(block.name_hint, buf.name, name))
+        self.stmt(block.body, parallel, private)

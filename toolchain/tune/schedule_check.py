@@ -158,28 +158,47 @@ def _interval(expr, box: dict) -> tuple[int, int]:
         return _interval(expr.value, box)
     if not (hasattr(expr, "a") and hasattr(expr, "b")):
         raise CheckError(f"unsupported index expression {type(expr).__name__}: {expr}")
-    a_lo, a_hi = _interval(expr.a, box)
-    b_lo, b_hi = _interval(expr.b, box)
-    if math.inf in (a_hi, b_hi) or -math.inf in (a_lo, b_lo):
+    a, b = _interval(expr.a, box), _interval(expr.b, box)
+    if math.inf in (a[1], b[1]) or -math.inf in (a[0], b[0]):
         return -math.inf, math.inf  # unbounded in, unbounded out (no inf * 0)
-    if isinstance(expr, t.Add):
-        return a_lo + b_lo, a_hi + b_hi
-    if isinstance(expr, t.Sub):
-        return a_lo - b_hi, a_hi - b_lo
-    if isinstance(expr, t.Mul):
-        p = (a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi)
-        return min(p), max(p)
-    if isinstance(expr, (t.FloorDiv, t.Div)) and b_lo == b_hi and b_lo > 0:
-        return a_lo // b_lo, a_hi // b_lo
-    if isinstance(expr, (t.FloorMod, t.Mod)) and b_lo == b_hi and b_lo > 0:
-        if a_lo // b_lo == a_hi // b_lo:
-            return a_lo % b_lo, a_hi % b_lo
-        return 0, b_lo - 1
-    if isinstance(expr, t.Min):
-        return min(a_lo, b_lo), min(a_hi, b_hi)
-    if isinstance(expr, t.Max):
-        return max(a_lo, b_lo), max(a_hi, b_hi)
+    rules = (
+        ((t.Add,), lambda a, b: (a[0] + b[0], a[1] + b[1])),
+        ((t.Sub,), lambda a, b: (a[0] - b[1], a[1] - b[0])),
+        ((t.Mul,), _interval_mul),
+        ((t.FloorDiv, t.Div), _interval_div),
+        ((t.FloorMod, t.Mod), _interval_mod),
+        ((t.Min,), lambda a, b: (min(a[0], b[0]), min(a[1], b[1]))),
+        ((t.Max,), lambda a, b: (max(a[0], b[0]), max(a[1], b[1]))),
+    )
+    for classes, rule in rules:
+        if isinstance(expr, classes):
+            out = rule(a, b)
+            if out is not None:
+                return out
+            break
     raise CheckError(f"unsupported index expression {type(expr).__name__}: {expr}")
+
+
+def _interval_mul(a: tuple, b: tuple) -> tuple:
+    p = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+    return min(p), max(p)
+
+
+def _interval_div(a: tuple, b: tuple) -> tuple | None:
+    """Division by a positive constant only."""
+    if b[0] == b[1] and b[0] > 0:
+        return a[0] // b[0], a[1] // b[0]
+    return None
+
+
+def _interval_mod(a: tuple, b: tuple) -> tuple | None:
+    """Modulo a positive constant only: exact when ``a`` stays within one period, else the whole period."""
+    if not (b[0] == b[1] and b[0] > 0):
+        return None
+    m = b[0]
+    if a[0] // m == a[1] // m:
+        return a[0] % m, a[1] % m
+    return 0, m - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,7 +356,8 @@ def _write_map(region, iters: dict) -> list | None:
             dims.append((None, int(m.value)))
         elif isinstance(m, t.Var) and _handle(m) in iters:
             dims.append((_handle(m), 0))
-        elif isinstance(m, (t.Add, t.Sub)) and isinstance(m.a, t.Var) and _handle(m.a) in iters and isinstance(m.b, t.IntImm):
+        elif (isinstance(m, (t.Add, t.Sub)) and isinstance(m.a, t.Var) and _handle(m.a) in iters
+              and isinstance(m.b, t.IntImm)):
             off = int(m.b.value)
             dims.append((_handle(m.a), off if isinstance(m, t.Add) else -off))
         else:
@@ -437,7 +457,6 @@ def _box_size(box: dict) -> int:
 
 def execution_counts(func) -> list[BlockCount]:
     """One :class:`BlockCount` per block (program order) of a PrimFunc / IRModule / Schedule."""
-    from tvm import s_tir
 
     func = _primfunc(func)
     seen = _seen(func)

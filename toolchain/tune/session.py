@@ -13,11 +13,33 @@ from toolchain.errors import first_line
 from toolchain.opgraph import op_graph
 from toolchain.tune import adapter, candidates, compose, pairing
 from toolchain.tune.adapter import Measure
-from toolchain.tune.budget import (hand_back, join_yields, next_round, round_gains, session_trials, stabilised,
-                                   task_ms, unspent)
+from toolchain.tune.budget import (
+    hand_back,
+    join_yields,
+    next_round,
+    round_gains,
+    session_trials,
+    stabilised,
+    task_ms,
+    unspent,
+)
 from toolchain.tune.db import TuneDB, import_records, status
-from toolchain.tune.events import (Events, Exhausted, Imported, JoinYields, Planned, Round, SearchFailed, Seeded,
-                                   Stable, TaskDone, TaskStarted, Trials, Verifying, ignore)
+from toolchain.tune.events import (
+    Events,
+    Exhausted,
+    Imported,
+    JoinYields,
+    Planned,
+    Round,
+    SearchFailed,
+    Seeded,
+    Stable,
+    TaskDone,
+    TaskStarted,
+    Trials,
+    Verifying,
+    ignore,
+)
 from toolchain.tune.plan import TaskPlan, plan_tasks
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
 
@@ -245,7 +267,7 @@ class Run:
             try:
                 exhausted = adapter.tune_trials(
                     self.plan.funcs[task.name], self.spec, self.database, chunk, settings,
-                    settings.intensive and settings.partition == "ago", self.db.root / "logs" / task.name,
+                    settings.intensive and settings.partition.method == "ago", self.db.root / "logs" / task.name,
                     self.measure, self.cost_models[task.phase == "joined"]())
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays

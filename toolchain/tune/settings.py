@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from toolchain.errors import AgocError
+from toolchain.settings import PartitionSettings
 
 SCHEMA = "agoc.tunedb/1"
 
@@ -17,11 +18,9 @@ class TuningError(AgocError):
 @dataclass(frozen=True)
 class TuneSettings:
     trials: int = 256  # whole-model budget
-    partition: str = "ago"
-    threshold: float | None = None  # AGO Td (default: shipped with the weight fit)
-    keep_inside: int = 0  # AGO: a complex-op pair joined by a tensor of at least this many bytes stays in one
-    # subgraph (partition.locality_units), and an intensive tile's slice of its intermediate is at most that
-    # (intensive.intensive_schedule's tile_cache); 0: AGO's clustering and TILE_FACTOR_MAX alone
+    partition: PartitionSettings = field(default_factory=PartitionSettings)  # how the kernels are cut
+    tile_cache: int = 0  # bytes an intensive tile's slice of its intermediate may take
+    # (intensive.intensive_schedule's tile_cache); 0: TILE_FACTOR_MAX alone
     intensive: bool = True  # False: AGO-NI
     reformer: bool = True  # False: AGO-NR
     split_fraction: float = 0.5  # share of a subgraph's budget spent on its minis first
@@ -51,6 +50,40 @@ class TuneSettings:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> TuneSettings:
+        """A session's settings, either form (:func:`upgraded`); a setting missing takes its default, one this
+        agoc does not know is a :class:`TuningError`."""
+        d = upgraded(d)
+        unknown = sorted(known_settings(d) - known_settings(TuneSettings().to_json()))
+        if unknown:
+            raise TuningError(f"settings {', '.join(unknown)} are not known to this agoc; upgrade agoc")
+        return TuneSettings(**{**d, "partition": PartitionSettings.from_json(d.get("partition", {}))})
+
+
+#: a session's settings before the partition knobs were one record: flat, ``keep_inside`` (bytes) meaning both
+#: the locality unit and the tile cache cap
+FLAT_PARTITION_KEYS = ("partition", "threshold", "keep_inside")
+
+
+def upgraded(settings: dict) -> dict:
+    """A session's settings JSON in the current form: a flat one (:data:`FLAT_PARTITION_KEYS`) nested into
+    ``partition`` and ``tile_cache``; the current form as it is."""
+    if isinstance(settings.get("partition"), dict) or not set(FLAT_PARTITION_KEYS) & set(settings):
+        return dict(settings)
+    flat = {k: settings[k] for k in FLAT_PARTITION_KEYS if k in settings}
+    keep = flat.get("keep_inside", 0)
+    rest = {k: v for k, v in settings.items() if k not in FLAT_PARTITION_KEYS}
+    partition = PartitionSettings(flat.get("partition", "ago"), flat.get("threshold"), keep)
+    return {**rest, "partition": partition.to_json(), "tile_cache": keep}
+
+
+def known_settings(settings: dict) -> set[str]:
+    """The names of a session's settings JSON (either form), ``partition.X`` for the partition's."""
+    d = upgraded(settings)
+    nested = {f"partition.{k}" for k in d.get("partition", {})}
+    return (set(d) - {"partition"}) | nested
 
 
 @dataclass(frozen=True)

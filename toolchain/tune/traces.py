@@ -3,6 +3,7 @@ replayed as far as it goes, block names mapped, the unroll depth it chose."""
 
 from __future__ import annotations
 
+
 def plain(obj):
     """A TVM JSON-ish object (trace JSON: Arrays, IntImm, FloatImm, String) as plain Python."""
     if isinstance(obj, (str, bool, int, float)) or obj is None:

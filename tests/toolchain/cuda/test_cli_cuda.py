@@ -88,7 +88,8 @@ def test_bundle_timing_imports_with_tvm_runtime_alone(tmp_path):
     (tmp_path / "b" / "bundle.json").write_text("{}")
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PATH": "/usr/bin:/bin"}  # no nvidia-smi on this PATH
     proc = subprocess.run([sys.executable, "-c", "import tvm, sys; assert tvm.base._RUNTIME_ONLY; "
-                           "from host.bench.cuda import main; sys.exit(main(['time', sys.argv[1]]))", str(tmp_path / "b")],
+                           "from host.bench.cuda import main; sys.exit(main(['time', sys.argv[1]]))",
+                           str(tmp_path / "b")],
                           capture_output=True, text=True, env=env, cwd=Path(__file__).parents[3], timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "cannot time" in proc.stderr and "no NVIDIA GPU" in proc.stderr

@@ -1,4 +1,5 @@
-"""CUDA source from TVM: one kernel per stitched group, __shared__ intermediates, kernel counts vs stock; PTX with nvcc."""
+"""CUDA source from TVM: one kernel per stitched group, __shared__ intermediates, kernel counts vs stock;
+PTX with nvcc."""
 
 from __future__ import annotations
 

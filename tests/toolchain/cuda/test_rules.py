@@ -28,7 +28,7 @@ def test_table2_rows_start_from_a_reduction():
 def test_every_rule_says_where_it_comes_from():
     for r in rules.ALL_RULES:
         assert r.source.startswith(("APOLLO Table", "agoc:"))
-    for rule, why in rules.DISABLED_RULES:
+    for _, why in rules.DISABLED_RULES:
         assert why.startswith("feedback")
 
 
