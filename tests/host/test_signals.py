@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_compile(tmp_path, out):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # a model big enough that the build is still running when the signal comes
+    # Ctrl-C as a terminal sends it: a test runner's worker (pytest-xdist) ignores SIGINT, and a child inherits
+    # that, so Python would install no KeyboardInterrupt handler; a shell's foreground job has the default
     return subprocess.Popen([sys.executable, "-m", "host.cli", "compile", "zoo:mobilenet-v2@1x3x32x32", "-o",
-                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_staging(tmp_path, proc, timeout=120.0):
