@@ -743,9 +743,8 @@ def test_tune_resume_and_compile_with_the_database(tmp_path, cli):
     result = cli("compile", "zoo:tiny-dwsep", "--db", db, "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    # the fused kernel, or its three minis where the join measured slower than they did together
-    unfused = manifest["partition_info"]["unfused"]
-    assert manifest["tuning"]["applied"] == manifest["tuning"]["kernels"] == (3 if unfused else 1)
+    # every kernel built (a join, or its minis where it measured slower than they did together) has its schedule
+    assert manifest["tuning"]["applied"] == manifest["tuning"]["kernels"] >= 1
     assert cli("verify", tmp_path / "art").exit_code == 0
 
 
