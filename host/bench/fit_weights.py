@@ -294,7 +294,7 @@ def measure(
             "stability_rule": STABILITY_RULE,
             "tuner": "tvm.s_tir.meta_schedule.tune_tir, post-order-apply space, evolutionary search, xgb cost "
                      "model, LocalBuilder(f_build=fast_build), LocalRunner(number=3, repeat=5, min_repeat_ms=30; "
-                     "since 2026-11-21 warmed up 100 ms, fastest of 2 measurements), median of the repeats",
+                     "warmed up 100 ms, fastest of 2 measurements), median of the repeats",
             "updated_at": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         _write_json(out_path, doc)
