@@ -100,7 +100,8 @@ def _join_yields(view: TuneProgress, e: ev.JoinYields) -> None:
 
 def _seeded(view: TuneProgress, e: ev.Seeded) -> None:
     parts = (["the composed mini schedules"] if e.composed else []) + (
-        [f"the schedules of {len(e.siblings)} kernel(s) like it"] if e.siblings else [])
+        [f"the schedules of {len(e.siblings)} kernel(s) like it"] if e.siblings else []) + (
+        [f"{len(e.library)} schedule(s) from the record library"] if e.library else [])
     best = f" (best {e.best_ms:.4f} ms)" if e.best_ms is not None else ""
     how = "composed again from its minis" if e.again else f"starts from {' and '.join(parts)}{best}"
     view.say(f"[dim]{escape(e.task)}: {how}[/dim]")

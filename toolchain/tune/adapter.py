@@ -283,7 +283,7 @@ def session_cost_model(funcs: dict, database, spec):
     return model
 
 
-def session_cost_models(plan, database, spec) -> dict[bool, Callable]:
+def session_cost_models(plan, database, spec, pretrained=None) -> dict[bool, Callable]:
     """The session's cost models, each made when a search first needs it (warming one reads the
     records it learns from): ``[False]`` for kernels and minis, learning from theirs only; ``[True]``
     for joins, learning from every record (a join's blocks are its minis')."""

@@ -133,3 +133,10 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
         if commit_seed(sch, func, database, spec, settings, measure):
             seeded.append(name)
     return seeded
+
+
+def seed_from_library(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                      measure: "Measure | None", library) -> list[str]:
+    """Start ``task`` from the schedules a record library holds for kernels like it (re-fitted to its loops,
+    measured and committed as records); the library's names of the kernels whose schedules were committed."""
+    return library.seed(task, plan.funcs[task.name], database, spec, settings, measure)

@@ -39,13 +39,15 @@ class TaskStarted:
 
 @dataclass(frozen=True)
 class Seeded:
-    """A new task's first records: composed from its minis and/or from ``siblings`` (or ``again``: a join
-    composed once more from its minis' better schedules)."""
+    """A new task's first records: composed from its minis and/or from ``siblings`` and/or from the record
+    ``library`` (the library's names of the kernels whose schedules were committed), or ``again``: a join
+    composed once more from its minis' better schedules."""
 
     kind: ClassVar[str] = "seeded"
     task: str
     composed: bool = False
     siblings: list[str] = field(default_factory=list)
+    library: list[str] = field(default_factory=list)
     best_ms: Optional[float] = None
     again: bool = False
 

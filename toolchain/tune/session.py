@@ -53,19 +53,23 @@ def tune_model(
     on_event: Events = ignore,
     measure: Measure | None = None,
     base: Path | None = None,
+    library=None,
 ) -> dict:
     """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
 
     ``measure``: where candidates run (default: this machine; see :class:`Measure`). ``base``: another
     tuning database to start from (:func:`import_records`: its records of the same kernels become
-    theirs, counted against the budget like their own)."""
+    theirs, counted against the budget like their own). ``library``: a record library
+    (:class:`toolchain.tune.library.Library`) whose schedules seed new kernels and whose pre-trained
+    cost model the search starts from."""
     db, plan = open_session(mod, model_sha256, spec, settings, db_dir, on_event, base)
     database = db.ms_database()
-    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress)
+    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress, library=library)
     first = sum(t.budget for t in plan.tasks)
     on_event(Planned(tasks=[t.to_json() for t in plan.tasks], first_pass=first,
                      total=session_trials(first, settings.trials, settings.scheduler)))
-    run.cost_models = adapter.session_cost_models(plan, database, spec)
+    run.cost_models = adapter.session_cost_models(plan, database, spec,
+                                                  pretrained=library.cost_model if library is not None else None)
     run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
     for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
         run.first_pass(task)
@@ -111,6 +115,7 @@ class Run:
     on_event: Events
     verified: dict
     progress: dict
+    library: object = None  # toolchain.tune.library.Library: seeds and a pre-trained cost model
     cost_models: dict = field(default_factory=dict)  # adapter.session_cost_models
     given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
     spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
@@ -183,14 +188,16 @@ class Run:
         args = (task, plan, self.database, self.spec, self.verified, settings, self.measure)
         composed = task.phase == "joined" and compose.seed_joined(*args)
         seeded = compose.seed_from_siblings(*args) if settings.transfer else []
-        lat = self.latencies(task.name) if composed or seeded else []
+        listed = compose.seed_from_library(*args, self.library) if self.library is not None else []
+        lat = self.latencies(task.name) if composed or seeded or listed else []
         if lat:
             seed = min(lat)
             seed_ms = seed * 1e3 if seed < math.inf else None
             self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,
                                         **({"siblings": seeded} if seeded else {})}
             self.db.save_progress(self.progress)
-            self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), best_ms=seed_ms))
+            self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), library=list(listed),
+                                 best_ms=seed_ms))
         if task.phase == "joined" and not composed:  # nothing composed: one batch of its own at least
             budget = max(budget, settings.unit)
         return lat, budget
