@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc library bench-library clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -45,6 +45,8 @@ help:
 	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
 	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
+	@echo "make library    tune the zoo CNNs, package their schedules as library/<target>/ (TARGET=host SHAPE=56 TRIALS=96)"
+	@echo "make bench-library  MODEL tuned with and without a record library of the other zoo CNNs (MODEL=mnasnet)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
 
 setup: system venv
@@ -146,6 +148,16 @@ bench-locality: setup
 bench-layout: setup
 	$(VENV)/bin/python -m host.bench.layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
 		--trials $(or $(TRIALS),48) $(if $(THREADS),--threads $(THREADS))
+
+# the packaged record library of a target: the zoo CNNs tuned, their verified schedules in library/<target key>/
+library: setup
+	$(VENV)/bin/python -m host.bench.library_zoo --target $(or $(TARGET),host) --shape $(or $(SHAPE),56) \
+		--trials $(or $(TRIALS),96) --per-iter $(or $(PER_ITER),4) $(if $(MODELS),--models "$(MODELS)")
+
+# leave-one-out: MODEL tuned with and without a library of the other models' databases -> bench/results/
+bench-library: setup
+	$(VENV)/bin/python -m host.bench.library_loo --model $(or $(MODEL),mnasnet) --shape $(or $(SHAPE),56) \
+		--trials $(or $(TRIALS),48) --per-iter $(or $(PER_ITER),4)
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)

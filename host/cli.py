@@ -15,7 +15,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 import typer  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from host.commands import artifact, bench, devices, models, partition, tracker, tune  # noqa: E402
+from host.commands import artifact, bench, devices, library, models, partition, tracker, tune  # noqa: E402
 from host.commands import compile as compile_  # noqa: E402
 from host.console import console, err_console  # noqa: E402,F401  (tests set their width through this module)
 from toolchain.errors import AgocError  # noqa: E402
@@ -38,6 +38,11 @@ app = typer.Typer(
 models_app = typer.Typer(help="The built-in model zoo.", no_args_is_help=True, rich_markup_mode=None)
 tracker_app = typer.Typer(
     help="A farm of devices: TVM's RPC tracker, and devices serving it (see README, 'RPC tuning').",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+library_app = typer.Typer(
+    help="Record libraries: the verified schedules of many tuning databases, seeds for `agoc tune`.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -155,11 +160,14 @@ COMMANDS = [
     (tracker_app, "status", tracker.status),
     (tracker_app, "stop", tracker.stop),
     (tracker_app, "serve", tracker.serve),
+    (library_app, "build", library.build),
+    (library_app, "show", library.show),
 ]
 for _app, _name, _func in COMMANDS:
     _app.command(_name)(_guard(_func))
 app.add_typer(models_app, name="models")
 app.add_typer(tracker_app, name="tracker")
+app.add_typer(library_app, name="library")
 
 
 def main() -> None:

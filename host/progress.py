@@ -50,15 +50,32 @@ def _planned(view: TuneProgress, e: ev.Planned) -> None:
     view.budgets = {t["name"]: t["budget"] for t in e.tasks}
     phases = {p: sum(t["phase"] == p for t in e.tasks) for p in ("kernel", "mini", "joined")}
     kernels = phases["kernel"] + phases["joined"]
-    over = f" (more than --trials {view.trials}: at least one batch of {view.unit} per task)"
+    short = (f" (a first batch of {view.unit} for every task would take {e.floor}: the {e.unreached} the budget "
+             "does not reach start from a seed or TVM's default schedule)") if e.unreached else ""
+    resumed = f", {e.allowance} of them left" if e.allowance < e.total else ""
+    deadline = f", stopping by {duration(e.deadline_s)}" if e.deadline_s is not None else ""
     view.say(
         f"[dim]plan: {kernels} kernel{'s' * (kernels != 1)} ({phases['joined']} split into "
-        f"{phases['mini']} minis), {e.total} trials"
-        f"{over if e.total > view.trials else ''}"
+        f"{phases['mini']} minis), {e.total} trials{resumed}{short}"
         f"{f', {e.first_pass} of them a first batch per task' if view.scheduler == 'latency' else ''}"
         f"{f', {e.first_pass} of them planned by weight, the rest in rounds' if view.scheduler == 'roofline' else ''}"
-        "[/dim]")
+        f"; about {duration(e.estimate_s)} ({e.trial_s:.1f} s a trial, estimated){deadline}[/dim]")
     view.bar = view.progress.add_task("tuning", total=e.total)
+
+
+def duration(seconds: float) -> str:
+    """``95`` -> ``1 min 35 s``; ``40`` -> ``40 s``; ``5400`` -> ``1 h 30 min``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min" + (f" {seconds % 60} s" if seconds % 60 and seconds < 600 else "")
+    return f"{seconds // 3600} h" + (f" {seconds % 3600 // 60} min" if seconds % 3600 // 60 else "")
+
+
+def _out_of_time(view: TuneProgress, e: ev.OutOfTime) -> None:
+    view.say(f"[yellow]time is up: no more search ({e.allowance} trials unspent); what was found is verified"
+             "[/yellow]")
 
 
 def _round(view: TuneProgress, e: ev.Round) -> None:
@@ -132,7 +149,8 @@ def _task_done(view: TuneProgress, e: ev.TaskDone) -> None:
 
 #: event type -> its renderer (an event without one, e.g. Verifying, shows nothing)
 RENDERERS: dict[type, Callable] = {
-    ev.Planned: _planned, ev.Round: _round, ev.TaskStarted: _task_started, ev.Trials: _trials,
+    ev.Planned: _planned, ev.OutOfTime: _out_of_time, ev.Round: _round, ev.TaskStarted: _task_started,
+    ev.Trials: _trials,
     ev.Stable: _stable, ev.Exhausted: _exhausted, ev.SearchFailed: _search_failed, ev.JoinYields: _join_yields,
     ev.Seeded: _seeded, ev.Imported: _imported, ev.Pairing: _pairing, ev.Paired: _paired, ev.TaskDone: _task_done,
 }

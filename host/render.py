@@ -354,6 +354,20 @@ def bench_result_table(result: dict) -> Table:
     return table
 
 
+def against_table(model: str, result) -> Table:
+    """`agoc bench --against onnxruntime`: medians per cache regime and onnxruntime ÷ agoc."""
+    table = Table(title=f"{model}: agoc beside onnxruntime on this machine, {result.threads} thread(s), "
+                  f"{result.rounds} rounds × {result.calls} calls, separate processes", title_justify="left")
+    for column in ("caches", "agoc ms", "onnxruntime ms", "speed-up"):
+        table.add_column(column, justify="left" if column == "caches" else "right")
+    for regime, medians in result.median_ms.items():
+        ratio = result.speedup.get(regime)
+        cell = f"{ratio:.2f}×" if ratio is not None else "; ".join(result.failures.get(regime, {}).values())[:60]
+        table.add_row(regime, *(f"{medians[e]:.3f}" if e in medians else "—" for e in ("agoc", "onnxruntime")),
+                      f"[{'green' if ratio and ratio >= 1 else 'yellow'}]{cell}[/]")
+    return table
+
+
 def tune_status_table(summary: dict, db_dir) -> Table:
     settings = summary["session"]["settings"]
     latency = settings.get("scheduler") == "latency"
@@ -375,7 +389,17 @@ def tune_status_table(summary: dict, db_dir) -> Table:
                       + (f" ({r['handed_back']} trials to its minis)" if r.get("handed_back") else "")
                       + (f" (seeded from {r['seeded_from']} kernel(s) like it)" if r.get("seeded_from") else "")
                       + _join_note(r))
+    if summary.get("phases"):
+        table.caption, table.caption_justify = phases_line(summary["phases"][-1]), "left"
     return table
+
+
+def phases_line(run: dict) -> str:
+    """Where the last session run's time went (toolchain/tune/phases.py): seconds and share per phase."""
+    wall = run.get("wall_s") or 0.0
+    parts = [f"{name} {secs:.0f} s ({secs / wall:.0%})" for name, secs in run["seconds"].items() if secs and wall]
+    per = f", {run['s_per_trial']:.2f} s/trial" if run.get("s_per_trial") else ""
+    return f"last run: {wall:.0f} s for {run.get('trials', 0)} trials{per}: " + ", ".join(parts)
 
 
 def tune_compare_table(comparison: dict, db_dir, other) -> Table:

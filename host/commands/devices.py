@@ -85,6 +85,9 @@ def bench(
         "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a55, "
         "small-slc) and report instructions, D1 misses, L2 traffic and DRAM bytes per inference.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (with median_ms).")] = False,
+    against: Annotated[Optional[str], typer.Option(
+        "--against", metavar="ENGINE", help="Time the artifact beside onnxruntime on this machine instead (a host "
+        "artifact): same inputs and threads, separate processes, warm and cold caches; prints the ratio.")] = None,
 ):
     """Time the artifact on a device with the C++ runner (median, spread, cpufreq, temperature)."""
     from host.devices import BenchOptions, get_device
@@ -95,6 +98,9 @@ def bench(
     if (warmup is not None and warmup < 0) or (repeat is not None and repeat < 1) or not min_time_ms >= 0:
         raise InputShapeError(f"--warmup must be 0 or more, --repeat at least 1 and --min-time-ms 0 or more (got "
                               f"{warmup}, {repeat}, {min_time_ms}); e.g. --warmup 5 --repeat 20")
+    if against is not None:
+        _bench_against(artifact_dir, against, device, threads, warmup, repeat, as_json)
+        return
     if proxy is not None:
         _bench_proxy(artifact_dir, device, proxy, 2 if warmup is None else warmup, 1 if repeat is None else repeat,
                      as_json)
@@ -120,6 +126,30 @@ def bench(
     console.print(render.bench_result_table(result))
     if dev.kind == "qemu":
         err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
+
+
+def _bench_against(artifact_dir: Path, engine: str, device: Optional[str], threads: Optional[int],
+                   warmup: Optional[int], repeat: Optional[int], as_json: bool) -> None:
+    """`agoc bench OUT --against onnxruntime`: host/bench/against.py."""
+    from host.bench import against
+    from toolchain.artifact import load_artifact
+
+    if engine != "onnxruntime":
+        raise AgocError(f"--against {engine!r}: agoc compares with onnxruntime (give --against onnxruntime)")
+    if device not in (None, "local"):
+        raise AgocError("--against onnxruntime times both engines on this machine: leave out --device")
+    art = load_artifact(artifact_dir)
+    if art.target_preset != "host":
+        raise AgocError(f"{artifact_dir} was compiled for {art.target_preset}: --against onnxruntime runs on this "
+                        "machine; compile with --target host")
+    rounds = max(3, (repeat or 50) // 10)
+    with err_console.status("timing the artifact and onnxruntime in turn (warm, then cold caches)") as status:
+        result = against.compare(artifact_dir, threads, rounds=rounds, warmup=3 if warmup is None else warmup,
+                                 on_round=lambda regime, r, n: status.update(f"{regime} caches: round {r}/{n}"))
+    if as_json:
+        print(json.dumps({"model": art.manifest.model_name, **result.to_json()}))
+        return
+    console.print(render.against_table(art.manifest.model_name, result))
 
 
 def _cores(cores: Optional[str]) -> Optional[tuple[int, ...]]:

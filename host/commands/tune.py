@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -38,6 +39,10 @@ BaseOpt = Annotated[Optional[Path], typer.Option(
 WarmWeightsOpt = Annotated[bool, typer.Option(
     "--warm-weights", help="Time candidates with their weights in cache (repeated calls, as a micro-benchmark "
     "does) instead of flushed (as the model runs them: the default).")]
+LibraryOpt = Annotated[Optional[Path], typer.Option(
+    "--library", help="Start new kernels' searches from a record library's schedules of kernels like them "
+    "(`agoc library build`; default: the one packaged for the target, when there is one).")]
+NoLibraryOpt = Annotated[bool, typer.Option("--no-library", help="Use no record library.")]
 
 
 def tune(
@@ -60,8 +65,12 @@ def tune(
     max_spread: Annotated[float, typer.Option(
         help="Re-measure a candidate whose repeats spread more than this.")] = 0.15,
     input_shape: InputShapeOpt = None,
-    trials: Annotated[int, typer.Option(
-        help="Trial budget for the whole model (split over kernels by AGO weight).")] = 256,
+    trials: Annotated[Optional[int], typer.Option(
+        help="Trial budget for the whole model, never exceeded (split over kernels by AGO weight) "
+        "[default: 256; with --time: as many as the time is expected to fit].")] = None,
+    time_limit: Annotated[Optional[str], typer.Option(
+        "--time", metavar="DURATION", help="Wall-clock limit for the whole command, e.g. 90s, 10m, 1h30m: the search "
+        "stops in time to verify what it found (the database is usable at once).")] = None,
     partition: Annotated[str, typer.Option(
         help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline).")] = "ago",
     threshold: ThresholdOpt = None,
@@ -73,6 +82,8 @@ def tune(
     split_fraction: Annotated[float, typer.Option(
         help="Share of a subgraph's budget spent on its mini-subgraphs first.")] = 0.5,
     base: BaseOpt = None,
+    library: LibraryOpt = None,
+    no_library: NoLibraryOpt = False,
     per_iter: Annotated[int, typer.Option(help="Candidates per search batch.")] = 16,
     population: PopulationOpt = 128,
     scheduler: SchedulerOpt = "weight",
@@ -86,6 +97,7 @@ def tune(
     fast_math: FastMathOpt = True,
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
+    started = time.monotonic()
     from toolchain import tune as tuning
 
     if status_dir is not None:
@@ -96,6 +108,8 @@ def tune(
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     where = _Where.of(device or [], tracker, key, rpc, target)
     parts, tile_cache = partition_settings(partition, threshold, keep_inside)
+    clock = _clock(db, where, time_limit, started)
+    trials = trials if trials is not None else _default_trials(clock)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     _check_databases(db, base)
     settings = tuning.TuneSettings(
@@ -106,7 +120,9 @@ def tune(
     )
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
     _describe(label, db, where, settings, spec)
-    summary, report = _run(mod, proto, spec, settings, db, base, where, max_spread, cooldown)
+    records = _library(library, no_library, spec)
+    summary, report = _run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock,
+                           library=records)
     console.print(render.tune_status_table(summary, db))
     if report is not None:
         console.print(render.rpc_report_table(report))
@@ -209,8 +225,52 @@ def _describe(label: str, db: Path, where: _Where, s, spec) -> None:
     )
 
 
+def _clock(db: Path, where: "_Where", time_limit: Optional[str], started: float):
+    """The session's clock: the rates the database measured before (else the prior for where candidates run),
+    and ``--time``'s deadline counted from the command's start."""
+    from toolchain import tune as tuning
+
+    seconds = tuning.parse_duration(time_limit) if time_limit is not None else None
+    saved = tuning.TuneDB(db).clock if (db / "session.json").is_file() else {}
+    return tuning.Clock.prior("local" if where.local_only else "device", saved,
+                              deadline=started + seconds if seconds is not None else None)
+
+
+#: ``--trials`` when not given
+DEFAULT_TRIALS = 256
+
+
+def _default_trials(clock) -> int:
+    """``--trials`` not given: 256, or with ``--time`` the trials its search part is expected to fit (the
+    deadline still decides: a faster search spends more in rounds, a slower one stops in time)."""
+    if clock.deadline is None:
+        return DEFAULT_TRIALS
+    return max(1, int(clock.trials_that_fit() * SEARCH_SHARE))
+
+
+#: with ``--time`` alone, the share of the time planned as search trials (the rest: importing, verifying,
+#: pairing; a session that runs faster spends what is left in rounds)
+SEARCH_SHARE = 0.8
+
+
+def _library(path: Optional[Path], none: bool, spec):
+    """The record library the session starts from (``--library``, else the packaged one for the target), or
+    None; one line says which."""
+    from host.commands.library import describe
+    from toolchain.tune import library
+
+    if path is not None and none:
+        raise UnsupportedModelError("--library and --no-library: give one of them")
+    path = None if none else (path or library.default_for(spec))
+    found = library.Library.load(path) if path is not None else None
+    if found is not None:
+        found.check(spec)
+    err_console.print(f"[dim]{escape(describe(found))}[/dim]", soft_wrap=True)
+    return found
+
+
 def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Where, max_spread: float,
-         cooldown: float) -> tuple[dict, Optional[dict]]:
+         cooldown: float, clock=None, library=None) -> tuple[dict, Optional[dict]]:
     """The session, on this machine or through an RPC session (whose device report is kept in the database):
     (summary, device report or None)."""
     from host.progress import TuneProgress
@@ -220,7 +280,8 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
     view = TuneProgress(err_console, settings.trials, settings.unit, settings.scheduler)
     if where.local_only:
         with view:
-            return tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view, base=base), None
+            return tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view, base=base,
+                                     clock=clock, library=library), None
     from host import rpc as rpc_mod
     from host.measure import Hygiene
     from toolchain.timing import Timing
@@ -233,7 +294,7 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
     )
     with view, session:
         summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view,
-                                    measure=session.measure(), base=base)
+                                    measure=session.measure(), base=base, clock=clock, library=library)
         report = session.report()
     (db / "devices.json").write_text(json.dumps(report, indent=2))
     return summary, report

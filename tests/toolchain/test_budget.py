@@ -14,9 +14,9 @@ from toolchain.tune.budget import (
     hand_back,
     join_yields,
     next_round,
+    short_of_floors,
     roofline_gain,
     round_gains,
-    session_trials,
     split_budget,
     stabilised,
     task_ms,
@@ -33,9 +33,31 @@ def test_budgets_are_whole_batches_in_proportion_to_weight():
 
 def test_budgets_give_every_kernel_its_floor_and_the_largest_remainders_the_spare_batches():
     assert budgets([10, 1], 32, 16) == [16, 16]  # the light kernel still gets its batch
-    assert budgets([1, 1, 1], 16, 16) == [16, 16, 16]  # the floors are more than the total: the floors
     assert budgets([1, 1, 1], 64, 16) == [32, 16, 16]  # 4 batches over 3: the spare one to the first
     assert budgets([1, 1], 64, 16, floors=[3, 1]) == [48, 16]
+
+
+@pytest.mark.parametrize("weights,total,floors", [
+    ([1, 1, 1], 16, None), ([5, 1, 3, 2], 40, None), ([1, 9], 100, [3, 1]), ([2, 2, 2, 2, 2], 70, [2, 1, 1, 3, 1]),
+    ([4, 1], 7, None), ([1] * 30, 256, None), ([3, 1, 1], 0, None), ([1, 4], 8, [4, 4])])
+def test_a_plan_never_spends_more_than_the_users_budget(weights, total, floors):
+    """Whatever the floors, the sum is the budget exactly (trials short of a whole batch go to the heaviest
+    kernel reached; when no floor fits, all of it to the kernel that saves most per batch)."""
+    alloc = budgets(weights, total, 16, floors)
+    assert sum(alloc) <= total and all(a >= 0 for a in alloc)
+    assert sum(alloc) == total
+
+
+def test_a_budget_short_of_the_floors_goes_by_weight_alone():
+    assert budgets([1, 1, 1], 16, 16) == [16, 0, 0]  # one batch: the first of equals
+    assert budgets([1, 5, 3], 32, 16) == [0, 16, 16]  # the two heaviest
+    assert budgets([1, 5, 3], 40, 16) == [0, 24, 16]  # 8 trials short of a batch: to the heaviest reached
+    assert budgets([1, 9], 39, 16, floors=[1, 3]) == [0, 39]  # a split subgraph's floor does not fit: its share
+    assert short_of_floors([6, 3], 3) == [2, 1]
+    assert budgets([1, 4], 8, 16, floors=[4, 4]) == [0, 8]  # not one whole batch: all to the heaviest
+    # the latency scheduler plans no trials up front but a first batch per task, within the budget
+    assert budgets([1, 1, 1], 0, 8, cap=16) == [8, 8, 0]
+    assert budgets([1, 1, 1], 0, 8, cap=64) == [8, 8, 8]
 
 
 def test_a_task_has_stabilised_when_its_last_window_improved_its_best_by_less_than_the_tolerance():
@@ -49,14 +71,13 @@ def test_the_schedulers_plan_all_none_or_three_quarters_of_the_budget_up_front()
     assert first_pass(256, "weight") == 256
     assert first_pass(256, "latency") == 0
     assert first_pass(256, "roofline") == 192
-    assert session_trials(300, 256, "weight") == 300  # the plan, floors and all
-    assert session_trials(100, 256, "latency") == 256  # the whole budget
-    assert session_trials(300, 256, "roofline") == 300  # or more, where the floors need it
 
 
 def test_a_split_subgraph_gives_its_minis_a_share_and_its_join_the_rest():
     assert split_budget(64, [1.0, 1.0], 0.5, 16) == ([16, 16], 32)
-    assert split_budget(32, [1.0, 1.0, 1.0], 0.5, 16) == ([16, 16, 16], 1)  # tight: the join gets its seed
+    assert split_budget(48, [1.0, 1.0, 1.0], 0.5, 16) == ([16, 16, 16], 0)  # tight: the join has its seeds
+    assert split_budget(40, [1.0, 1.0, 1.0], 0.5, 16) == ([24, 16, 0], 0)  # within the subgraph's budget
+    assert split_budget(0, [1.0, 1.0], 0.5, 16) == ([0, 0], 0)  # not reached: nothing for any of them
     assert split_budget(64, [], 0.5, 16) == ([], 64)
 
 

@@ -30,7 +30,7 @@ from toolchain.tune.budget import budgets, expected_gain, roofline_gain, stabili
 from toolchain.tune.compose import compose_joined, restore_unroll
 from toolchain.tune.db import TuneDB, compare, import_records, status
 from toolchain.tune.events import Exhausted, JoinYields, Round, SearchFailed, Seeded, TaskStarted
-from toolchain.tune.plan import block_names, first_pass_trials, map_blocks, plan_tasks, planned_trials
+from toolchain.tune.plan import block_names, first_pass_trials, floor_trials, map_blocks, plan_tasks
 from toolchain.tune.session import model_times, tune_model
 from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.tune.traces import plain, rename_blocks, replay_tolerant, unroll_of
@@ -43,7 +43,7 @@ def test_budgets_follow_weights_in_whole_batches_and_add_up():
     assert budgets([1.0, 3.0], total=64, minimum=16) == [16, 48]
     assert budgets([1.0, 100.0], total=64, minimum=16) == [16, 48]  # every kernel gets a batch
     assert sum(budgets([1.0, 1.0, 1.0], total=64, minimum=16)) == 64  # remainders are not lost
-    assert budgets([1.0] * 5, total=64, minimum=16) == [16] * 5  # more kernels than batches
+    assert budgets([1.0] * 5, total=64, minimum=16) == [16] * 4 + [0]  # more kernels than batches: four reached
     assert budgets([], total=64, minimum=16) == []
     # the one-batch floor never pushes the sum over the budget: the heavy kernels give way
     assert budgets([2.5, 0.3, 0.2], total=48, minimum=16) == [16, 16, 16]
@@ -209,12 +209,16 @@ def test_the_reformer_budget_gives_every_mini_a_batch_and_the_join_the_rest(dwse
     _, plan = plan_tasks(mod, graph, SPEC, roomy)
     assert [t.phase for t in plan.tasks] == ["mini", "mini", "mini", "joined"]  # minis first, then the join
     assert sum(t.budget for t in plan.tasks[:3]) == 32 and plan.tasks[3].budget == 32  # split_fraction 0.5
-    assert planned_trials(mod, SPEC, roomy) == 64
-    # a tight budget still splits: the subgraph's floor is a batch per mini and one for the join
-    tight = TuneSettings(trials=8, per_iter=8, partition=PartitionSettings(threshold=1e9))
+    assert floor_trials(mod, SPEC, roomy) == 32  # the subgraph's floor: a batch per mini and one for the join
+    tight = TuneSettings(trials=32, per_iter=8, partition=PartitionSettings(threshold=1e9))
     _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert [(t.phase, t.budget) for t in plan.tasks] == [("mini", 8)] * 3 + [("joined", 8)]
-    assert planned_trials(mod, SPEC, tight) == 32  # over --trials (and stated so by `agoc tune`)
+    # a budget under the floor: nothing is planned beyond the user's budget; the heaviest mini gets it
+    # (the others start from a seed, or TVM's default schedule, and the subgraph is built as its minis)
+    short = TuneSettings(trials=8, per_iter=8, partition=PartitionSettings(threshold=1e9))
+    _, plan = plan_tasks(mod, graph, SPEC, short)
+    budgets = [(t.phase, t.budget) for t in plan.tasks]
+    assert sorted(budgets) == [("joined", 0), ("mini", 0), ("mini", 0), ("mini", 8)]
     # without the reformer the subgraph is one kernel with one batch
     _, plan = plan_tasks(mod, graph, SPEC, TuneSettings(trials=8, per_iter=8, reformer=False,
                                                         partition=PartitionSettings(threshold=1e9)))
@@ -261,14 +265,14 @@ def test_a_mini_tuned_elsewhere_is_not_charged_to_the_join_again(threshold, grou
     nothing here: charged again, they took batches from the kernels (MobileNet-V2 at 960 trials: every
     kernel one batch while late joins got three)."""
     mod, graph = _twin_blocks()
-    tight = TuneSettings(trials=8, per_iter=8, partition=PartitionSettings(threshold=threshold))
+    tight = TuneSettings(trials=24, per_iter=8, partition=PartitionSettings(threshold=threshold))
     _, plan = plan_tasks(mod, graph, SPEC, tight)
     assert len(plan.groups) == groups
     # one subgraph dw pw dw pw (two distinct minis); or dw pw dw + the kernel pw (one mini of its own)
     assert sorted(t.phase for t in plan.tasks) == sorted(["mini", "mini", "joined"] if groups == 1
                                                          else ["mini", "kernel", "joined"])
     assert [t.budget for t in plan.tasks] == [8, 8, 8]  # a batch each: 24 trials, not 40
-    assert planned_trials(mod, SPEC, tight) == 24
+    assert floor_trials(mod, SPEC, tight) == 24
 
 
 def test_a_kernel_that_is_also_a_joins_mini_is_tuned_before_every_join():
@@ -329,7 +333,7 @@ def test_minis_that_stabilise_early_hand_their_trials_to_the_join(dwsep_split, t
     used = {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert all(used[t.name] == 16 for t in minis)  # stable after two windows
     assert used[joined.name] == joined.budget + sum(t.budget - 16 for t in minis)
-    assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 256
+    assert sum(used.values()) == settings.trials == 256  # the budget, exactly
     assert [e.budget for e in events if isinstance(e, TaskStarted) and e.task == joined.name] == [used[joined.name]]
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path)  # resume: nothing left to do
     assert {t.name: len(trials[plan.funcs[t.name].script()]) for t in plan.tasks} == used
@@ -353,7 +357,7 @@ def test_a_join_still_slower_than_its_minis_after_a_batch_hands_its_trials_back(
     (info,) = [e for e in events if isinstance(e, JoinYields)]
     assert info.best_ms == 5.0 and info.minis_ms == 3.0 and info.left == joined.budget - settings.per_iter
     assert sum(used[t.name] for t in minis) == sum(t.budget for t in minis) + info.left  # nothing lost
-    assert sum(used.values()) == planned_trials(mod, SPEC, settings) == 64
+    assert sum(used.values()) == settings.trials == 64
     rows = {r["task"]: r for r in summary["tasks"]}
     assert rows[joined.name]["handed_back"] == info.left
     assert all(rows[t.name]["trials"] == used[t.name] for t in minis)  # re-verified with their new trials
@@ -396,7 +400,7 @@ def test_a_resumed_session_with_a_larger_budget_spends_it_where_a_join_handed_ba
     tune_model(mod, "a" * 64, SPEC, large, tmp_path)
     after = used()
     assert after[joined.name] == small.per_iter  # still the one batch: the growth went to the minis
-    assert sum(after.values()) == planned_trials(mod, SPEC, large) == 256
+    assert sum(after.values()) == large.trials == 256
     assert all(after[t.name] > 16 for t in minis)
     handed = {r["task"]: r for r in status(tmp_path)["tasks"]}[joined.name]["handed_back"]
     _, big = plan_tasks(mod, graph, SPEC, large)
@@ -574,7 +578,7 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
     tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
     used = {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks}
     assert used[last.name] == 5 and last.budget > 5
-    assert sum(used.values()) == planned_trials(mod, SPEC, flat)  # before: 5 - last.budget short
+    assert sum(used.values()) == flat.trials  # before: 5 - last.budget short
     rounds = [e for e in events if isinstance(e, Round)]
     assert rounds and {r.task for r in rounds} == {others[0].name} and rounds[0].left == last.budget - 5
     assert used[others[0].name] == others[0].budget + last.budget - 5
@@ -974,7 +978,7 @@ def test_the_latency_scheduler_gives_rounds_where_they_save_most_and_resumes(dws
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
     assert [t.budget for t in plan.tasks] == [4] * 4  # the first pass: a batch of 4 per mini and one for the join
-    assert first_pass_trials(mod, SPEC, settings) == 16 and planned_trials(mod, SPEC, settings) == 96
+    assert first_pass_trials(mod, SPEC, settings) == 16 and floor_trials(mod, SPEC, settings) == 16
     for t, speed in zip(minis, (4.0, 2.0, 1.0)):
         trials.speed_ms[plan.funcs[t.name].script()] = speed
     trials.speed_ms[plan.funcs[joined.name].script()] = 9.0
@@ -1018,7 +1022,7 @@ def test_the_roofline_scheduler_sends_its_rounds_to_the_task_furthest_above_its_
     _, plan = plan_tasks(mod, graph, SPEC, settings)
     minis = [t for t in plan.tasks if t.phase == "mini"]
     (joined,) = [t for t in plan.tasks if t.phase == "joined"]
-    assert first_pass_trials(mod, SPEC, settings) == 96 and planned_trials(mod, SPEC, settings) == 128
+    assert first_pass_trials(mod, SPEC, settings) == 96 and floor_trials(mod, SPEC, settings) == 32
     costs = {plan.funcs[t.name].script(): roofline.Cost(work, 1)
              for t, work in zip((*minis, joined), (400, 20, 50, 470))}
     monkeypatch.setattr(roofline, "cost", lambda func: costs[func.script()])

@@ -10,8 +10,9 @@ PUBLIC = {
     "TuneSettings": "settings", "TuningError": "settings", "SCHEMA": "settings", "Task": "settings",
     "SCHEDULERS": "budget", "Measure": "adapter",
     "TuneDB": "db", "status": "db", "compare": "db",
-    "planned_trials": "plan", "tune_model": "session",
+    "floor_trials": "plan", "tune_model": "session",
     "apply_verified": "apply", "unfuse_slower": "apply",
+    "Library": "library", "LibraryError": "library",  # record libraries (host/commands/library.py)
     # one kernel tuned alone, and joins judged by other rules (host/bench: layout, rpc cost, weight fit, judge)
     **{name: "adapter" for name in ("BUILD_TIMEOUT_S", "FAILED_SECS", "fast_build", "latency", "records_of",
                                     "trial_latencies", "tune_trials")},
@@ -19,7 +20,8 @@ PUBLIC = {
     **{name: "pairing" for name in ("choose", "current_traffic", "pairing_key", "rule_for")},
     **{name: "events" for name in ("Event", "Events", "Planned", "Imported", "TaskStarted", "Seeded", "Trials",
                                    "Stable", "Exhausted", "SearchFailed", "JoinYields", "Verifying", "TaskDone",
-                                   "Round", "Pairing", "Paired")},
+                                   "Round", "OutOfTime", "Pairing", "Paired")},
+    "Clock": "clock", "parse_duration": "clock",
 }
 
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
-from toolchain.tune import intrinsics
+from toolchain.tune import costmodel, intrinsics, phases
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
@@ -86,20 +88,109 @@ class Measure:
     together: Callable | None = None  # (artifact paths, their PrimFuncs, rounds) -> ms per kernel per round
 
 
+#: keep the builder's and the local runner's worker processes for the whole process (every batch, task and
+#: seed) instead of starting new ones, each importing TVM, per batch (why: docs/tuning-internals.md)
+REUSE_WORKERS = True
+#: builds a kept builder worker makes before it is replaced (MetaSchedule restarts its pool every batch for a
+#: slow leak in long-lived workers; this bounds it)
+BUILD_WORKER_USES = 64
+
+
 def make_builder(spec, measure: "Measure | None", max_workers: int):
+    """The builder of candidates, timed as the ``build`` phase (:mod:`toolchain.tune.phases`); its worker
+    processes kept for the process (:data:`REUSE_WORKERS`)."""
     from tvm.s_tir import meta_schedule as ms
 
     export = measure.export if measure is not None else None
-    return ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers,
-                                      timeout_sec=BUILD_TIMEOUT_S)
+    if REUSE_WORKERS:
+        return _timed_builder()(_build_pool(max_workers, BUILD_TIMEOUT_S), export)
+    return _timed_builder()(ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers,
+                                                    timeout_sec=BUILD_TIMEOUT_S), None)
 
 
 def make_runner(settings: TuneSettings, runner=None):
+    """The runner of candidates, timed as the ``run`` phase; this machine's kept for the process."""
     if isinstance(runner, Measure):
         runner = runner.runner
-    if runner is not None:
-        return runner
-    return local_runner(Timing(cold=settings.cold_weights))
+    if runner is None:
+        timing = Timing(cold=settings.cold_weights)
+        runner = _kept_runner(timing) if REUSE_WORKERS else local_runner(timing)
+    return _timed_runner()(runner)
+
+
+@functools.cache
+def _kept_runner(timing: Timing):
+    return local_runner(timing)
+
+
+@functools.cache
+def _build_pool(max_workers: int, timeout: float):
+    """A pool of builder worker processes kept for the process (each replaced after BUILD_WORKER_USES builds)."""
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    return PopenPoolExecutor(max_workers=max_workers, timeout=timeout, maximum_process_uses=BUILD_WORKER_USES)
+
+
+def _pool_build(pool, export, build_inputs):
+    """``LocalBuilder.build`` on a kept pool: each input built (:func:`fast_build`) and exported in a worker."""
+    from tvm.s_tir.meta_schedule.builder import BuilderResult
+    from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+    from tvm.support.popen_pool import StatusKind
+
+    jobs = [(fast_build, export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+    results = []
+    for done in pool.map_with_error_catching(lambda job: _worker_func(*job), jobs):
+        if done.status == StatusKind.COMPLETE:
+            results.append(BuilderResult(done.value, None))
+        elif done.status == StatusKind.TIMEOUT:
+            results.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {BUILD_TIMEOUT_S} seconds"))
+        else:
+            results.append(BuilderResult(None, f"LocalBuilder: An exception occurred\n{done.value}"))
+    return results
+
+
+@functools.cache
+def _timed_builder():
+    """A MetaSchedule builder that counts its calls as the ``build`` phase: a kept pool (with an export) or a
+    builder it delegates to (``export`` None)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import PyBuilder
+
+    @derived_object
+    class TimedBuilder(PyBuilder):
+        def __init__(self, inner, export):
+            super().__init__()
+            self.inner, self.export = inner, export
+
+        def build(self, build_inputs):
+            with phases.timed("build"):
+                if hasattr(self.inner, "map_with_error_catching"):
+                    return _pool_build(self.inner, self.export, build_inputs)
+                return self.inner.build(build_inputs)
+
+    return TimedBuilder
+
+
+@functools.cache
+def _timed_runner():
+    """A MetaSchedule runner that counts its calls, and the wait for their results, as the ``run`` phase."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+
+    @derived_object
+    class TimedRunner(PyRunner):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def run(self, runner_inputs):
+            with phases.timed("run"):
+                futures = self.inner.run(runner_inputs)
+                for future in futures:  # an RPC runner's run returns at once: its time is in the wait
+                    future.result()
+                return futures
+
+    return TimedRunner
 
 
 # ----------------------------------------------------------------------------- the JSON database's records
@@ -229,9 +320,10 @@ EXHAUSTED_ROUNDS = 3
 EXHAUSTED_NEW = 4
 
 
-def _exhaustion_callback():
+def _exhaustion_callback(stop: Callable[[], bool] | None = None):
     """A MetaSchedule measure callback that ends the task once its space is exhausted (see above);
-    ``.exhausted`` then says so. It runs after the default callbacks (records are in the database)."""
+    ``.exhausted`` then says so. It runs after the default callbacks (records are in the database).
+    ``stop``: asked after every batch; True ends the task too (the session's deadline)."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
@@ -243,15 +335,18 @@ def _exhaustion_callback():
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
             self.rounds.append(len(measure_candidates))
+            phases.add_trials(len(measure_candidates))
             last = self.rounds[-EXHAUSTED_ROUNDS:]
             if not self.exhausted and len(last) == EXHAUSTED_ROUNDS and sum(last) < EXHAUSTED_NEW:
                 self.exhausted = True
+                task_scheduler.terminate_task(task_id)
+            elif stop is not None and not task_scheduler.tasks_[task_id].is_terminated and stop():
                 task_scheduler.terminate_task(task_id)
 
     return EndWhenExhausted()
 
 
-def session_cost_model(funcs: dict, database, spec):
+def session_cost_model(funcs: dict, database, spec, pretrained: Path | None = None):
     """The session's cost model: one MetaSchedule XGB model for every kernel of the session, trained on
     every record ``database`` holds for ``funcs`` (a resumed session starts where it stopped).
 
@@ -259,27 +354,32 @@ def session_cost_model(funcs: dict, database, spec):
     seen ``num_warmup_samples`` (100) trials: with the 16-64 trials a kernel gets here, every search
     was random sampling. Shared over the session (as TVM's own ``tune_tasks`` shares one over a
     model's tasks), it ranks candidates from the session's 100th trial on. The records are the only
-    state: nothing else is saved, so an interrupted session loses nothing of it."""
+    state: nothing else is saved, so an interrupted session loses nothing of it.
+
+    ``pretrained``: a model saved by :func:`toolchain.tune.costmodel.save` (a record library's): the model
+    starts from it — it ranks candidates from the session's first batch on — and boosts on with the
+    session's records."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
-    model = ms.cost_model.XGBModel(num_tuning_cores=spec.num_cores)
-    for func in funcs.values():
-        records = [r for r in records_of(database, func) if r.run_secs]
-        if not records:
-            continue
-        mod = workload_module(func)
-        context = intrinsics.tune_context(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
-        candidates, results = [], []
-        for record in records:
-            sch = s_tir.Schedule(mod)
-            try:
-                record.trace.apply_to_schedule(sch, remove_postproc=False)
-            except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing; it stays
+    model = costmodel.fresh(spec) if pretrained is None else costmodel.load(pretrained, spec)
+    with costmodel.deferred(model):  # one training on every record, not one per kernel
+        for func in funcs.values():
+            records = [r for r in records_of(database, func) if r.run_secs]
+            if not records:
                 continue
-            candidates.append(ms.search_strategy.MeasureCandidate(sch, record.args_info))
-            results.append(ms.runner.RunnerResult(record.run_secs, None))
-        model.update(context, candidates, results)
+            mod = workload_module(func)
+            context = intrinsics.tune_context(mod=mod, target=spec.tvm(), num_threads=spec.num_cores)
+            candidates, results = [], []
+            for record in records:
+                sch = s_tir.Schedule(mod)
+                try:
+                    record.trace.apply_to_schedule(sch, remove_postproc=False)
+                except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing; it stays
+                    continue
+                candidates.append(ms.search_strategy.MeasureCandidate(sch, record.args_info))
+                results.append(ms.runner.RunnerResult(record.run_secs, None))
+            model.update(context, candidates, results)
     return model
 
 
@@ -289,15 +389,16 @@ def session_cost_models(plan, database, spec, pretrained=None) -> dict[bool, Cal
     for joins, learning from every record (a join's blocks are its minis')."""
     joins = {t.name for t in plan.tasks if t.phase == "joined"}
     singles = {name: func for name, func in plan.funcs.items() if name not in joins}
-    return {False: functools.cache(lambda: session_cost_model(singles, database, spec)),
-            True: functools.cache(lambda: session_cost_model(plan.funcs, database, spec))}
+    return {False: functools.cache(lambda: session_cost_model(singles, database, spec, pretrained=pretrained)),
+            True: functools.cache(lambda: session_cost_model(plan.funcs, database, spec, pretrained=pretrained))}
 
 
 def tune_trials(func, spec, database, trials: int, settings: TuneSettings, intensive: bool, work_dir: Path,
-                measure: "Measure | None" = None, cost_model=None) -> bool:
+                measure: "Measure | None" = None, cost_model=None, stop: Callable[[], bool] | None = None) -> bool:
     """Run ``trials`` more MetaSchedule trials of one kernel into ``database``; True when the search
     ended early because the kernel's search space is exhausted (:data:`EXHAUSTED_ROUNDS`).
-    ``cost_model``: the session's (:func:`session_cost_model`); None: a fresh one."""
+    ``cost_model``: the session's (:func:`session_cost_model`); None: a fresh one. ``stop``: asked after
+    each batch; True ends the search there (a deadline)."""
     from tvm.s_tir import meta_schedule as ms
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
@@ -309,8 +410,22 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
     for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
         ms_logger.removeHandler(handler)
     builder = make_builder(spec, measure, max(1, min(spec.num_cores, os.cpu_count() or 1)))
-    exhaustion = _exhaustion_callback()
+    exhaustion = _exhaustion_callback(stop)
     intrinsics.load(spec.tvm())
+    # an XGB model that has not seen enough records scores candidates with numpy's global generator:
+    # seeded here, a search depends on its seed, kernel and records alone (tests/toolchain/test_determinism.py)
+    np.random.seed((int(workload_hash(func)) ^ settings.seed) % 2**32)
+    if cost_model is None:
+        cost_model = ms.cost_model.XGBModel(num_tuning_cores=spec.num_cores)
+    with phases.timed("search"):
+        _search(func, spec, database, trials, settings, intensive, work_dir, measure, builder, exhaustion,
+                _timed_cost_model()(cost_model))
+    return exhaustion.exhausted
+
+
+def _search(func, spec, database, trials, settings, intensive, work_dir, measure, builder, exhaustion, cost_model):
+    from tvm.s_tir import meta_schedule as ms
+
     ms.tune_tir(
         workload_module(func),
         target=spec.tvm(),
@@ -324,11 +439,39 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
         num_tuning_cores=spec.num_cores,
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
-        cost_model=cost_model if cost_model is not None else "xgb",
+        cost_model=cost_model,
         strategy=ms.search_strategy.EvolutionarySearch(
             population_size=settings.population, init_min_unmeasured=min(50, settings.population)),
     )
-    return exhaustion.exhausted
+
+
+@functools.cache
+def _timed_cost_model():
+    """A MetaSchedule cost model delegating to another, its ``update`` and ``predict`` counted as phases."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+
+    @derived_object
+    class TimedCostModel(PyCostModel):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def load(self, path: str) -> None:
+            self.inner.load(path)
+
+        def save(self, path: str) -> None:
+            self.inner.save(path)
+
+        def update(self, context, candidates, results) -> None:
+            with phases.timed("update"):
+                self.inner.update(context, candidates, results)
+
+        def predict(self, context, candidates):
+            with phases.timed("predict"):
+                return self.inner.predict(context, candidates)
+
+    return TimedCostModel
 
 
 # ----------------------------------------------------------------------------- seeds and timings
@@ -377,6 +520,7 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
     run_secs = [float(getattr(x, "value", x)) for x in result.run_secs]
     workload = database.commit_workload(workload_module(func))
     database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, spec.tvm(), args))
+    phases.add_trials(1)
     return True
 
 

@@ -22,14 +22,42 @@ SCHEDULERS = {
 ROUND_SHARE = 0.25
 
 
-def budgets(weights: list[float], total: int, minimum: int, floors: list[int] | None = None) -> list[int]:
+def budgets(weights: list[float], total: int, minimum: int, floors: list[int] | None = None,
+            cap: int | None = None) -> list[int]:
     """Split ``total`` trials in whole batches of ``minimum`` in proportion to ``weights`` (largest
-    remainder), each kernel at least its floor in batches (default one): the sum is ``total`` rounded
-    to batches, or the sum of the floors when that is more."""
+    remainder), each kernel at least its floor in batches (default one), never more than ``cap`` trials in
+    all (default ``total``): the user's budget. When the floors need more than ``cap``, the batches there
+    are go by weight alone (:func:`short_of_floors`). Trials short of a whole batch go to the heaviest
+    kernel given any, so the sum is exactly ``min(total, cap)`` — or, with ``total`` 0 (the latency
+    scheduler plans only first batches), the first batches the cap allows."""
     if not weights:
         return []
     floors = floors or [1] * len(weights)
-    units = max(total // minimum, sum(floors))
+    cap = total if cap is None else cap
+    units = min(max(total // minimum, sum(floors)), cap // minimum)
+    if units < sum(floors):
+        alloc = [a * minimum for a in short_of_floors(weights, units)]
+        if not units and cap > 0:  # not one whole batch: what there is, to the heaviest kernel
+            alloc[max(range(len(weights)), key=lambda i: (weights[i], -i))] = cap
+    else:
+        alloc = [a * minimum for a in _proportional(weights, units, floors)]
+    short = max(0, min(total, cap) - sum(alloc))
+    if short and any(alloc):
+        heaviest = max((i for i, a in enumerate(alloc) if a), key=lambda i: weights[i])
+        alloc[heaviest] += short
+    return alloc
+
+
+def short_of_floors(weights: list[float], units: int) -> list[int]:
+    """``units`` batches, fewer than the floors need: in proportion to weight with no floor, so the kernels
+    that hold most of the model's time get batches and the lightest none (they start from a library or
+    sibling seed, or TVM's default schedule); a split subgraph tunes the minis its batches reach and is
+    built from them."""
+    return _proportional(weights, units, [0] * len(weights))
+
+
+def _proportional(weights: list[float], units: int, floors: list[int]) -> list[int]:
+    """``units`` batches in proportion to ``weights`` (largest remainder), each at least its floor."""
     alloc = [0] * len(weights)
     free, left = list(range(len(weights))), units
     while True:  # kernels whose share is under their floor get the floor; the rest share what is left
@@ -46,7 +74,7 @@ def budgets(weights: list[float], total: int, minimum: int, floors: list[int] | 
     spare = units - sum(alloc)
     for i in sorted(free, key=lambda i: shares[i] - int(shares[i]), reverse=True)[:spare]:
         alloc[i] += 1
-    return [a * minimum for a in alloc]
+    return alloc
 
 
 def stabilised(latencies: list[float], window: int, tolerance: float) -> bool:
@@ -108,19 +136,15 @@ def first_pass(trials: int, scheduler: str) -> int:
     return {"latency": 0, "roofline": int(trials * (1 - ROUND_SHARE))}.get(scheduler, trials)
 
 
-def session_trials(first_pass: int, trials: int, scheduler: str) -> int:
-    """Trials a session spends at most, its plan taking ``first_pass``: the plan ("weight"), or the
-    whole budget ("latency", "roofline"; more where the plan's floors alone need more)."""
-    return max(first_pass, trials) if scheduler in ("latency", "roofline") else first_pass
-
-
 def split_budget(budget: int, mini_weights: list[float], split_fraction: float, unit: int) -> tuple[list[int], int]:
     """A split subgraph's ``budget`` over its new minis and its join: (the minis' budgets, the join's).
-    The minis get ``split_fraction`` of it, at least a batch each; the join the rest, at least one trial
-    (its composed seed)."""
+    The minis get ``split_fraction`` of it, at least a batch each while the budget lasts; the join the
+    rest (its composed seeds are trials of it). Nothing for any of them when the subgraph got nothing."""
+    if budget <= 0:
+        return [0] * len(mini_weights), 0
     share = min(budget, max(split_fraction * budget, unit * len(mini_weights)))
-    minis = budgets(mini_weights, int(share), unit)
-    return minis, max(1, budget - sum(minis))
+    minis = budgets(mini_weights, int(share), unit, cap=budget)
+    return minis, budget - sum(minis)
 
 
 def hand_back(weights: dict[str, float], left: int, done: dict[str, int]) -> dict[str, int]:

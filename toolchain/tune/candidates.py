@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from toolchain.targets import resolve_target
+from toolchain.tune import phases
 from toolchain.tune.adapter import latency, records_of, workload_module
 from toolchain.tune.check_candidate import CHECK_ENV
 from toolchain.tune.settings import Task, TuneSettings
@@ -51,6 +52,7 @@ def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> 
     return json.loads(lines[-1])
 
 
+@phases.timing("verify")
 def verify_task(task: Task, func, database, spec, settings: TuneSettings) -> dict:
     """Check candidates best-first until one passes; returns the verified.json entry of the task."""
     records = sorted(records_of(database, func), key=latency)

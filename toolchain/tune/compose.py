@@ -4,6 +4,7 @@ side, or in the intensive-fusion structure), or a sibling kernel's re-fitted to 
 from __future__ import annotations
 
 import logging
+import math
 
 from toolchain.tune import intensive, intensive_seed, transfer
 from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
@@ -69,10 +70,11 @@ def restore_unroll(sch, minis: list[tuple[object, dict]]) -> int:
 
 
 def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
-                measure: "Measure | None" = None) -> bool:
+                measure: "Measure | None" = None, limit: int | None = None) -> bool:
     """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
     static checks and builds, measure it and commit it as the joined kernel's first record: the
-    search then starts from it. Its latency is measured like any candidate's, never estimated."""
+    search then starts from it. Its latency is measured like any candidate's, never estimated.
+    ``limit``: records it may commit at most (each is a trial of the session's budget)."""
     parts = [
         (verified[name]["trace"], mapping)
         for name, mapping in plan.compositions.get(task.name, [])
@@ -84,10 +86,13 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
         sch = postprocess(sch, spec)
     if sch is not None:
         restore_unroll(sch, parts)
-    committed = sch is not None and commit_seed(sch, func, database, spec, settings, measure)
-    if settings.intensive and settings.partition.method == "ago" and parts:  # and in the join's own space
+    left = math.inf if limit is None else limit
+    committed = sch is not None and left > 0 and commit_seed(sch, func, database, spec, settings, measure)
+    left -= committed
+    if settings.intensive and settings.partition.method == "ago" and parts and left > 0:  # the join's own space
         for fused in intensive_composed(func, parts, spec, settings.tile_cache):
-            committed = commit_seed(fused, func, database, spec, settings, measure) or committed
+            if left > 0 and commit_seed(fused, func, database, spec, settings, measure):
+                committed, left = True, left - 1
     return committed
 
 

@@ -33,7 +33,7 @@ def settings_but_trials(settings: dict) -> dict:
 #: what a tuning database directory holds: its JSON files, MetaSchedule's records and logs, and what an RPC
 #: session beside it writes (device agents, the measurement log, the device report)
 DB_ENTRIES = frozenset({"session.json", "tasks.json", "verified.json", "progress.json", "layout.json", "imported.json",
-                        "traffic.json", "ms", "logs", "agents", "measurements.jsonl", "devices.json"})
+                        "traffic.json", "phases.json", "ms", "logs", "agents", "measurements.jsonl", "devices.json"})
 
 
 class TuneDB:
@@ -186,6 +186,14 @@ class TuneDB:
         self._write("verified.json", data)
 
     @property
+    def clock(self) -> dict:
+        """What the last session measured a trial and a verification to take here (toolchain/tune/clock.py)."""
+        return self._read("clock.json", {})
+
+    def save_clock(self, data: dict) -> None:
+        self._write("clock.json", data)
+
+    @property
     def traffic(self) -> dict:
         """Joins judged by simulated memory traffic (host/bench/judge.py), per cache geometry: {} if none."""
         return self._read("traffic.json", {})
@@ -193,6 +201,15 @@ class TuneDB:
     def save_traffic(self, geometry: str, record: dict) -> None:
         """Keep one geometry's judgement: the explicit judging step's write (a compile only reads it)."""
         self._write("traffic.json", {**self.traffic, geometry: record})
+
+    @property
+    def phases(self) -> list[dict]:
+        """Seconds per phase of each session run on this database (toolchain/tune/phases.py), oldest first."""
+        return self._read("phases.json", {}).get("runs", [])
+
+    def save_phases(self, record: dict) -> None:
+        """Add one session run's phases (``Phases.to_json``)."""
+        self._write("phases.json", {"runs": [*self.phases, record]})
 
     def ms_database(self):
         """MetaSchedule's database of every trial (``ms/``)."""
@@ -319,7 +336,8 @@ def status(db_dir: Path) -> dict:
             chosen = rows[-1]["best_ms"] if choice.build == "joined" else minis_ms(minis, verified)
             if chosen is not None:
                 estimate += chosen * t.calls
-    return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate}
+    return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate,
+            "phases": db.phases}
 
 
 def compare(db_dir: Path, other: Path) -> dict:

@@ -9,12 +9,21 @@ from typing import Callable, ClassVar, Optional, Union
 
 @dataclass(frozen=True)
 class Planned:
-    """The session's plan: every task's JSON (``Task.to_json``), the first pass's trials and the total."""
+    """The session's plan: every task's JSON (``Task.to_json``), the first pass's trials, the user's budget
+    (``total``), the trials that would give every task a first batch (``floor``), the tasks the budget does
+    not reach, the trials it may still spend (``allowance``: a resumed session's records count), the
+    expected seconds, the seconds to the deadline (None: none) and the seconds a trial is taken to take."""
 
     kind: ClassVar[str] = "plan"
     tasks: list[dict]
     first_pass: int
     total: int
+    floor: int = 0
+    unreached: int = 0
+    allowance: int = 0
+    estimate_s: float = 0.0
+    deadline_s: Optional[float] = None
+    trial_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,14 @@ class Round:
 
 
 @dataclass(frozen=True)
+class OutOfTime:
+    """The deadline came: no more search; what was found is verified (``allowance``: trials left unspent)."""
+
+    kind: ClassVar[str] = "out-of-time"
+    allowance: int
+
+
+@dataclass(frozen=True)
 class Pairing:
     """A joined kernel is being timed next to its ``minis`` mini-subgraphs."""
 
@@ -157,7 +174,7 @@ class Paired:
 
 
 Event = Union[Planned, Imported, TaskStarted, Seeded, Trials, Stable, Exhausted, SearchFailed, JoinYields,
-              Verifying, TaskDone, Round, Pairing, Paired]
+              Verifying, TaskDone, Round, OutOfTime, Pairing, Paired]
 #: ``on_event(event)``: how a session reports an :data:`Event`
 Events = Callable[[Event], None]
 EVENTS = Event.__args__

@@ -50,6 +50,7 @@ class TaskPlan:
     groups: tuple = ()  # the partition's groups (op ids), in order
     group_tasks: tuple = ()  # the task of each group
     split_of: dict = field(default_factory=dict, hash=False)  # group index -> its mini-subgraphs (op ids)
+    floor_trials: int = 0  # the trials that give every task its first batch (the budget reaches them all)
 
 
 def block_names(func) -> list[str]:
@@ -80,13 +81,15 @@ def plan_tasks(mod, graph: OpGraph, spec, settings: TuneSettings) -> tuple[objec
             if len(minis) >= 2:  # one reducing op: tuned directly
                 minis_of.setdefault(parent, minis)
                 split_of[parent_index] = [g for _, g in minis]
-    final = _with_budgets(final, minis_of, set(by_hash), settings)
+    floors = _floors(final, minis_of, set(by_hash))
+    final = _with_budgets(final, floors, settings)
     tasks, compositions = _mini_tasks(final, minis_of, funcs, by_hash, graph, plan.weights, settings)
     # a kernel that is also one of a join's minis (an identical op group elsewhere, tuned once) goes with
     # the minis, before every join: a join is composed from its minis' verified schedules
     composed = {name for parts in compositions.values() for name, _ in parts}
     tasks.extend(sorted(final.values(), key=lambda t: t.phase != "kernel" or t.name not in composed))
-    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of)
+    return fused, TaskPlan(tuple(tasks), funcs, compositions, tuple(plan.groups), tuple(order), split_of,
+                           sum(floors) * settings.unit)
 
 
 def _kernel_tasks(kernels: list, groups, weights_by_node: dict):
@@ -107,20 +110,26 @@ def _kernel_tasks(kernels: list, groups, weights_by_node: dict):
     return funcs, final, order, by_hash
 
 
-def _with_budgets(final: dict[str, Task], minis_of: dict, charged: set, settings: TuneSettings) -> dict[str, Task]:
-    """The kernels with their first-pass budgets (``charged``: structural hashes already counted)."""
+def _floors(final: dict[str, Task], minis_of: dict, charged: set) -> list[int]:
+    """Each kernel's floor in batches (``charged``: structural hashes already counted): one, and a subgraph
+    the reformer splits one per mini it brings and one for its join; a mini identical to a kernel or to an
+    earlier join's mini is tuned once, there: it is not charged again."""
 
     def new_minis(minis: list) -> list:
         """The minis of a join not tuned as a kernel or as an earlier join's mini (joins in order)."""
         fresh = [h for h in dict.fromkeys(kernel_hash(func) for (_, func), _ in minis) if h not in charged]
         charged.update(fresh)
         return fresh
-    # a subgraph the reformer splits gets at least a batch per mini it brings and one for its join; a mini
-    # identical to a kernel or to an earlier join's mini is tuned once, there: it is not charged again
-    floors = [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
-    first = budget.first_pass(settings.trials, settings.scheduler)
-    # a kernel's share of the model's time is its weight (one call) times its calls
-    budgets = budget.budgets([t.weight * t.calls for t in final.values()], first, settings.unit, floors)
+    return [len(new_minis(minis_of[n])) + 1 if n in minis_of else 1 for n in final]
+
+
+def _with_budgets(final: dict[str, Task], floors: list[int], settings: TuneSettings) -> dict[str, Task]:
+    """The kernels with their first-pass budgets, within the user's budget (:func:`budget.budgets`)."""
+    weights = [t.weight * t.calls for t in final.values()]  # a kernel's share of the model's time: weight × calls
+    first, cap = budget.first_pass(settings.trials, settings.scheduler), settings.trials
+    budgets = budget.budgets(weights, first, settings.unit, floors, cap=cap)
+    if settings.transfer and 0 in budgets:  # kernels the budget does not reach: a seed each kept back
+        budgets = budget.budgets(weights, first, settings.unit, floors, cap=cap - budgets.count(0))
     return {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 
 
@@ -157,10 +166,11 @@ def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
     return sum(t.budget for t in plan.tasks)
 
 
-def planned_trials(mod, spec, settings: TuneSettings) -> int:
-    """Trials a session with ``settings`` would spend on ``mod`` (a legalized module) at most: every
-    kernel gets at least one search batch, so a model with many kernels can exceed ``settings.trials``."""
-    return budget.session_trials(first_pass_trials(mod, spec, settings), settings.trials, settings.scheduler)
+def floor_trials(mod, spec, settings: TuneSettings) -> int:
+    """The trials that give every task of ``mod`` (a legalized module) its first batch: a budget under it
+    leaves some kernels to seeds or TVM's default schedule (:func:`budget.reached`)."""
+    _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
+    return plan.floor_trials
 
 
 def map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], mini_func, joined_func) -> dict:

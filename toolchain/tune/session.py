@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from toolchain import fastmath, padding, roofline
@@ -18,17 +18,18 @@ from toolchain.tune.budget import (
     join_yields,
     next_round,
     round_gains,
-    session_trials,
     stabilised,
     task_ms,
     unspent,
 )
+from toolchain.tune.clock import Clock
 from toolchain.tune.db import TuneDB, import_records, status
 from toolchain.tune.events import (
     Events,
     Exhausted,
     Imported,
     JoinYields,
+    OutOfTime,
     Planned,
     Round,
     SearchFailed,
@@ -54,6 +55,7 @@ def tune_model(
     measure: Measure | None = None,
     base: Path | None = None,
     library=None,
+    clock: Clock | None = None,
 ) -> dict:
     """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
 
@@ -61,25 +63,46 @@ def tune_model(
     tuning database to start from (:func:`import_records`: its records of the same kernels become
     theirs, counted against the budget like their own). ``library``: a record library
     (:class:`toolchain.tune.library.Library`) whose schedules seed new kernels and whose pre-trained
-    cost model the search starts from."""
+    cost model the search starts from. ``clock``: the session's deadline and rates (default: no deadline, the
+    rates the database's earlier sessions measured). The session never commits more records than
+    ``settings.trials`` (those it starts with included), and stops searching when only the time to verify
+    what it found is left; every task it finished is verified in the database whenever it stops."""
     db, plan = open_session(mod, model_sha256, spec, settings, db_dir, on_event, base)
     database = db.ms_database()
-    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress, library=library)
-    first = sum(t.budget for t in plan.tasks)
-    on_event(Planned(tasks=[t.to_json() for t in plan.tasks], first_pass=first,
-                     total=session_trials(first, settings.trials, settings.scheduler)))
+    where = measure.where if measure is not None else "local"
+    clock = clock or Clock.prior(where, db.clock)
+    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress, library=library,
+              clock=clock)
+    on_event(planned_event(plan, settings, clock, run.allowance()))
     run.cost_models = adapter.session_cost_models(plan, database, spec,
                                                   pretrained=library.cost_model if library is not None else None)
     run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
-    for task in plan.tasks:  # minis come first, then kernels/joined subgraphs
-        run.first_pass(task)
+    for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
+        if run.out_of_time:
+            break
+        run.first_pass(task, later=[t.budget for t in plan.tasks[i + 1:] if t.budget])
     # the rest of the budget, round by round, where it saves most: with "latency" all but the first
     # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
-    run.rounds(session_trials(first, settings.trials, settings.scheduler))
+    run.rounds(settings.trials)
     # join or minis: decided on the kept schedules timed together (toolchain/tune/pairing.py)
-    pairing.pair_joins(plan, run.verified, spec, settings, measure, on_event)
+    if clock.left_s() > clock.pair_s * len(plan.compositions):
+        pairing.pair_joins(plan, run.verified, spec, settings, measure, on_event)
     db.save_verified(run.verified)
+    db.save_clock(clock.to_json())
     return status(db_dir)
+
+
+def planned_event(plan: TaskPlan, settings: TuneSettings, clock: Clock, allowance: int) -> Planned:
+    """What the session is about to do and how long it should take (``allowance``: trials it may still spend)."""
+    first = sum(t.budget for t in plan.tasks)
+    reached = [t for t in plan.tasks if t.budget]
+    trials = min(allowance, settings.trials)
+    estimate = clock.estimate_s(min(trials, clock.trials_that_fit()), len(reached), len(plan.compositions))
+    left = clock.left_s()
+    return Planned(tasks=[t.to_json() for t in plan.tasks], first_pass=first, total=settings.trials,
+                   floor=plan.floor_trials, unreached=len(plan.tasks) - len(reached), allowance=trials,
+                   estimate_s=min(estimate, left), deadline_s=None if left == math.inf else left,
+                   trial_s=clock.trial_s)
 
 
 def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: Path, on_event: Events,
@@ -116,6 +139,9 @@ class Run:
     verified: dict
     progress: dict
     library: object = None  # toolchain.tune.library.Library: seeds and a pre-trained cost model
+    clock: Clock = field(default_factory=Clock)  # the deadline and what a trial takes here
+    out_of_time: bool = False  # the deadline came: no search starts, what was found is verified
+    hashes: dict[str, str] = field(default_factory=dict)  # task -> workload hash (read once)
     cost_models: dict = field(default_factory=dict)  # adapter.session_cost_models
     given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
     spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
@@ -129,13 +155,44 @@ class Run:
         """A task's trial latencies, in commit order."""
         return adapter.trial_latencies(self.db.ms_dir, self.plan.funcs[name])
 
+    def allowance(self) -> int:
+        """Trials the session may still spend: the user's budget less the records its kernels hold."""
+        self.hashes = self.hashes or {name: adapter.workload_hash(func) for name, func in self.plan.funcs.items()}
+        held = adapter.trial_latencies_of(self.db.ms_dir, self.plan.funcs, self.hashes)
+        return max(0, self.settings.trials - sum(len(v) for v in held.values()))
+
+    def trials_now(self, wanted: int) -> int:
+        """How many of ``wanted`` trials the next search may run: within the budget's allowance and what fits
+        before the deadline with a verification kept back (when none fits, the session is out of time)."""
+        fit = self.clock.trials_that_fit(reserve_s=self.clock.verify_s)
+        if fit <= 0 and not self.out_of_time:
+            self.out_of_time = True
+            self.on_event(OutOfTime(allowance=self.allowance()))
+        if self.clock.deadline is not None:  # close in on it: half of what fits (before a rate is measured
+            # here, a quarter batch: under load a trial takes several times the prior)
+            fit = min(fit, max(1, fit // 2) if self.clock.measured["trials"] else max(1, self.settings.per_iter // 4))
+        return int(max(0, min(wanted, self.allowance(), fit)))
+
+    def past_time(self) -> bool:
+        """True when only the time to verify is left before the deadline (a search stops after its batch)."""
+        return self.clock.left_s() < self.clock.verify_s
+
+    def fit_to_time(self, search: int, later: list[int]) -> int:
+        """A task's ``search`` trials scaled down when they and the ``later`` tasks' planned ones do not
+        fit before the deadline (each task keeps its share; every task's verification kept back)."""
+        fit = self.clock.trials_that_fit(reserve_s=self.clock.verify_s * (1 + len(later)))
+        wanted = search + sum(later)
+        return search if fit >= wanted or wanted <= 0 else int(search * fit / wanted)
+
     # ------------------------------------------------------------------------- the first pass
 
-    def first_pass(self, task: Task) -> None:
+    def first_pass(self, task: Task, later: list[int] | None = None) -> None:
         """Tune ``task`` to its share of the plan (seeded first when new), verify it, and hand on what it
-        leaves: a join's rest to its minis, a kernel's unspent trials to the next."""
+        leaves: a join's rest to its minis, a kernel's unspent trials to the next. ``later``: the budgets of
+        the tasks after it (with a deadline, all of them scaled to what fits)."""
         lat = self.latencies(task.name)
         budget = self.budget_of(task)
+        budget = len(lat) + self.fit_to_time(budget - len(lat), later or []) if budget > len(lat) else budget
         handed = self.handed_before(task)
         self.on_event(TaskStarted(task=task.name, phase=task.phase, done=len(lat), budget=budget))
         if not lat:  # a join from its minis' schedules composed (AGO §V); any task, with --transfer,
@@ -184,13 +241,17 @@ class Run:
     def seed(self, task: Task, budget: int) -> tuple[list[float], int]:
         """A new task's first records: composed from its minis (a join), from its siblings (``transfer``).
         Returns its latencies then and its budget (a join nothing composed for gets a batch at least)."""
-        plan, settings = self.plan, self.settings
-        args = (task, plan, self.database, self.spec, self.verified, settings, self.measure)
-        composed = task.phase == "joined" and compose.seed_joined(*args)
-        seeded = compose.seed_from_siblings(*args) if settings.transfer else []
-        listed = compose.seed_from_library(*args, self.library) if self.library is not None else []
+        # seeds are trials: within the budget's allowance and time, one each for a task the plan does not reach
+        if self.past_time():
+            return [], budget
+        cap, started = 1 if budget <= 0 else self.settings.transfer, self.clock.now()
+        composed = task.phase == "joined" and self.allowance() > 0 and compose.seed_joined(
+            *self.seed_args(task, cap), limit=min(self.allowance(), cap if budget <= 0 else self.allowance()))
+        seeded = compose.seed_from_siblings(*self.seed_args(task, cap)) if self.settings.transfer else []
+        listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
         lat = self.latencies(task.name) if composed or seeded or listed else []
         if lat:
+            self.clock.searched(len(lat), self.clock.now() - started)
             seed = min(lat)
             seed_ms = seed * 1e3 if seed < math.inf else None
             self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,
@@ -198,9 +259,15 @@ class Run:
             self.db.save_progress(self.progress)
             self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), library=list(listed),
                                  best_ms=seed_ms))
-        if task.phase == "joined" and not composed:  # nothing composed: one batch of its own at least
-            budget = max(budget, settings.unit)
+        if task.phase == "joined" and not composed and budget > 0:  # nothing composed: a batch of its own
+            budget = max(budget, self.settings.unit)
         return lat, budget
+
+    def seed_args(self, task: Task, cap: int) -> tuple:
+        """The arguments of a seeding function for ``task``, its settings' ``transfer`` (seeds per source)
+        at most ``cap`` and the trials the budget has left."""
+        settings = replace(self.settings, transfer=min(self.settings.transfer, cap, self.allowance()))
+        return task, self.plan, self.database, self.spec, self.verified, settings, self.measure
 
     def hand_back(self, task: Task, left: int) -> dict[str, int]:
         """A join that yielded: its ``left`` trials split over its minis, recorded in the progress file."""
@@ -270,18 +337,23 @@ class Run:
                 if self.join_yields(task, done, budget):
                     return done, None, budget - done
             # a join's first chunk is one batch, so that the comparison above comes early
-            chunk = min(budget - done, settings.unit if check_join and not checked else 2 * settings.per_iter)
+            chunk = self.trials_now(min(budget - done, settings.unit if check_join and not checked
+                                        else 2 * settings.per_iter))
+            if chunk <= 0:  # the user's budget or time is spent
+                break
+            searched = self.clock.now()
             try:
                 exhausted = adapter.tune_trials(
                     self.plan.funcs[task.name], self.spec, self.database, chunk, settings,
                     settings.intensive and settings.partition.method == "ago", self.db.root / "logs" / task.name,
-                    self.measure, self.cost_models[task.phase == "joined"]())
+                    self.measure, self.cost_models[task.phase == "joined"](), stop=self.past_time)
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
                 # fails on this kernel's structure) ends this task, not the session; what it found stays
                 error = first_line(exc)
                 self.on_event(SearchFailed(task=task.name, reason=error))
                 return done, error, 0
             lat = self.latencies(task.name)  # in commit order: what stabilised() reads
+            self.clock.searched(len(lat) - done, self.clock.now() - searched)
             done = len(lat)
             self.record_progress(task, lat, budget)
             if exhausted:  # every distinct schedule measured: the rest of its budget goes on
@@ -323,9 +395,11 @@ class Run:
         entry = self.verified.get(task.name, {})
         if entry.get("trials") != done or entry.get("status") != "verified" or search_error:
             self.on_event(Verifying(task=task.name))
+            checked = self.clock.now()
             self.verified[task.name] = {
                 **candidates.verify_task(task, self.plan.funcs[task.name], self.database, self.spec, self.settings),
                 "phase": task.phase, **({"search_error": search_error} if search_error else {})}
+            self.clock.verified(self.clock.now() - checked)
             self.db.save_verified(self.verified)
         self.on_event(TaskDone(task=task.name, seconds=time.perf_counter() - started,
                                result=self.verified[task.name]))
@@ -345,7 +419,7 @@ class Run:
             times = {n: t for n, t in model_times(plan, verified, progress).items()
                      if n not in out and not progress.get(n, {}).get("exhausted")
                      and not verified.get(n, {}).get("search_error")}
-            if left <= 0 or not times:
+            if left <= 0 or not times or self.trials_now(settings.per_iter) <= 0:
                 break
             floors = None
             if settings.scheduler == "roofline":  # the gap to each task's floor at the session's best rates
@@ -355,7 +429,7 @@ class Run:
             gains = round_gains(times, lats, settings.per_iter, floors)
             name = next_round(gains)
             task, done = self.tasks[name], len(lats[name])
-            target = done + min(settings.per_iter, left)
+            target = done + self.trials_now(settings.per_iter)
             self.on_event(Round(task=name, model_ms=times[name], gain_ms=gains[name], left=left))
             self.on_event(TaskStarted(task=name, phase=task.phase, done=done, budget=target))
             started = time.perf_counter()

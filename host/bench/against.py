@@ -1,0 +1,61 @@
+"""``agoc bench ARTIFACT --against onnxruntime``: the artifact and onnxruntime on the same inputs and threads,
+each in its own process, timed in interleaved rounds in the warm and cold cache regimes; their ratio."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from host.bench.run import Worker, measure_rounds
+from host.bench.suites import Settings, Variant
+
+#: the engines compared: agoc's artifact (TVM's runtime) and the reference
+ENGINES = (Variant("agoc", "tvm", "the artifact, on TVM's runtime"),
+           Variant("onnxruntime", "onnxruntime", "onnxruntime's CPU execution provider on the artifact's model"))
+#: the regimes each comparison runs in (host/bench/cache_regime.py)
+REGIMES = ("warm", "cold")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Medians (ms) per regime and engine, and onnxruntime ÷ agoc per regime (above 1: agoc is faster)."""
+
+    threads: int
+    rounds: int
+    calls: int
+    median_ms: dict  # regime -> engine -> ms
+    speedup: dict  # regime -> onnxruntime median / agoc median
+    failures: dict  # regime -> engine -> why it did not run
+
+    def to_json(self) -> dict:
+        return {"threads": self.threads, "rounds": self.rounds, "calls": self.calls, "median_ms": self.median_ms,
+                "speedup": self.speedup, "failures": self.failures}
+
+
+def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, calls: int = 10,
+            warmup: int = 3, seed: int = 0, on_round=lambda regime, r, n: None) -> Comparison:
+    """Time the artifact beside onnxruntime, each engine in a worker process of its own (host/bench/worker.py),
+    in each regime of :data:`REGIMES`: ``rounds`` rounds of ``calls`` calls, engines in a random order."""
+    threads = threads or os.cpu_count() or 1
+    medians, speedup, failures = {}, {}, {}
+    for regime in REGIMES:
+        settings = Settings(threads=threads, rounds=rounds, calls_per_round=calls, warmup=warmup, gap_s=0.05,
+                            seed=seed, quick=False, cache=regime)
+        workers = [Worker({v.name: (v, artifact_dir)}, settings) for v in ENGINES]
+        try:
+            failed = {name: why for w in workers for name, why in w.errors.items()}
+            samples, _, broke = measure_rounds(workers, settings, random.Random(seed),
+                                               lambda kind, regime=regime, **info: on_round(regime, info["round"],
+                                                                                            rounds))
+        finally:
+            for w in workers:
+                w.close()
+        failures[regime] = {**failed, **broke}
+        medians[regime] = {name: float(np.median(s)) for name, s in samples.items() if s}
+        if {"agoc", "onnxruntime"} <= set(medians[regime]):
+            speedup[regime] = medians[regime]["onnxruntime"] / medians[regime]["agoc"]
+    return Comparison(threads, rounds, calls, medians, speedup, failures)

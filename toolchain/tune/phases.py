@@ -1,0 +1,104 @@
+"""Where a tuning session's time goes: seconds per phase (search, cost-model update, build, run, verify, seed,
+pair), accumulated in this process while a session runs and saved as the database's ``phases.json``.
+Why and the numbers: docs/tuning-internals.md (Where a trial's time goes)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+
+#: the phases, in the order a trial meets them; ``other`` is the session's wall time that none of them took
+PHASES = ("search", "predict", "update", "build", "run", "verify", "seed", "pair", "other")
+#: phases that own what runs inside them: a seed's or a pairing's builds and runs count as seed / pair
+#: (build and run are then the search's candidates only)
+OWNERS = frozenset({"seed", "pair", "verify"})
+
+
+@dataclass(frozen=True)
+class Phases:
+    """A session's seconds per phase (exclusive: a build inside a seed counts as build, not seed), how many
+    trials it measured and its wall time."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    trials: int = 0
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"seconds": {k: round(self.seconds.get(k, 0.0), 3) for k in PHASES}, "trials": self.trials,
+                "wall_s": round(self.wall_s, 3),
+                "s_per_trial": round(self.wall_s / self.trials, 3) if self.trials else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Phases":
+        return cls(dict(data.get("seconds", {})), int(data.get("trials", 0)), float(data.get("wall_s", 0.0)))
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of the wall time."""
+        return {k: self.seconds.get(k, 0.0) / self.wall_s for k in PHASES} if self.wall_s > 0 else {}
+
+
+@dataclass
+class _Clock:
+    """The process's accumulator: seconds per phase, the stack of phases open now (for exclusive times)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    stack: list[list] = field(default_factory=list)  # [phase, seconds its inner phases took]
+    trials: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+_CLOCK = _Clock()
+
+
+def start() -> None:
+    """Start counting a session (what was counted before is dropped)."""
+    global _CLOCK
+    _CLOCK = _Clock()
+
+
+def add_trials(n: int) -> None:
+    _CLOCK.trials += n
+
+
+@contextlib.contextmanager
+def timed(phase: str):
+    """Count the time inside as ``phase``'s, less what phases opened inside it take (those count as theirs)."""
+    clock = _CLOCK
+    if clock.stack and clock.stack[-1][0] in OWNERS:
+        yield
+        return
+    entry = [phase, 0.0]
+    clock.stack.append(entry)
+    begun = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent = time.perf_counter() - begun
+        clock.stack.pop()
+        clock.seconds[phase] = clock.seconds.get(phase, 0.0) + spent - entry[1]
+        if clock.stack:
+            clock.stack[-1][1] += spent
+
+
+def timing(phase: str):
+    """A decorator: every call of the function counted as ``phase`` (:func:`timed`)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            with timed(phase):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    return wrap
+
+
+def snapshot() -> Phases:
+    """What has been counted since :func:`start`; the wall time not inside any phase is ``other``."""
+    wall = time.perf_counter() - _CLOCK.started
+    seconds = {k: v for k, v in _CLOCK.seconds.items() if k in PHASES}
+    seconds["other"] = max(0.0, wall - sum(seconds.values()))
+    return Phases(seconds, _CLOCK.trials, wall)
