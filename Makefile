@@ -23,13 +23,14 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc library bench-library clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning library bench-library clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
 
 help:
-	@echo "make demo       partition MobileNet-V2 (AGO vs stock), compile it for host and ARM64, verify both (ARM64 under qemu)"
+	@echo "make demo       partition MobileNet-V2 (AGO vs stock), tune it (DEMO_TIME=4m, from the record library), build and"
+	@echo "                time it beside onnxruntime; compile it for ARM64 and verify it under qemu"
 	@echo "make test       run the fast test suite (what CI runs), in JOBS=2 parallel workers (JOBS=0: one process)"
 	@echo "make lint       ruff (complexity <= 15) and the import contracts in pyproject.toml; silent when clean (make test runs it first)"
 	@echo "make test-slow  run the long tests too (whole zoo models)"
@@ -43,6 +44,8 @@ help:
 	@echo "make bench-cuda   CUDA path: fused (APOLLO/FusionStitching) vs stock TVM training steps; kernel counts, GPU times when a GPU exists"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
+	@echo "make bench-tuning where a short tuning session's time goes, per phase (MODEL=zoo:mobilenet-v2@1x3x56x56 TRIALS=64;"
+	@echo "                   COMPARE=1: also with fresh workers per batch, the stock behaviour) -> bench/results/tuning-DATE.json"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
 	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
 	@echo "make library    tune the zoo CNNs, package their schedules as library/<target>/ (TARGET=host SHAPE=56 TRIALS=96)"
@@ -75,11 +78,15 @@ system:
 	fi
 
 DEMO_MODEL ?= zoo:mobilenet-v2@1x3x112x112
+DEMO_TIME  ?= 4m
 
+# a tune bounded by DEMO_TIME (the packaged record library seeds it), built and timed beside onnxruntime
 demo: setup runners
 	$(AGOC) partition $(DEMO_MODEL)
-	$(AGOC) compile $(DEMO_MODEL) --target host -o $(DEMO)/host
+	$(AGOC) tune $(DEMO_MODEL) --target host --db $(DEMO)/db --time $(DEMO_TIME)
+	$(AGOC) compile $(DEMO_MODEL) --target host --db $(DEMO)/db -o $(DEMO)/host
 	$(AGOC) verify $(DEMO)/host
+	$(AGOC) bench $(DEMO)/host --against onnxruntime
 	$(AGOC) compile $(DEMO_MODEL) --target linux-arm64 -o $(DEMO)/arm64
 	$(AGOC) verify $(DEMO)/arm64 --device qemu
 	$(AGOC) bench $(DEMO)/arm64 --device qemu --warmup 1 --repeat 3
@@ -148,6 +155,11 @@ bench-locality: setup
 bench-layout: setup
 	$(VENV)/bin/python -m host.bench.layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
 		--trials $(or $(TRIALS),48) $(if $(THREADS),--threads $(THREADS))
+
+# where a tuning session's time goes (host/bench/tuning.py): seconds per phase, trials, seconds per trial
+bench-tuning: setup
+	$(VENV)/bin/python -m host.bench.tuning --model $(or $(MODEL),zoo:mobilenet-v2@1x3x56x56) \
+		--trials $(or $(TRIALS),64) $(if $(COMPARE),--compare)
 
 # the packaged record library of a target: the zoo CNNs tuned, their verified schedules in library/<target key>/
 library: setup

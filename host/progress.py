@@ -8,7 +8,7 @@ from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from toolchain.tune import events as ev
 
@@ -20,7 +20,7 @@ class TuneProgress:
     def __init__(self, console: Console, trials: int, unit: int, scheduler: str):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  TextColumn("{task.completed}/{task.total} trials"), TimeElapsedColumn(),
-                                 console=console)
+                                 TextColumn("left"), TimeRemainingColumn(), console=console)
         self.trials, self.unit, self.scheduler = trials, unit, scheduler
         self.bar = None
         self.budgets: dict[str, int] = {}
@@ -52,7 +52,7 @@ def _planned(view: TuneProgress, e: ev.Planned) -> None:
     kernels = phases["kernel"] + phases["joined"]
     short = (f" (a first batch of {view.unit} for every task would take {e.floor}: the {e.unreached} the budget "
              "does not reach start from a seed or TVM's default schedule)") if e.unreached else ""
-    resumed = f", {e.allowance} of them left" if e.allowance < e.total else ""
+    resumed = f", {e.allowance} of them left" if e.allowance is not None and e.allowance < e.total else ""
     deadline = f", stopping by {duration(e.deadline_s)}" if e.deadline_s is not None else ""
     view.say(
         f"[dim]plan: {kernels} kernel{'s' * (kernels != 1)} ({phases['joined']} split into "

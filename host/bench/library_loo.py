@@ -30,7 +30,6 @@ def tune_words(args, db: Path, trials: int, library: Path | None) -> list[str]:
 def run_once(args, db: Path, trials: int, library: Path | None) -> dict:
     """Tune into ``db`` up to ``trials`` (resuming what it holds): trials spent, the estimate, the kernels
     verified (latency, calls), the kernels started from a seed, the seconds the run took."""
-    from toolchain import tune as tuning
 
     words = tune_words(args, db, trials, library)
     print(f"  {shlex.join(words)}", flush=True)
@@ -41,6 +40,13 @@ def run_once(args, db: Path, trials: int, library: Path | None) -> dict:
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
         raise SystemExit(f"agoc tune failed (exit {done.returncode})")
+    return point_of(db, trials, words, seconds)
+
+
+def point_of(db: Path, trials: int, words: list[str], seconds: float) -> dict:
+    """What a run left in ``db`` at budget ``trials`` (see :func:`run_once`)."""
+    from toolchain import tune as tuning
+
     summary = tuning.status(db)
     progress = tuning.TuneDB(db).progress
     rows = summary["tasks"]

@@ -92,6 +92,9 @@ def tune(
     warm_weights: WarmWeightsOpt = False,
     transfer: TransferOpt = 2,
     seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
+    search_threads: Annotated[int, typer.Option(
+        help="Threads of the evolutionary search: 1 makes a session reproducible (the same seed, budget and "
+        "library give the same candidates); 0: all cores (faster search, candidates depend on thread timing).")] = 1,
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
@@ -111,12 +114,14 @@ def tune(
     clock = _clock(db, where, time_limit, started)
     trials = trials if trials is not None else _default_trials(clock)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
+    if search_threads < 0:
+        raise UnsupportedModelError(f"--search-threads {search_threads}: give 1 (reproducible), more, or 0 (all cores)")
     _check_databases(db, base)
     settings = tuning.TuneSettings(
         trials=trials, partition=parts, tile_cache=tile_cache,
         intensive=not no_intensive, reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter,
         seed=seed, cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
-        transfer=transfer, population=population,
+        transfer=transfer, population=population, search_threads=search_threads,
     )
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
     _describe(label, db, where, settings, spec)

@@ -205,16 +205,22 @@ def test_every_tuning_event_has_one_renderer_and_reads_as_a_line():
     view = TuneProgress(Console(file=out, width=200), trials=16, unit=16, scheduler="latency")
     tasks = [{"name": "j", "phase": "joined", "budget": 16}, {"name": "m", "phase": "mini", "budget": 16}]
     with view:
-        for event in (ev.Planned(tasks, first_pass=32, total=32), ev.Imported("base.db", {"m": 3}),
+        for event in (ev.Planned(tasks, first_pass=32, total=32, floor=48, unreached=1, allowance=20,
+                                 estimate_s=95.0, deadline_s=600.0, trial_s=1.5), ev.Imported("base.db", {"m": 3}),
                       ev.TaskStarted("m", "mini", 0, 16), ev.Seeded("j", composed=True, siblings=["k"], best_ms=0.5),
                       ev.Trials("m", 8, 16, 1.25), ev.Stable("m", 8), ev.Exhausted("m", 8, 8),
                       ev.SearchFailed("m", "no space"), ev.JoinYields("j", 2.0, 1.5, 1.0, 8, "slower"),
                       ev.Verifying("m"), ev.TaskDone("m", 1.0, {"status": "verified", "latency_ms": 1.0}),
                       ev.Round("m", 1.0, 0.1, 8), ev.Pairing("j", 2), ev.Paired("j", 2.0, 1.0, 0.5),
-                      ev.Paired("j", error="timeout"), ev.Seeded("j", again=True)):
+                      ev.Paired("j", error="timeout"), ev.Seeded("j", again=True), ev.OutOfTime(12),
+                      ev.Seeded("k", library=["a/b"], best_ms=0.25)):
             view(event)
     text = out.getvalue()
-    for line in ("plan: 1 kernel (1 split into 1 minis), 32 trials (more than --trials 16", "32 of them a first batch",
+    for line in ("plan: 1 kernel (1 split into 1 minis), 32 trials, 20 of them left (a first batch of 16 for every "
+                 "task would take 48: the 1 the budget does not reach start from a seed or TVM's default schedule)",
+                 "about 1 min 35 s (1.5 s a trial, estimated), stopping by 10 min", "32 of them a first batch",
+                 "time is up: no more search (12 trials unspent)", "k: starts from 1 schedule(s) from the record "
+                 "library (best 0.2500 ms)",
                  "from base.db: 3 records of 1 kernel(s) copied in", "j: starts from the composed mini schedules and "
                  "the schedules of 1 kernel(s) like it (best 0.5000 ms)",
                  "m: stable after 8 trials, 8 left to its join",

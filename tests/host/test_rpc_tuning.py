@@ -5,8 +5,10 @@ The qemu device and the fake adb phone (tests/fakeadb) stand in for phones: thei
 their times are not (nothing here asserts on time).
 """
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,12 +19,44 @@ import pytest
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
+#: tiny-cnn in ONNX's layout is one subgraph split into two minis: 12 trials in batches of 4 give each
+#: mini and their join a first batch (the plan) and the join is then timed next to its minis (a pairing).
+#: The search's own cost (population 128 by default) is not what is tested here.
+TUNE_ARGS = ("--trials", "12", "--per-iter", "4", "--population", "8", "--layout", "NCHW")
+
 
 @pytest.fixture
 def sandboxes(tmp_path, monkeypatch):
     monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))
     monkeypatch.setenv("AGOC_HOME", str(tmp_path / "home"))
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def qemu_tuned(runners, tmp_path_factory):
+    """tiny-cnn tuned on qemu through RPC by ``agoc tune`` (in this process), once per test session: the
+    parallel workers (pytest -n) share it, the first one there tunes. Returns (database, {exit_code,
+    stdout, stderr} of the tune). Read it only (``compile --db`` does); copy it to change it."""
+    from typer.testing import CliRunner
+
+    from host import cli as cli_module
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    db, done = root / "rpc-qemu-tuned" / "db", root / "rpc-qemu-tuned.json"
+    with open(root / "rpc-qemu-tuned.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(db.parent, ignore_errors=True)
+            with pytest.MonkeyPatch.context() as mp:  # its own tracker state and qemu sandbox
+                mp.setenv("AGOC_QEMU_SANDBOX", str(db.parent / "qemu"))
+                mp.setenv("AGOC_HOME", str(db.parent / "home"))
+                cli_module.console.width = cli_module.err_console.width = 200
+                result = CliRunner().invoke(cli_module.app, ["tune", "zoo:tiny-cnn", "--db", str(db), "--device",
+                                                             "qemu", *TUNE_ARGS])
+            done.write_text(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout,
+                                        "stderr": result.stderr}))
+    return db, json.loads(done.read_text())
 
 
 def _axpy(path, target):
@@ -85,14 +119,11 @@ def test_agent_offers_a_device_on_the_tracker_and_relays_sessions(runners, sandb
     assert not __import__("psutil").pid_exists(runner_pid), "the runner outlived its agent"
 
 
-def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxes):
-    db = sandboxes / "db"
-    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--trials", "16", "--per-iter", "8",
-                 "--population", "8",  # the search's own cost (the default 128) is not what is tested here
-                 "--layout", "NCHW")  # one subgraph (NHWC adds the input's transpose kernel)
-    assert result.exit_code == 0, result.stderr
-    assert "measured on qemu over RPC" in result.stderr
-    assert "plan: 1 kernel (1 split into 2 minis), 24 trials" in result.stderr  # a batch per mini and the join
+def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxes, qemu_tuned):
+    db, tuned = qemu_tuned
+    assert tuned["exit_code"] == 0, tuned["stderr"]
+    assert "measured on qemu over RPC" in tuned["stderr"]
+    assert "plan: 1 kernel (1 split into 2 minis), 12 trials" in tuned["stderr"]  # a batch per mini and the join
     session = json.loads((db / "session.json").read_text())
     assert session["target"]["mtriple"] == "aarch64-linux-gnu"
     log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
@@ -108,7 +139,7 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
     assert status.exit_code == 0 and "verified" in status.stdout
 
     # the command tune printed builds what was tuned: for the database's target, checked under qemu
-    printed = result.stdout.split("build with: ")[1].split()
+    printed = tuned["stdout"].split("build with: ")[1].split()
     assert printed[:5] == ["agoc", "compile", "zoo:tiny-cnn", "--db", str(db)] and "--target" not in printed
     refused = cli("compile", "zoo:tiny-cnn", "--db", db, "--target", "host", "-o", sandboxes / "host-art")
     assert refused.exit_code == 1 and "--other-target" in refused.stderr
@@ -128,8 +159,7 @@ def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
     from toolchain.tune.pairing import PAIR_ROUNDS
 
     db = sandboxes / "db2"
-    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--device", "emulator-5554",
-                 "--trials", "16", "--per-iter", "8", "--population", "8", "--layout", "NCHW")  # one join of two minis
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--device", "emulator-5554", *TUNE_ARGS)
     assert result.exit_code == 0, result.stderr
     report = json.loads((db / "devices.json").read_text())
     measured = {name: d.get("measured", 0) for name, d in report["devices"].items()}
@@ -146,15 +176,40 @@ def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
         assert len(lines) % PAIR_ROUNDS == 0 and len({ln["device"] for ln in lines}) == 1, lines
 
 
-def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandboxes, phone):
+@pytest.fixture
+def phone_like_qemu(tmp_path, monkeypatch):
+    """A fake adb phone with as many cores as the qemu device reports (this machine's): the two then run
+    one target (linux-arm64 with the same num-cores), so a database tuned on qemu resumes on the phone."""
+    from tests.fakeadb.server import DEFAULT_CPUS, FakeAdbServer
+
+    cpus = tuple(DEFAULT_CPUS[i % len(DEFAULT_CPUS)] for i in range(os.cpu_count() or 1))
+    with FakeAdbServer(tmp_path / "phone", cpus=cpus) as server:
+        monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+        monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+        yield server
+
+
+def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandboxes, phone_like_qemu, qemu_tuned):
     """The fake adb server relays the phone's forwarded port in this process: timing a join next to
-    its minis must not block it (a blocking TVM call holds the interpreter lock; it hung here once)."""
+    its minis must not block it (a blocking TVM call holds the interpreter lock; it hung here once).
+    The session tuned on qemu (the same target), its pairing dropped, resumed on the phone: nothing is
+    left to search, so the run is the pairing, timed on the phone (the full tuning run on a phone,
+    pairing included, is test_two_devices_share_one_tuning_run's)."""
+    from toolchain.tune.pairing import PAIR_ROUNDS
+
     db = sandboxes / "db3"
-    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "emulator-5554", "--trials", "16", "--per-iter", "8",
-                 "--population", "8", "--layout", "NCHW")  # one join of two minis
+    shutil.copytree(qemu_tuned[0], db)
+    verified = json.loads((db / "verified.json").read_text())
+    joins = [name for name, entry in verified.items() if entry.pop("paired", None)]
+    assert len(joins) == 1, "the session on qemu paired its one join"
+    (db / "verified.json").write_text(json.dumps(verified))
+    before = len((db / "measurements.jsonl").read_text().splitlines())
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "emulator-5554", *TUNE_ARGS)
     assert result.exit_code == 0, result.stderr
-    log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()]
-    assert {ln["device"] for ln in log if ln.get("purpose") == "pairing"} == {"emulator-5554"}
+    log = [json.loads(ln) for ln in (db / "measurements.jsonl").read_text().splitlines()[before:]]
+    assert log and {ln["purpose"] for ln in log} == {"pairing"}  # resumed: nothing but the pairing ran
+    assert {ln["device"] for ln in log} == {"emulator-5554"} and len(log) == 3 * PAIR_ROUNDS  # the join, 2 minis
+    assert json.loads((db / "verified.json").read_text())[joins[0]]["paired"]["rounds"] == PAIR_ROUNDS
 
 
 def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
@@ -175,7 +230,7 @@ def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     db = sandboxes / "db3"
     db.mkdir()
     log = db / "measurements.jsonl"
-    settings = TuneSettings(trials=24, per_iter=8, population=8)
+    settings = TuneSettings(trials=12, per_iter=4, population=8)  # a first batch for each task (TUNE_ARGS)
     killed = {}
 
     with rpc_mod.RpcSession(spec, [get_device("qemu")], log=log, work_dir=db / "agents") as session:

@@ -13,6 +13,8 @@ from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
 from toolchain.tune.candidates import random_args, run
 from toolchain.tune.intensive import block_infos, find_pair, intensive_schedule
+from toolchain.tune.intrinsics import load as load_intrinsics
+from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.schedule_check import execution_counts, format_counts
 from toolchain.tune.space import make_space_generator
 
@@ -202,7 +204,6 @@ def test_space_choice():
 def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion():
     """TVM's stock space fails on it as a whole (MultiLevelTiling moves the concat under one conv's
     tile, where the other conv is not): the space leaves consumer fusion out, so the kernel is tuned."""
-    from tvm.s_tir import meta_schedule as ms
 
     from toolchain.tune import space
     from toolchain.tune.adapter import workload_module
@@ -210,14 +211,14 @@ def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion()
     func = tiny("fire")
     assert "consumer T_concat has other producers" in space.shared_consumer(func)
     assert space.shared_consumer(func_of("pw->dw")) is None
-    stock = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), num_threads=1,
-                           space_generator=space.space(None, SPEC.tvm()))
+    stock = tune_context(mod=workload_module(func), target=SPEC.tvm(), num_threads=1,
+                         space_generator=space.space(None, SPEC.tvm()))
     with pytest.raises(Exception, match="reverse-compute-at"):
         stock.generate_design_space()  # the TVM behaviour this works around: if it goes, so can the workaround
     chosen = make_space_generator(func, SPEC.tvm())
     assert chosen.kind == "default-no-write-fusion" and "T_concat" in chosen.reason
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
-                         num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
+                       num_threads=1)
     (design, *_) = ctx.generate_design_space()
     args = random_args(func, 0)
     np.testing.assert_allclose(run(design.mod, args, SPEC.tvm())[-1], run(func, args, SPEC.tvm())[-1],
@@ -230,7 +231,6 @@ def test_a_pair_beside_a_conv_into_one_concat_gets_the_intensive_space_tiling_th
     the concat's other producer is outside its tile), so the space tiles it without, as the stock space
     does — before, the join's search failed and it kept its seed. The space's dry run applies the
     whole schedule now, so a failure outside the pair falls back to the stock space, not a dead search."""
-    from tvm.s_tir import meta_schedule as ms
 
     from toolchain.tune import space
     from toolchain.tune.adapter import workload_module
@@ -241,8 +241,8 @@ def test_a_pair_beside_a_conv_into_one_concat_gets_the_intensive_space_tiling_th
     assert "T_concat" in space.shared_consumer(func)
     chosen = make_space_generator(func, SPEC.tvm(), num_cores=2)
     assert chosen.kind == "intensive", chosen.reason
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
-                         num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), space_generator=chosen.generator,
+                       num_threads=1)
     args = random_args(func, 0)
     want = run(func, args, SPEC.tvm())[-1]
     for seed in (1, 2, 3):
@@ -268,7 +268,6 @@ def test_the_space_carries_the_check_and_the_llvm_mutators():
 def test_the_tuners_space_tiles_the_complex_ops_outside_the_pair():
     """pw → dw → pw through ``space_for`` (what ``agoc tune`` uses): the first pw is not left as a
     naive loop nest (it once was, when the tuner built the space without a target: 10-20x slower kernels)."""
-    from tvm.s_tir import meta_schedule as ms
 
     from toolchain.tune.adapter import space_for, workload_module
 
@@ -277,7 +276,7 @@ def test_the_tuners_space_tiles_the_complex_ops_outside_the_pair():
     rest = [b.name for b in block_infos(func) if b.kind != "simple" and b.name not in pair.blocks]
     assert pair.kind == "dw->pw" and rest
     gen = space_for(func, SPEC, intensive=True).generator
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator=gen, num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), space_generator=gen, num_threads=1)
     (first, *_) = ctx.generate_design_space()
     assert any(inst.kind.name == "SamplePerfectTile" for inst in first.trace.insts)  # tile sizes are sampled ...
     names = {str(a) for inst in first.trace.insts if inst.kind.name == "GetSBlock" for a in inst.attrs[:1]}
@@ -336,6 +335,7 @@ def _tune_alone(func, work_dir, trials: int):
     choice = make_space_generator(func, SPEC.tvm(), True, False, SPEC.num_cores, True)
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     before = dict(space.STATS)
+    load_intrinsics(SPEC.tvm())  # the target's tensor intrinsics only, as agoc's own searches (tune_context)
     ms.tune_tir(
         mod, target=SPEC.tvm(), work_dir=str(work_dir), max_trials_global=trials, num_trials_per_iter=trials,
         builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=SPEC.num_cores, timeout_sec=BUILD_TIMEOUT_S),

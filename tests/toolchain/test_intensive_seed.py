@@ -11,6 +11,7 @@ from toolchain.tune.adapter import postprocess, trial_latencies, workload_module
 from toolchain.tune.candidates import random_args, run
 from toolchain.tune.compose import seed_joined
 from toolchain.tune.db import TuneDB
+from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.plan import map_blocks, plan_tasks
 from toolchain.tune.schedule_check import execution_counts, format_counts
 from toolchain.tune.settings import TuneSettings
@@ -52,13 +53,12 @@ def test_a_register_factor_divides_its_loop_within_the_cap_and_the_minis_choice(
 @pytest.fixture(scope="module")
 def dwsep(dwsep_split):
     """tiny-dwsep (pw → dw → pw) as one joined kernel, and its three minis with sampled schedules."""
-    from tvm.s_tir import meta_schedule as ms
 
     mod, graph, plan, split, (_, joined), minis = dwsep_split
     parts = []
     for (_, func), group in zip(minis, split.plan.groups):
-        ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
-                             num_threads=1, rand_state=7)
+        ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), space_generator="post-order-apply",
+                           num_threads=1, rand_state=7)
         (design, *_) = ctx.space_generator.generate_design_space(ctx.mod)
         parts.append((plain(design.trace.as_json()), map_blocks(graph, group, plan.groups[0], func, joined)))
     return mod, graph, plan, joined, parts

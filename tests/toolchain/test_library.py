@@ -11,7 +11,7 @@ import models
 from toolchain import build, onnx_import
 from toolchain.targets import resolve_target
 from toolchain.tune import library
-from toolchain.tune.adapter import open_database, postprocess, records_of, space_for, workload_module
+from toolchain.tune.adapter import open_database, postprocess, records_of, workload_module
 from toolchain.tune.candidates import check_candidate
 from toolchain.tune.db import TuneDB
 from toolchain.tune.plan import group_kernels
@@ -36,12 +36,19 @@ def small():
 
 @functools.cache
 def _schedule(func):
-    """A schedule of ``func`` from its first design space, postprocessed (as a search's candidate)."""
-    from tvm.s_tir import meta_schedule as ms
+    """A schedule of ``func`` as a search's candidate, postprocessed: its conv's output channels split in
+    eight-wide tiles (a tile split to re-fit), its outer loops parallel."""
+    from tvm import s_tir
 
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(),
-                         space_generator=space_for(func, SPEC, False).generator, num_threads=1)
-    return postprocess(ctx.generate_design_space()[0], SPEC)
+    from toolchain.tune import transfer
+
+    sch = s_tir.Schedule(workload_module(func))
+    conv = next(b.block for b in transfer.block_nests(func) if b.reduce_extents)
+    n, h, _, c, *_ = sch.get_loops(sch.get_sblock(conv))
+    channels = int(sch.get(c).extent)
+    sch.split(c, sch.sample_perfect_tile(c, n=2, max_innermost_factor=16, decision=[channels // 8, 8]))
+    sch.parallel(sch.fuse(n, h))
+    return postprocess(sch, SPEC)
 
 
 def _database(root: Path, kernels: dict, ms_each: dict, spec=SPEC, sha: str = "a" * 64) -> Path:
@@ -131,8 +138,9 @@ def test_the_library_serves_only_its_target_and_layout(small, tmp_path):
     assert not lib.serves(resolve_target("host-avx2")) and not lib.serves(resolve_target("host", layout="NCHW"))
     with pytest.raises(library.LibraryError, match="--no-library"):
         lib.check(resolve_target("linux-arm64"))
-    assert lib.seed(Task("t", "kernel", (), None, 1.0, 16), small[PW], None, resolve_target("host-avx2"),
-                    TuneSettings(), None) == []
+    task = Task("t", "kernel", (), None, 1.0, 16)
+    assert lib.seed(task, small[PW], None, resolve_target("host-avx2"), TuneSettings(), None) == []
+    assert lib.seed(task, small[PW], None, SPEC, TuneSettings(transfer=0), None) == []  # no seed the budget has not
 
 
 def test_a_kernel_of_another_shape_starts_from_a_library_schedule_that_verifies(small, tmp_path):

@@ -23,10 +23,18 @@ SPEC = resolve_target("host", layout="NCHW")
 NHWC = resolve_target("host")
 
 
+_LEGALIZED: dict = {}
+
+
 def legalized(name, shape=None, spec=SPEC):
-    model = models.build(name, shape)
-    mod, inputs = frontend.prepare(model, spec)
-    return model, inputs, mod
+    """(ONNX model, inputs, legalized module), built once per test process for each (name, shape, target):
+    several tests read MobileNet-V2's, SqueezeNet's; none changes them (passes return new modules)."""
+    key = (name, shape, id(spec))  # SPEC and NHWC: this module's two targets, alive as long as it is
+    if key not in _LEGALIZED:
+        model = models.build(name, shape)
+        mod, inputs = frontend.prepare(model, spec)
+        _LEGALIZED[key] = (model, inputs, mod)
+    return _LEGALIZED[key]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from toolchain.targets import resolve_target
 from toolchain.tune.adapter import postprocess, space_for, workload_module
 from toolchain.tune.apply import apply_verified
 from toolchain.tune.db import TuneDB
+from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.plan import group_kernels, task_name
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
 from toolchain.tune.traces import plain
@@ -60,12 +61,11 @@ def _prepacked_db(fused, db_dir):
     """A database tuned with prepack whose one verified schedule (a conv kernel's first design)
     rewrites its weight's layout. The design's tiles are sampled: a fixed ``rand_state`` whose tiling
     stores the weight in a new shape (some draws tile it back into the shape it had)."""
-    from tvm.s_tir import meta_schedule as ms
 
     marked = build.mark_weights(fused)
     name, func = next((n, f) for n, f in group_kernels(marked) if "conv2d" in n)
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(),
-                         space_generator=space_for(func, SPEC, False).generator, num_threads=1, rand_state=0)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(),
+                       space_generator=space_for(func, SPEC, False).generator, num_threads=1, rand_state=0)
     sch = postprocess(ctx.generate_design_space()[0], SPEC)
     assert "meta_schedule.layout_rewrite_preproc" in sch.mod["main"].script()
     db = TuneDB(db_dir)
@@ -161,7 +161,6 @@ def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error(laye
     """With the index marked layout-free as well (how the weights were marked before), MetaSchedule's
     RewriteLayout fails a TVM check on some of this kernel's schedules: postprocess then returns
     None, as the search itself treats such a candidate, instead of raising and ending the session."""
-    from tvm.s_tir import meta_schedule as ms
 
     fused, (name, args) = layer_norm_take
     import tvm
@@ -170,7 +169,7 @@ def test_a_postprocessor_failing_a_tvm_check_gives_no_schedule_not_an_error(laye
     func = fused[name].with_attr("layout_free_buffers", every)
     results = []
     for seed in range(1, 4):
-        ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), rand_state=seed,
-                             space_generator=space_for(func, SPEC, False).generator, num_threads=1)
+        ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), rand_state=seed,
+                           space_generator=space_for(func, SPEC, False).generator, num_threads=1)
         results += [postprocess(sch, SPEC) is not None for sch in ctx.generate_design_space()]
     assert False in results and True in results

@@ -10,6 +10,7 @@ import pytest
 
 from host.bench.fit_weights import Calibration, extract
 from toolchain.targets import resolve_target
+from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.schedule_check import (
     dropped_blocks,
     execution_counts,
@@ -154,8 +155,8 @@ def test_the_stock_space_produces_the_reuse_write_bug_and_the_check_catches_it(p
     from tvm.s_tir import meta_schedule as ms
 
     mod = tvm.IRModule({"main": pw_dw.with_attr("global_symbol", "main")})
-    ctx = ms.TuneContext(mod=mod, target=SPEC.tvm(), space_generator="post-order-apply",
-                         search_strategy="evolutionary", num_threads=1)
+    ctx = tune_context(mod=mod, target=SPEC.tvm(), space_generator="post-order-apply",
+                       search_strategy="evolutionary", num_threads=1)
     spaces = ctx.space_generator.generate_design_space(mod)
     postprocs = ms.postproc.Postproc.create("llvm")
     for p in postprocs:
@@ -202,7 +203,6 @@ def test_a_gathered_intermediate_is_needed_whole_and_its_schedules_are_analysed(
     """A gather's data-dependent index (BERT's [CLS] ``take``) may read any row of the normalised
     tensor: the checker needs that block's whole domain instead of failing on the index load, and
     the kernel's postprocessed schedules are analysed (none dropped) rather than left unchecked."""
-    from tvm.s_tir import meta_schedule as ms
 
     from toolchain import build
     from toolchain.tune.adapter import postprocess, space_for, workload_module
@@ -212,8 +212,8 @@ def test_a_gathered_intermediate_is_needed_whole_and_its_schedules_are_analysed(
     counts = {c.name: c for c in execution_counts(func)}
     norm = counts["T_layer_norm"]
     assert norm.needed == norm.domain == 16 * 32 and norm.executed == norm.domain
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(), rand_state=1,
-                         space_generator=space_for(func, SPEC, False).generator, num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), rand_state=1,
+                       space_generator=space_for(func, SPEC, False).generator, num_threads=1)
     spaces = [postprocess(sch, SPEC) for sch in ctx.generate_design_space()]
     assert spaces and None not in spaces
     assert all(dropped_blocks(sch.mod) == [] for sch in spaces)
@@ -299,7 +299,6 @@ def test_the_postproc_rejects_a_rewritten_weight_read_in_part():
 def test_metaschedule_layout_rewrites_of_a_conv_and_a_matmul_are_read_whole():
     """What RewriteLayout really makes passes: a conv weight tiled into five dimensions, a matmul weight
     split by output channel (the design spaces of every kernel of two small models that has a weight)."""
-    from tvm.s_tir import meta_schedule as ms
 
     import models
     from toolchain import build, onnx_import
@@ -314,8 +313,8 @@ def test_metaschedule_layout_rewrites_of_a_conv_and_a_matmul_are_read_whole():
         for name, func in group_kernels(marked):
             if not func.attrs or "layout_free_buffers" not in func.attrs:
                 continue
-            ctx = ms.TuneContext(mod=workload_module(func), target=spec.tvm(), rand_state=1,
-                                 space_generator=space_for(func, spec, False).generator, num_threads=1)
+            ctx = tune_context(mod=workload_module(func), target=spec.tvm(), rand_state=1,
+                               space_generator=space_for(func, spec, False).generator, num_threads=1)
             for sch in ctx.generate_design_space():
                 sch = postprocess(sch, spec)
                 if sch is None or "layout_rewrite_preproc" not in sch.mod.script():

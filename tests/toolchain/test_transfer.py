@@ -15,6 +15,7 @@ from toolchain.tune.adapter import postprocess, space_for, trial_latencies, work
 from toolchain.tune.candidates import check_candidate
 from toolchain.tune.compose import seed_from_siblings
 from toolchain.tune.db import TuneDB
+from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.plan import TaskPlan, group_kernels
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.traces import plain, rename_blocks
@@ -99,10 +100,9 @@ def test_a_1x1_conv_is_no_sibling_of_a_kxk_conv_of_the_same_blocks():
 
 def _spaces(func, intensive: bool = False):
     """MetaSchedule's design spaces of the kernel ``func``, as a session generates them."""
-    from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=workload_module(func), target=SPEC.tvm(),
-                         space_generator=space_for(func, SPEC, intensive).generator, num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(),
+                       space_generator=space_for(func, SPEC, intensive).generator, num_threads=1)
     return ctx.generate_design_space()
 
 

@@ -436,7 +436,7 @@ def _search(func, spec, database, trials, settings, intensive, work_dir, measure
         runner=make_runner(settings, measure),
         database=database,
         space=space_for(func, spec, intensive, settings.tile_cache).generator,
-        num_tuning_cores=spec.num_cores,
+        num_tuning_cores=settings.search_threads or spec.num_cores,
         seed=settings.seed,
         measure_callbacks=[*ms.MeasureCallback.create("default"), exhaustion],
         cost_model=cost_model,

@@ -3,6 +3,7 @@ fresh process (:mod:`toolchain.tune.check_candidate`), best first, until one pas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,8 +29,14 @@ def check_target(spec) -> dict:
     return host
 
 
+#: checks this process has run to the end, by request: a task's best candidate is checked again after every
+#: search of the task otherwise (the check is deterministic: same kernel, schedule, target and seed, same answer)
+_CHECKED: dict[str, dict] = {}
+
+
 def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> dict:
-    """Numeric check of one record in a fresh process (see :mod:`toolchain.tune.check_candidate`)."""
+    """Numeric check of one record in a fresh process (see :mod:`toolchain.tune.check_candidate`); a candidate
+    checked before in this process is not checked again."""
     import tvm
 
     request = {
@@ -38,6 +45,16 @@ def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> 
         "target": check_target(spec),
         "seed": seed,
     }
+    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    if key not in _CHECKED:
+        result = _check_in_fresh_process(request, spec, timeout)
+        if result.get("ok") or "max_abs" in result:  # an answer, not a crash or a timeout: kept
+            _CHECKED[key] = result
+        return result
+    return _CHECKED[key]
+
+
+def _check_in_fresh_process(request: dict, spec, timeout: float) -> dict:
     env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
     try:
         done = subprocess.run(

@@ -14,9 +14,9 @@ from pathlib import Path
 FORMAT = 1
 #: MetaSchedule's feature extractor the booster was trained on (a model is only valid with the same one)
 FEATURES = "per-store-feature"
-#: boosting rounds a session may add on top of the pre-trained booster per update (it stops earlier when
-#: its records are fitted: MetaSchedule's early stopping, 50 rounds without gain)
-SESSION_ROUNDS = 200
+#: boosting rounds a session adds on top of the pre-trained booster per update (each update starts again from
+#: the pre-trained booster, with every record of the session; why 25: docs/tuning-internals.md)
+SESSION_ROUNDS = 25
 
 
 def info_path(path: Path) -> Path:
@@ -192,3 +192,18 @@ def scores(model, mod, traces: list, spec) -> list[float | None]:
     for i, score in zip(kept, model.predict(context, candidates) if candidates else []):
         out[i] = float(score)
     return out
+
+
+def ranking_accuracy(scores, secs) -> float:
+    """How often ``scores`` order two schedules as they ran (``secs``: each one's run_secs), each pair weighted
+    by the faster one's speed relative to the fastest: the order among the fast schedules — those a search
+    measures — counts, the order among schedules 50x slower hardly (MetaSchedule's model is trained so:
+    its training weights are those speeds). 0.5 for scores drawn at random."""
+    import numpy as np
+
+    med = np.array([float(np.median(s)) for s in secs])
+    scores = np.asarray(scores, dtype=float)
+    speed = med.min() / med
+    weight = np.where(med[:, None] < med[None, :], speed[:, None], 0.0)
+    total = weight.sum()
+    return float((weight * (scores[:, None] > scores[None, :])).sum() / total) if total else 0.5

@@ -14,13 +14,14 @@ from toolchain.tune.plan import TaskPlan, task_hash
 from toolchain.tune.settings import Task, TuneSettings, TuningError, known_settings, upgraded
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
-BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "tile_cache": 0}
+BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "tile_cache": 0,
+                  "search_threads": 0}
 
 
 #: settings a database may be resumed with at another value: the budget, how many sibling seeds a task
 #: not yet started gets (a seed is measured like any candidate; the records stay comparable), and the
-#: search's population (how candidates are found, not how they are measured)
-RESUMABLE_SETTINGS = ("trials", "transfer", "population")
+#: search's population and threads (how candidates are found, not how they are measured)
+RESUMABLE_SETTINGS = ("trials", "transfer", "population", "search_threads")
 
 
 def settings_but_trials(settings: dict) -> dict:

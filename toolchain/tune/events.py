@@ -20,7 +20,7 @@ class Planned:
     total: int
     floor: int = 0
     unreached: int = 0
-    allowance: int = 0
+    allowance: Optional[int] = None  # None: all of them
     estimate_s: float = 0.0
     deadline_s: Optional[float] = None
     trial_s: float = 0.0

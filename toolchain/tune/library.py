@@ -309,15 +309,16 @@ class Library:
         return postprocess(sch, spec) if sch is not None else None
 
     def seed(self, task, func, database, spec, settings, measure=None) -> list[str]:
-        """Start ``task`` (kernel ``func``) from up to ``settings.transfer`` (at least one) of the library's
-        schedules of kernels like it, each measured and committed as one of its records (a trial of its
-        budget); the library's names of those committed. Nothing for another target or layout."""
+        """Start ``task`` (kernel ``func``) from up to ``settings.transfer`` of the library's schedules of
+        kernels like it, each measured and committed as one of its records (a trial of its budget: the
+        session passes the seeds its budget allows there; 0, as ``--transfer 0``: none); the library's
+        names of those committed. Nothing for another target or layout."""
         import tvm_ffi
 
-        if not self.serves(spec):
+        if not self.serves(spec) or settings.transfer <= 0:
             return []
         seeded, seen = [], set()
-        for entry in self.nearest(func, max(1, settings.transfer)):
+        for entry in self.nearest(func, settings.transfer):
             sch = self.fit(entry, func, spec)
             if sch is None:
                 continue
@@ -438,6 +439,7 @@ def _write(out: Path, meta: dict, entries: dict[str, Entry]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists() or not any(out.iterdir()):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp.chmod(0o777 & ~_umask())  # (mkdtemp's is private; a library is read by whoever tunes)
         try:
             (tmp / records).write_bytes(data)
             (tmp / LIBRARY_JSON).write_text(text)
@@ -454,11 +456,18 @@ def _write(out: Path, meta: dict, entries: dict[str, Entry]) -> None:
         (out / old).unlink()  # the records file the old library.json named: its own
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _replace(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

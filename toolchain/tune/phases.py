@@ -18,21 +18,25 @@ OWNERS = frozenset({"seed", "pair", "verify"})
 
 @dataclass(frozen=True)
 class Phases:
-    """A session's seconds per phase (exclusive: a build inside a seed counts as build, not seed), how many
+    """A session's seconds per phase (exclusive: a phase inside another counts as its own, but what runs inside
+    a seed, a pairing or a verification counts as theirs: :data:`OWNERS`), how often each was entered, how many
     trials it measured and its wall time."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     trials: int = 0
     wall_s: float = 0.0
+    calls: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"seconds": {k: round(self.seconds.get(k, 0.0), 3) for k in PHASES}, "trials": self.trials,
+                "calls": {k: self.calls[k] for k in PHASES if self.calls.get(k)},
                 "wall_s": round(self.wall_s, 3),
                 "s_per_trial": round(self.wall_s / self.trials, 3) if self.trials else None}
 
     @classmethod
     def from_json(cls, data: dict) -> "Phases":
-        return cls(dict(data.get("seconds", {})), int(data.get("trials", 0)), float(data.get("wall_s", 0.0)))
+        return cls(dict(data.get("seconds", {})), int(data.get("trials", 0)), float(data.get("wall_s", 0.0)),
+                   dict(data.get("calls", {})))
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the wall time."""
@@ -44,6 +48,7 @@ class _Clock:
     """The process's accumulator: seconds per phase, the stack of phases open now (for exclusive times)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
     stack: list[list] = field(default_factory=list)  # [phase, seconds its inner phases took]
     trials: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -55,7 +60,7 @@ _CLOCK = _Clock()
 def start() -> None:
     """Start counting a session (what was counted before is dropped)."""
     global _CLOCK
-    _CLOCK = _Clock()
+    _CLOCK = _Clock(started=time.perf_counter())
 
 
 def add_trials(n: int) -> None:
@@ -71,6 +76,7 @@ def timed(phase: str):
         return
     entry = [phase, 0.0]
     clock.stack.append(entry)
+    clock.calls[phase] = clock.calls.get(phase, 0) + 1
     begun = time.perf_counter()
     try:
         yield
@@ -101,4 +107,15 @@ def snapshot() -> Phases:
     wall = time.perf_counter() - _CLOCK.started
     seconds = {k: v for k, v in _CLOCK.seconds.items() if k in PHASES}
     seconds["other"] = max(0.0, wall - sum(seconds.values()))
-    return Phases(seconds, _CLOCK.trials, wall)
+    return Phases(seconds, _CLOCK.trials, wall, dict(_CLOCK.calls))
+
+
+@contextlib.contextmanager
+def session(save):
+    """Count a session from here (:func:`start`) and hand what was counted to ``save`` (``TuneDB.save_phases``)
+    at its end, an interrupted one's too."""
+    start()
+    try:
+        yield
+    finally:
+        save(snapshot().to_json())

@@ -129,7 +129,8 @@ def _with_budgets(final: dict[str, Task], floors: list[int], settings: TuneSetti
     first, cap = budget.first_pass(settings.trials, settings.scheduler), settings.trials
     budgets = budget.budgets(weights, first, settings.unit, floors, cap=cap)
     if settings.transfer and 0 in budgets:  # kernels the budget does not reach: a seed each kept back
-        budgets = budget.budgets(weights, first, settings.unit, floors, cap=cap - budgets.count(0))
+        # (at most half the budget: the rest still searches)
+        budgets = budget.budgets(weights, first, settings.unit, floors, cap=cap - min(budgets.count(0), cap // 2))
     return {n: replace(t, budget=b) for (n, t), b in zip(final.items(), budgets)}
 
 

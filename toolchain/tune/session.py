@@ -11,7 +11,7 @@ from pathlib import Path
 from toolchain import fastmath, padding, roofline
 from toolchain.errors import first_line
 from toolchain.opgraph import op_graph
-from toolchain.tune import adapter, candidates, compose, pairing
+from toolchain.tune import adapter, candidates, compose, pairing, phases
 from toolchain.tune.adapter import Measure
 from toolchain.tune.budget import (
     hand_back,
@@ -68,27 +68,29 @@ def tune_model(
     ``settings.trials`` (those it starts with included), and stops searching when only the time to verify
     what it found is left; every task it finished is verified in the database whenever it stops."""
     db, plan = open_session(mod, model_sha256, spec, settings, db_dir, on_event, base)
-    database = db.ms_database()
-    where = measure.where if measure is not None else "local"
-    clock = clock or Clock.prior(where, db.clock)
-    run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress, library=library,
-              clock=clock)
-    on_event(planned_event(plan, settings, clock, run.allowance()))
-    run.cost_models = adapter.session_cost_models(plan, database, spec,
-                                                  pretrained=library.cost_model if library is not None else None)
-    run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
-    for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
-        if run.out_of_time:
-            break
-        run.first_pass(task, later=[t.budget for t in plan.tasks[i + 1:] if t.budget])
-    # the rest of the budget, round by round, where it saves most: with "latency" all but the first
-    # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
-    run.rounds(settings.trials)
-    # join or minis: decided on the kept schedules timed together (toolchain/tune/pairing.py)
-    if clock.left_s() > clock.pair_s * len(plan.compositions):
-        pairing.pair_joins(plan, run.verified, spec, settings, measure, on_event)
-    db.save_verified(run.verified)
-    db.save_clock(clock.to_json())
+    with phases.session(db.save_phases):  # where the session's time goes, saved even when interrupted
+        database = db.ms_database()
+        where = measure.where if measure is not None else "local"
+        clock = clock or Clock.prior(where, db.clock)
+        run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress,
+                  library=library, clock=clock)
+        on_event(planned_event(plan, settings, clock, run.allowance()))
+        run.cost_models = adapter.session_cost_models(plan, database, spec, pretrained=library.cost_model
+                                                      if library is not None else None)
+        run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
+        for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
+            if run.out_of_time:
+                break
+            run.first_pass(task, later=[t.budget for t in plan.tasks[i + 1:] if t.budget])
+        # the rest of the budget, round by round, where it saves most: with "latency" all but the first
+        # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
+        run.rounds(settings.trials)
+        # join or minis: decided on the kept schedules timed together (toolchain/tune/pairing.py)
+        if clock.left_s() > clock.pair_s * len(plan.compositions):
+            with phases.timed("pair"):
+                pairing.pair_joins(plan, run.verified, spec, settings, measure, on_event)
+        db.save_verified(run.verified)
+        db.save_clock(clock.to_json())
     return status(db_dir)
 
 
@@ -245,10 +247,11 @@ class Run:
         if self.past_time():
             return [], budget
         cap, started = 1 if budget <= 0 else self.settings.transfer, self.clock.now()
-        composed = task.phase == "joined" and self.allowance() > 0 and compose.seed_joined(
-            *self.seed_args(task, cap), limit=min(self.allowance(), cap if budget <= 0 else self.allowance()))
-        seeded = compose.seed_from_siblings(*self.seed_args(task, cap)) if self.settings.transfer else []
-        listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
+        with phases.timed("seed"):
+            composed = task.phase == "joined" and self.allowance() > 0 and compose.seed_joined(
+                *self.seed_args(task, cap), limit=min(self.allowance(), cap if budget <= 0 else self.allowance()))
+            seeded = compose.seed_from_siblings(*self.seed_args(task, cap)) if self.settings.transfer else []
+            listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
         lat = self.latencies(task.name) if composed or seeded or listed else []
         if lat:
             self.clock.searched(len(lat), self.clock.now() - started)
@@ -291,7 +294,9 @@ class Run:
     def reseed(self, task: Task) -> None:
         """A join that handed its rest to its minis, composed once more from their better schedules."""
         args = (task, self.plan, self.database, self.spec, self.verified, self.settings, self.measure)
-        if compose.seed_joined(*args):
+        with phases.timed("seed"):
+            reseeded = compose.seed_joined(*args, limit=self.allowance())
+        if reseeded:
             self.on_event(Seeded(task=task.name, again=True))
             self.keep(task, len(self.latencies(task.name)), None, time.perf_counter())
         self.progress[task.name]["reseeded"] = True
@@ -380,8 +385,9 @@ class Run:
         record = self.progress.get(task.name, {})
         best_ms, seed_ms = record.get("best_ms"), record.get("seed_ms")
         minis_ms = pairing.minis_ms([n for n, _ in self.plan.compositions.get(task.name, [])], self.verified)
-        together = pairing.first_batch_vs_minis(task.name, self.plan, self.database, self.verified, self.spec,
-                                                self.settings, self.measure)  # timed next to its minis
+        with phases.timed("pair"):  # timed next to its minis
+            together = pairing.first_batch_vs_minis(task.name, self.plan, self.database, self.verified, self.spec,
+                                                    self.settings, self.measure)
         reason = join_yields(best_ms, seed_ms, minis_ms, together["ratio"] if together is not None else None,
                              self.settings.join_margin, self.settings.stable_tolerance)
         if not (reason and self.plan.compositions.get(task.name)):

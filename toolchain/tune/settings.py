@@ -42,6 +42,8 @@ class TuneSettings:
     # it (MetaSchedule's RewriteLayout; folded at build time, build.prepack_weights)
     transfer: int = 2  # a kernel's search starts from the verified schedules of up to this many kernels
     # with the same blocks, re-fitted to its loops (toolchain/tune/transfer.py; each one a trial of its budget)
+    search_threads: int = 1  # threads of MetaSchedule's evolutionary search; 1: the same seed, budget and library
+    # give the same database (more sample candidates in whichever thread is free: faster, not reproducible); 0: all
 
     @property
     def unit(self) -> int:

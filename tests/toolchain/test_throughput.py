@@ -1,0 +1,107 @@
+"""Where a tuning session's time goes (toolchain/tune/phases.py) and what was cut: seconds per phase counted
+once each, saved with the database and shown by its status; builder workers kept across batches; a candidate
+checked numerically once per process."""
+
+import types
+
+import pytest
+
+from toolchain.targets import resolve_target
+from toolchain.tune import adapter, candidates, phases
+from toolchain.tune.db import TuneDB
+
+SPEC = resolve_target("host", num_cores=2)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The phases' clock, moved on by hand: ``clock.tick(seconds)``."""
+    now = types.SimpleNamespace(t=100.0)
+    now.tick = lambda s: setattr(now, "t", now.t + s)
+    monkeypatch.setattr(phases, "time", types.SimpleNamespace(perf_counter=lambda: now.t))
+    phases.start()
+    return now
+
+
+def test_a_phase_inside_another_counts_as_its_own_and_the_rest_is_other(clock):
+    with phases.timed("search"):
+        clock.tick(5)
+        with phases.timed("build"):
+            clock.tick(10)
+    clock.tick(2)
+    counted = phases.snapshot()
+    assert counted.seconds == {"search": 5, "build": 10, "other": 2}  # the search's own time: its build left out
+    assert counted.wall_s == 17 and counted.calls == {"search": 1, "build": 1}
+
+
+def test_what_runs_inside_a_seed_or_a_verification_counts_as_theirs(clock):
+    with phases.timed("seed"):
+        with phases.timed("build"):
+            clock.tick(5)
+    phases.timing("verify")(lambda: clock.tick(1))()
+    counted = phases.snapshot()
+    assert counted.seconds == {"seed": 5, "verify": 1, "other": 0} and "build" not in counted.calls
+
+
+def test_a_sessions_phases_are_kept_run_by_run_and_shown_with_its_status(tmp_path):
+    from host.render import phases_line
+
+    db = TuneDB(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    first = phases.Phases({"search": 6.0, "build": 3.0, "other": 1.0}, trials=4, wall_s=10.0)
+    db.save_phases(first.to_json())
+    db.save_phases(phases.Phases({"run": 2.0}, trials=1, wall_s=2.0).to_json())
+    assert [r["trials"] for r in db.phases] == [4, 1]
+    assert phases.Phases.from_json(db.phases[0]).shares()["search"] == pytest.approx(0.6)
+    line = phases_line(db.phases[0])
+    assert "4 trials" in line and "2.50 s/trial" in line and "search 6 s (60%)" in line
+
+
+def test_a_candidate_is_checked_in_a_fresh_process_once(monkeypatch):
+    runs = []
+
+    def fresh_process(request, spec, timeout):
+        runs.append(request["trace"])
+        return {"ok": len(runs) == 1, "max_abs": 0.0}
+
+    monkeypatch.setattr(candidates, "_check_in_fresh_process", fresh_process)
+    monkeypatch.setattr(candidates, "_CHECKED", {})
+    monkeypatch.setattr(candidates, "plain", lambda trace: trace)
+    from tvm import te
+
+    a = te.placeholder((4,), name="a")
+    func = te.create_prim_func([a, te.compute((4,), lambda i: a[i] + 1.0, name="b")])
+    record = types.SimpleNamespace(trace=types.SimpleNamespace(as_json=lambda: ["one"]))
+    other = types.SimpleNamespace(trace=types.SimpleNamespace(as_json=lambda: ["two"]))
+    assert candidates.check_candidate(func, record, SPEC)["ok"]
+    assert candidates.check_candidate(func, record, SPEC)["ok"]  # the same answer, not checked again
+    assert not candidates.check_candidate(func, other, SPEC)["ok"]
+    assert runs == [["one"], ["two"]]
+
+
+def test_builder_workers_are_kept_from_one_batch_to_the_next():
+    """MetaSchedule's LocalBuilder starts new worker processes, each importing TVM, for every batch."""
+    from tvm import te
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    a = te.placeholder((64,), name="a")
+    mod = adapter.workload_module(te.create_prim_func([a, te.compute((64,), lambda i: a[i] * 2.0, name="b")]))
+    phases.start()
+    pids = []
+    for _ in range(2):
+        (built,) = adapter.make_builder(SPEC, None, 1).build([BuilderInput(mod, SPEC.tvm())])
+        assert not built.error_msg
+        pool = adapter._build_pool(1, adapter.BUILD_TIMEOUT_S)
+        pids.append({w._proc.pid for w in pool._worker_map.values()})
+    assert pids[0] == pids[1] and len(pids[0]) == 1
+    assert phases.snapshot().calls["build"] == 2
+
+
+def test_a_session_hands_what_it_counted_to_the_database_even_when_interrupted(clock, tmp_path):
+    db = TuneDB(tmp_path)
+    with pytest.raises(KeyboardInterrupt), phases.session(db.save_phases):
+        with phases.timed("run"):
+            clock.tick(3)
+        phases.add_trials(2)
+        raise KeyboardInterrupt
+    assert db.phases == [phases.Phases({"run": 3, "other": 0}, trials=2, wall_s=3, calls={"run": 1}).to_json()]
