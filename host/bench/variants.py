@@ -96,13 +96,13 @@ def equal_budget(case: Case, tuned: list[Variant], suite: Suite, settings: Setti
     batches) to :data:`WEIGHT_HEADROOM` × the largest plan's floors, since every task gets at least one
     batch and the stock partition of a large model has more kernels than the suite's budget has batches.
     With the latency scheduler: at least :data:`LATENCY_HEADROOM` × the largest first pass."""
-    from toolchain.tune import TuneSettings, first_pass_trials, floor_trials
+    from toolchain.tune import TuneSettings, floor_trials
 
     model, spec = _case_model(case, settings)
     mod = _legalized(model, spec)
     batch = TuneSettings().per_iter
     if settings.scheduler == "latency":  # the first pass: a first batch per task
-        headroom, floors = LATENCY_HEADROOM, [first_pass_trials(mod, spec, tune_settings(v, suite, settings))
+        headroom, floors = LATENCY_HEADROOM, [floor_trials(mod, spec, tune_settings(v, suite, settings))
                                               for v in tuned]
     else:  # a weight plan for no trials at all is its floors
         headroom, floors = WEIGHT_HEADROOM, [floor_trials(mod, spec, tune_settings(v, suite, settings, 0))

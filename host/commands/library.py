@@ -68,7 +68,7 @@ def _show(library) -> None:
 def describe(library: Optional[object]) -> str:
     """The one line `agoc tune` prints about the library it starts from."""
     if library is None:
-        return "no record library: every kernel's search starts from its own model's schedules"
+        return "tuning without a record library: every kernel's search starts from its own model's schedules"
     counts = library.meta.get("counts", {})
-    return (f"record library {library.path} ({counts.get('kernels', 0)} kernels of {len(library.sources)} "
-            f"models, {library.key}): new kernels start from the schedules of kernels like them")
+    return (f"tuning from the record library {library.path} ({counts.get('kernels', 0)} kernels of "
+            f"{len(library.sources)} models, {library.key}): new kernels start from the schedules of kernels like them")

@@ -111,12 +111,12 @@ def tune(
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     where = _Where.of(device or [], tracker, key, rpc, target)
     parts, tile_cache = partition_settings(partition, threshold, keep_inside)
+    _check_databases(db, base)
     clock = _clock(db, where, time_limit, started)
     trials = trials if trials is not None else _default_trials(clock)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     if search_threads < 0:
         raise UnsupportedModelError(f"--search-threads {search_threads}: give 1 (reproducible), more, or 0 (all cores)")
-    _check_databases(db, base)
     settings = tuning.TuneSettings(
         trials=trials, partition=parts, tile_cache=tile_cache,
         intensive=not no_intensive, reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter,

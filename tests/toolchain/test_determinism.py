@@ -50,12 +50,12 @@ def one_conv():
 
 def test_the_same_seed_and_budget_give_the_same_records_and_another_seed_does_not(one_conv, tmp_path):
     measure = Measure(runner=_constant_runner())
-    settings = TuneSettings(trials=10, per_iter=4, partition=PartitionSettings("stock"))
+    settings = TuneSettings(trials=10, per_iter=4, population=16, partition=PartitionSettings("stock"))
     for name in ("a", "b"):
         np.random.seed(len(name) * 7 + ord(name))  # whatever the process drew before: not an input
         tune_model(one_conv, "0" * 64, SPEC, settings, tmp_path / name, measure=measure)
     first, again = _traces(tmp_path / "a"), _traces(tmp_path / "b")
     assert len(first) == 10 and first == again
-    other = TuneSettings(trials=4, per_iter=4, partition=PartitionSettings("stock"), seed=1)
+    other = TuneSettings(trials=4, per_iter=4, population=16, partition=PartitionSettings("stock"), seed=1)
     tune_model(one_conv, "0" * 64, SPEC, other, tmp_path / "c", measure=measure)
     assert _traces(tmp_path / "c") != first[:4]  # the comparison can fail: the seed is an input

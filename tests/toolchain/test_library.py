@@ -91,9 +91,23 @@ def test_a_library_holds_each_verified_kernel_once_with_its_workload_and_signatu
     assert "main" in [g.name_hint for g in tvm.ir.load_json(entry.workload).functions]  # re-loadable
     samples = list(loaded.samples())
     assert len(samples) == 2 and all(secs and trace for _, trace, secs in samples)
-    assert loaded.cost_model is None
-    (tmp_path / "lib" / "cost_model.json").write_text("{}")
-    assert loaded.cost_model == tmp_path / "lib" / "cost_model.json"
+    assert loaded.cost_model is None  # two samples: too few to train a cost model on
+
+
+def test_a_library_with_enough_samples_trains_its_cost_model_and_a_session_can_load_it(small, tmp_path, monkeypatch):
+    from toolchain.tune import costmodel
+
+    monkeypatch.setattr(library, "MIN_SAMPLES", 2)
+    db = _database(tmp_path / "db", small, {PW: 0.05, DW: 0.02})
+    lib = library.build([db], tmp_path / "lib", device="local")
+    assert lib.cost_model == tmp_path / "lib" / library.COST_MODEL
+    assert costmodel.read_info(lib.cost_model)["samples"] == 2
+    model = costmodel.load(lib.cost_model, SPEC)
+    pw = small[PW]
+    (score,) = costmodel.scores(model, workload_module(pw), [plain(_schedule(pw).trace.as_json())], SPEC)
+    assert score is not None
+    monkeypatch.setattr(library, "MIN_SAMPLES", 3)  # rebuilt with too few: the stale model goes
+    assert library.build([db], tmp_path / "lib", device="local").cost_model is None
 
 
 def test_extending_a_library_keeps_the_faster_schedule_of_a_kernel(small, tmp_path):

@@ -392,7 +392,35 @@ def build(databases: list[Path], out: Path, device: str = "local", command: str 
     if script:
         meta["script"] = script
     _write(out, meta, entries)
-    return Library.load(out)
+    library = Library.load(out)
+    train_cost_model(library)
+    return library
+
+
+#: the file of a library's pre-trained cost model (toolchain/tune/costmodel.py), and the fewest measured
+#: samples it is trained from (fewer: the library has none, and sessions start from MetaSchedule's own)
+COST_MODEL, MIN_SAMPLES = "cost_model.ubj", 16
+
+
+def train_cost_model(library: Library) -> Path | None:
+    """Train the library's cost model on its samples and save it beside them (replacing the one there, made
+    from fewer); None, and the old one removed, when there are too few samples or none replays."""
+    from toolchain.targets import TargetSpec
+    from toolchain.tune import costmodel
+
+    path = library.path / COST_MODEL
+    samples = list(library.samples())
+    spec = TargetSpec(preset="library", tvm_target=dict(library.target), linker="", runs_on_host=False,
+                      layout=library.layout)
+    try:
+        model = costmodel.train(samples, spec) if len(samples) >= MIN_SAMPLES else None
+    except ValueError:  # nothing replays on its workload
+        model = None
+    if model is None:
+        for stale in (path, costmodel.info_path(path)):
+            stale.unlink(missing_ok=True)  # its own: a model of the records it held before
+        return None
+    return costmodel.save(model, path)
 
 
 def _existing(out: Path) -> dict | None:
