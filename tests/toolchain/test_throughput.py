@@ -7,7 +7,7 @@ import types
 import pytest
 
 from toolchain.targets import resolve_target
-from toolchain.tune import adapter, candidates, phases
+from toolchain.tune import adapter, candidates, phases, workers
 from toolchain.tune.db import TuneDB
 
 SPEC = resolve_target("host", num_cores=2)
@@ -91,7 +91,7 @@ def test_builder_workers_are_kept_from_one_batch_to_the_next():
     for _ in range(2):
         (built,) = adapter.make_builder(SPEC, None, 1).build([BuilderInput(mod, SPEC.tvm())])
         assert not built.error_msg
-        pool = adapter._build_pool(1, adapter.BUILD_TIMEOUT_S)
+        pool = workers.build_pool(1, adapter.BUILD_TIMEOUT_S)
         pids.append({w._proc.pid for w in pool._worker_map.values()})
     assert pids[0] == pids[1] and len(pids[0]) == 1
     assert phases.snapshot().calls["build"] == 2

@@ -19,7 +19,7 @@ import numpy as np
 
 from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
-from toolchain.tune import costmodel, intrinsics, phases
+from toolchain.tune import costmodel, intrinsics, phases, workers
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
@@ -91,11 +91,6 @@ class Measure:
 #: keep the builder's and the local runner's worker processes for the whole process (every batch, task and
 #: seed) instead of starting new ones, each importing TVM, per batch (why: docs/tuning-internals.md)
 REUSE_WORKERS = True
-#: builds a kept builder worker makes before it is replaced (MetaSchedule restarts its pool every batch for a
-#: slow leak in long-lived workers; this bounds it)
-BUILD_WORKER_USES = 64
-
-
 def make_builder(spec, measure: "Measure | None", max_workers: int):
     """The builder of candidates, timed as the ``build`` phase (:mod:`toolchain.tune.phases`); its worker
     processes kept for the process (:data:`REUSE_WORKERS`)."""
@@ -103,9 +98,9 @@ def make_builder(spec, measure: "Measure | None", max_workers: int):
 
     export = measure.export if measure is not None else None
     if REUSE_WORKERS:
-        return _timed_builder()(_build_pool(max_workers, BUILD_TIMEOUT_S), export)
-    return _timed_builder()(ms.builder.LocalBuilder(f_build=fast_build, f_export=export, max_workers=max_workers,
-                                                    timeout_sec=BUILD_TIMEOUT_S), None)
+        return workers.timed_builder()(workers.build_pool(max_workers, BUILD_TIMEOUT_S), export, fast_build)
+    return workers.timed_builder()(ms.builder.LocalBuilder(f_build=fast_build, f_export=export,
+                                                           max_workers=max_workers, timeout_sec=BUILD_TIMEOUT_S))
 
 
 def make_runner(settings: TuneSettings, runner=None):
@@ -114,83 +109,8 @@ def make_runner(settings: TuneSettings, runner=None):
         runner = runner.runner
     if runner is None:
         timing = Timing(cold=settings.cold_weights)
-        runner = _kept_runner(timing) if REUSE_WORKERS else local_runner(timing)
-    return _timed_runner()(runner)
-
-
-@functools.cache
-def _kept_runner(timing: Timing):
-    return local_runner(timing)
-
-
-@functools.cache
-def _build_pool(max_workers: int, timeout: float):
-    """A pool of builder worker processes kept for the process (each replaced after BUILD_WORKER_USES builds)."""
-    from tvm.support.popen_pool import PopenPoolExecutor
-
-    return PopenPoolExecutor(max_workers=max_workers, timeout=timeout, maximum_process_uses=BUILD_WORKER_USES)
-
-
-def _pool_build(pool, export, build_inputs):
-    """``LocalBuilder.build`` on a kept pool: each input built (:func:`fast_build`) and exported in a worker."""
-    from tvm.s_tir.meta_schedule.builder import BuilderResult
-    from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
-    from tvm.support.popen_pool import StatusKind
-
-    jobs = [(fast_build, export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
-    results = []
-    for done in pool.map_with_error_catching(lambda job: _worker_func(*job), jobs):
-        if done.status == StatusKind.COMPLETE:
-            results.append(BuilderResult(done.value, None))
-        elif done.status == StatusKind.TIMEOUT:
-            results.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {BUILD_TIMEOUT_S} seconds"))
-        else:
-            results.append(BuilderResult(None, f"LocalBuilder: An exception occurred\n{done.value}"))
-    return results
-
-
-@functools.cache
-def _timed_builder():
-    """A MetaSchedule builder that counts its calls as the ``build`` phase: a kept pool (with an export) or a
-    builder it delegates to (``export`` None)."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.builder import PyBuilder
-
-    @derived_object
-    class TimedBuilder(PyBuilder):
-        def __init__(self, inner, export):
-            super().__init__()
-            self.inner, self.export = inner, export
-
-        def build(self, build_inputs):
-            with phases.timed("build"):
-                if hasattr(self.inner, "map_with_error_catching"):
-                    return _pool_build(self.inner, self.export, build_inputs)
-                return self.inner.build(build_inputs)
-
-    return TimedBuilder
-
-
-@functools.cache
-def _timed_runner():
-    """A MetaSchedule runner that counts its calls, and the wait for their results, as the ``run`` phase."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.runner import PyRunner
-
-    @derived_object
-    class TimedRunner(PyRunner):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def run(self, runner_inputs):
-            with phases.timed("run"):
-                futures = self.inner.run(runner_inputs)
-                for future in futures:  # an RPC runner's run returns at once: its time is in the wait
-                    future.result()
-                return futures
-
-    return TimedRunner
+        runner = workers.kept_runner(timing) if REUSE_WORKERS else local_runner(timing)
+    return workers.timed_runner()(runner)
 
 
 # ----------------------------------------------------------------------------- the JSON database's records
