@@ -121,3 +121,18 @@ def test_a_duration_that_is_not_one_is_refused_with_the_forms_named(text):
 
     with pytest.raises(UnsupportedModelError, match="90s, 10m or 1h30m"):
         parse_duration(text)
+
+
+def test_the_estimate_says_how_many_kernels_it_leaves_out(tmp_path):
+    """A kernel with no verified schedule is built on TVM's default schedule: its time is not in the database's
+    estimate, and the summary counts it (a demo's estimate read 1.5 ms for a model that ran 89)."""
+    from toolchain.tune.db import status
+    from toolchain.tune.settings import SCHEMA, Task
+
+    db = TuneDB(tmp_path)
+    db.open_session({"schema": SCHEMA, "model_sha256": "0" * 64, "target": SPEC.tvm_target, "layout": SPEC.layout,
+                     "settings": TuneSettings().to_json()})
+    db.save_tasks([Task("a-1", "kernel", (), None, 1.0, 16, calls=2), Task("b-2", "kernel", (), None, 1.0, 16)])
+    db.save_verified({"a-1": {"status": "verified", "latency_ms": 0.25, "trials": 16}})
+    summary = status(tmp_path)
+    assert summary["estimate_ms"] == 0.5 and summary["unscheduled"] == 1

@@ -306,7 +306,7 @@ def status(db_dir: Path) -> dict:
     progress = db.progress
     layout = db.layout
     rows = []
-    estimate = 0.0
+    estimate, unscheduled = 0.0, 0
     for t in tasks:
         v = verified.get(t.name, {})
         p = progress.get(t.name, {})
@@ -337,8 +337,10 @@ def status(db_dir: Path) -> dict:
             chosen = rows[-1]["best_ms"] if choice.build == "joined" else minis_ms(minis, verified)
             if chosen is not None:
                 estimate += chosen * t.calls
+            else:  # built on TVM's default schedule (or partly): its time is not in the estimate
+                unscheduled += 1
     return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate,
-            "phases": db.phases}
+            "unscheduled": unscheduled, "phases": db.phases}
 
 
 def compare(db_dir: Path, other: Path) -> dict:
