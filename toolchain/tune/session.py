@@ -248,8 +248,9 @@ class Run:
             return [], budget
         cap, started = 1 if budget <= 0 else self.settings.transfer, self.clock.now()
         with phases.timed("seed"):
-            composed = task.phase == "joined" and self.allowance() > 0 and compose.seed_joined(
-                *self.seed_args(task, cap), limit=min(self.allowance(), cap if budget <= 0 else self.allowance()))
+            left = self.allowance()  # read once: each source below reads it again after the seeds before it
+            composed = task.phase == "joined" and left > 0 and compose.seed_joined(
+                *self.seed_args(task, cap), limit=min(left, cap) if budget <= 0 else left)
             seeded = compose.seed_from_siblings(*self.seed_args(task, cap)) if self.settings.transfer else []
             listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
         lat = self.latencies(task.name) if composed or seeded or listed else []
