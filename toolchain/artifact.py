@@ -73,6 +73,7 @@ class Manifest:
     tuning: dict | None = field(default=None, hash=False)  # {db, applied, kernels} when built with --db
     check: dict | None = field(default=None, hash=False)  # the self-check before writing: {status, device, ...}
     library_sha256: str | None = None  # of the library as built (None in artifacts made before it was recorded)
+    untuned: dict | None = field(default=None, hash=False)  # kernels without a tuned schedule: {rule, library, counts}
 
     def to_json(self) -> dict:
         return {
@@ -93,6 +94,7 @@ class Manifest:
             "partition_info": self.partition_info,
             "kernels": list(self.kernels),
             "tuning": self.tuning,
+            "untuned": self.untuned,
             "check": self.check,
             "versions": self.versions,
             "sample_seed": self.sample_seed,
@@ -117,6 +119,7 @@ class Manifest:
             partition_info=d["partition_info"],
             kernels=tuple(d["kernels"]),
             tuning=d.get("tuning"),
+            untuned=d.get("untuned"),
             check=d.get("check"),
             versions=d["versions"],
             sample_seed=d["sample_seed"],

@@ -28,10 +28,11 @@ class KernelInfo:
     calls: int
     weight_bytes: int = 0
     task: str | None = None  # built with a tuning database: the task of its schedule (tuned or not)
+    schedule: str | None = None  # "tuned" (a database's), or what an untuned one got (toolchain.tune.untuned.RULES)
 
     def to_json(self) -> dict:
         return {"name": self.name, "calls": self.calls, "weight_bytes": self.weight_bytes,
-                **({"task": self.task} if self.task else {})}
+                **({"task": self.task} if self.task else {}), **({"schedule": self.schedule} if self.schedule else {})}
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:

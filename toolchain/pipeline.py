@@ -4,6 +4,7 @@ once it has passed (docs/reliability.md)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import importlib.metadata
@@ -39,7 +40,7 @@ from toolchain.artifact import (
     write_manifest,
     write_tensor,
 )
-from toolchain.errors import InputShapeError, SelfCheckError, UnsupportedModelError
+from toolchain.errors import InputShapeError, SelfCheckError, UnsupportedModelError, first_line
 from toolchain.onnx_import import TensorInfo
 from toolchain.opgraph import op_graph
 from toolchain.reference import run_onnxruntime
@@ -64,6 +65,8 @@ class CompileRequest:
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
     traffic: dict | None = field(default=None, hash=False, repr=False)  # joins traffic:GEO: its judgement (None: db's)
     check: bool = True  # run the built library on the sample inputs before the artifact is written
+    untuned: str = "library"  # what kernels without a tuned schedule get (toolchain.tune.untuned.RULES)
+    library: Path | None = None  # the record library for untuned="library" (None: the one packaged for the target)
     samples: dict | None = field(default=None, hash=False, repr=False)  # name -> array: the user's sample inputs
 
 
@@ -165,7 +168,8 @@ def compile_model(
     device=None,
 ) -> Artifact:
     """Compile ``request.model`` into an artifact directory at ``out_dir``, self-checked against
-    onnxruntime before it is written (on ``device`` for a target this machine does not run)."""
+    onnxruntime before it is written (on ``device`` for a target this machine does not run). A build
+    whose untuned kernels' schedules fail the self-check is built again with them plain."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     check_replaceable(out_dir)
@@ -174,8 +178,27 @@ def compile_model(
     mod, inputs = _import(request, on_stage)
     _check_legalized_as_tuned(request, tuned, mod)
     plan, partition_record = _partition(request, mod, on_stage)
-    mod, kernels, tuning_record = _fuse(request, mod, plan, on_stage)
+    fused = _fuse(request, mod, plan, on_stage)
+    built = _schedule(request, fused, on_stage)
+    try:
+        return _assemble(request, compiler, out_dir, built, inputs, partition_record, started, on_stage, device)
+    except SelfCheckError as exc:
+        if not any(k.schedule in ("library", "sampled") for k in built[1]):
+            raise
+        log.warning("the self-check failed with the untuned kernels scheduled (--untuned %s): building them plain "
+                    "(%s)", request.untuned, first_line(exc))
+        on_stage("the self-check failed: building the untuned kernels plain")
+        mod, kernels, tuning_record, untuned_record = _schedule(dataclasses.replace(request, untuned="plain"),
+                                                                fused, on_stage)
+        untuned_record = {**untuned_record, "asked": request.untuned, "why_plain": first_line(exc)}
+        return _assemble(request, compiler, out_dir, (mod, kernels, tuning_record, untuned_record), inputs,
+                         partition_record, started, on_stage, device)
 
+
+def _assemble(request: CompileRequest, compiler: Compiler, out_dir: Path, built: tuple, inputs: list[TensorInfo],
+              partition_record: dict, started: float, on_stage: Callable[[str], None], device) -> Artifact:
+    """Build the scheduled module, write the artifact beside ``out_dir`` and move it in once self-checked."""
+    mod, kernels, tuning_record, untuned_record = built
     with staged_directory(out_dir) as staging:
         on_stage(f"building for {request.target.preset} with {Path(compiler.path).name}")
         build.build_library(mod, request.target, compiler, staging / LIBRARY)
@@ -193,6 +216,7 @@ def compile_model(
             partition_info=partition_record,
             kernels=tuple(k.to_json() for k in kernels),
             tuning=tuning_record,
+            untuned=untuned_record,
             versions=package_versions(),
             sample_seed=request.seed,
             compile_seconds=round(time.perf_counter() - started, 3),
@@ -285,28 +309,61 @@ def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) ->
     }
 
 
-def _fuse(request: CompileRequest, mod, plan, on_stage: Callable[[str], None]) -> tuple[object, list, dict | None]:
-    """(the fused module, with the database's verified schedules applied; its kernels; the manifest's
-    record of the tuning, None without a database)."""
+def _fuse(request: CompileRequest, mod, plan, on_stage: Callable[[str], None]):
+    """The module with one kernel per partition group, not yet scheduled."""
     on_stage(f"fusing {len(plan.groups)} subgraphs")
     if request.partition.method == "stock":
         mod = build.fuse_stock(mod, request.target)
     else:
         mod = fusion.fuse_groups(mod, plan.groups, request.target)
     _dump(request.dump_dir, "03_fused.py", mod)
-    kernels = build.built_kernels(mod, request.target)
-    if request.db is None:
-        return mod, kernels, None
-    from toolchain.tune.apply import apply_verified
+    return mod
 
-    on_stage("applying tuned schedules")
-    mod, applied, tasks = apply_verified(mod, request.db, request.target)
-    tuning_record = {"db": str(request.db), "applied": applied, "kernels": len(kernels)}
-    kernels = [  # a kernel whose weights were pre-packed is renamed …_prepacked
-        dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(k.name.removesuffix("_prepacked")))
-        for k in build.built_kernels(mod, request.target)]
+
+def _schedule(request: CompileRequest, mod, on_stage: Callable[[str], None]) -> tuple[object, list, dict | None, dict]:
+    """(the fused module with the database's verified schedules applied and the other kernels scheduled by
+    ``request.untuned``; its kernels; the manifest's record of the tuning, None without a database; and of
+    the untuned kernels)."""
+    from toolchain.tune import untuned
+
+    tasks: dict[str, str] = {}
+    tuning_record = None
+    if request.db is not None:
+        from toolchain.tune.apply import apply_verified
+
+        on_stage("applying tuned schedules")
+        count = len(build.built_kernels(mod, request.target))
+        mod, applied, tasks = apply_verified(mod, request.db, request.target)
+        tuning_record = {"db": str(request.db), "applied": applied, "kernels": count}
+    library = _library(request) if request.untuned == "library" else None
+    on_stage(f"scheduling the untuned kernels ({request.untuned})")
+    mod, fallbacks = untuned.schedule_untuned(mod, request.target, request.untuned, library, request.seed)
+    given = {f.kernel: f.source for f in fallbacks}
+
+    def bare(name: str) -> str:  # a kernel whose weights were pre-packed is renamed …_prepacked
+        return name.removesuffix("_prepacked")
+
+    kernels = [dataclasses.replace(k, task=tasks.get(k.name) or tasks.get(bare(k.name)),
+                                   schedule=given.get(bare(k.name), "tuned"))
+               for k in build.built_kernels(mod, request.target)]
     _dump(request.dump_dir, "04_scheduled.py", mod)
-    return mod, kernels, tuning_record
+    counts = collections.Counter(k.schedule for k in kernels if k.schedule != "tuned")
+    untuned_record = {"rule": request.untuned, "library": str(library.path) if library is not None else None,
+                      "counts": dict(counts.most_common())}
+    return mod, kernels, tuning_record, untuned_record
+
+
+def _library(request: CompileRequest):
+    """The record library the untuned kernels' schedules come from: ``request.library``, else the one
+    packaged for the target (None when there is none)."""
+    from toolchain.tune.library import Library, default_for
+
+    path = request.library or default_for(request.target)
+    if path is None:
+        return None
+    found = Library.load(path)
+    found.check(request.target)
+    return found
 
 
 def _reference_data(request: CompileRequest, inputs: list[TensorInfo], staging: Path):

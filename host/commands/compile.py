@@ -58,6 +58,13 @@ def compile(
     other_target: Annotated[bool, typer.Option(
         "--other-target", help="With --db and --target: apply records tuned for another target than the one built "
         "for.")] = False,
+    untuned: Annotated[str, typer.Option("--untuned", help="What a kernel without a tuned schedule gets: library "
+                                         "(the record library's schedule of the nearest kernel like it, re-fitted; "
+                                         "else a sample of the search space), sampled (a sample only), or plain "
+                                         "(TVM's unscheduled loops: one core, no vectors).")] = "library",
+    library: Annotated[Optional[Path], typer.Option(
+        "--library", help="With --untuned library: the record library (`agoc library build`; default: the one "
+        "packaged for the target, when there is one).")] = None,
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
     from toolchain.artifact import check_replaceable, check_writable
@@ -67,6 +74,7 @@ def compile(
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
     rule = _join_rule(joins, db)
+    _check_untuned(untuned, library)
     parts, _ = partition_settings(partition, threshold, keep_inside)  # a compile tiles nothing: no tile cache
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
@@ -74,6 +82,7 @@ def compile(
     if db is not None:
         knobs = _from_db(db, knobs, other_target)
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
+    request = replace(request, untuned=untuned, library=library)
     if rule.startswith("traffic:") and request.partition.method == "ago":  # judged for this build: db is only read
         request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
     device = _check_device(spec, compiler) if check else None
@@ -84,6 +93,14 @@ def compile(
         artifact = interruptible(compile_model, request, compiler, output, on_stage=lambda s: status.update(s),
                                   device=device)
     _report(artifact, request.model_name, spec, rule)
+
+
+def _check_untuned(untuned: str, library: Optional[Path]) -> None:
+    from toolchain.tune.untuned import check_rule
+
+    check_rule(untuned)
+    if library is not None and untuned != "library":
+        raise UnsupportedModelError(f"--library is read only with --untuned library (not {untuned}): drop one")
 
 
 def _check_request(seed: int, dump_dir: Optional[Path]) -> None:
@@ -155,6 +172,7 @@ def _report(artifact, label: str, spec, rule: str) -> None:
     if checked.get("status") != "passed":
         err_console.print(f"[yellow]not checked against onnxruntime:[/yellow] {escape(checked.get('reason', '?'))}",
                           soft_wrap=True)
+    _report_untuned(m.untuned)
     info = m.partition_info or {}
     padded = collections.Counter(f"{p['channels']} → {p['padded']}" for p in info.get("padded") or [])
     if padded:
@@ -168,6 +186,22 @@ def _report(artifact, label: str, spec, rule: str) -> None:
                else f"--joins {rule}")
         console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: {why}, or it has no "
                       f"verified schedule (manifest partition_info.unfused)")
+
+
+#: how the report names each source of an untuned kernel's schedule (toolchain.tune.untuned.RULES)
+UNTUNED_WORDS = {"library": "from the record library", "sampled": "sampled from the search space",
+                 "plain": "plain (unscheduled)"}
+
+
+def _report_untuned(record: dict | None) -> None:
+    """One line on the kernels built without a tuned schedule; a warning when their schedules were dropped."""
+    counts = (record or {}).get("counts") or {}
+    if counts:
+        parts = ", ".join(f"{n} {UNTUNED_WORDS.get(k, k)}" for k, n in counts.items())
+        console.print(f"  untuned kernels: {parts} (manifest untuned; `agoc tune` measures better ones)")
+    if (record or {}).get("why_plain"):
+        err_console.print(f"[yellow]the untuned kernels' schedules failed the self-check and were built plain:"
+                          f"[/yellow] {escape(record['why_plain'])}", soft_wrap=True)
 
 
 def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, training: bool) -> None:

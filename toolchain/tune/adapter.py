@@ -417,6 +417,16 @@ def postprocess(sch, spec):
     return sch
 
 
+def passes_static_checks(sch, func) -> bool:
+    """Whether a schedule of ``func`` drops no iteration, reads every weight whole and writes no buffer from
+    two parallel iterations (a schedule they cannot analyse passes: the numeric check follows)."""
+    try:
+        return not (dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, func) or parallel_races(sch.mod))
+    except Exception as exc:  # noqa: BLE001 - as the search's RejectDroppedIterations: unanalysable, kept
+        log.info("static checks cannot analyse a schedule (kept for the numeric check): %s", first_line(exc))
+        return True
+
+
 def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Measure | None" = None) -> bool:
     """A postprocessed schedule of ``func`` that passes the static checks and builds, measured like any
     candidate and committed as one of ``func``'s records (a search then starts from it). False when
@@ -425,11 +435,8 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
     from tvm.s_tir.meta_schedule.builder import BuilderInput
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    try:
-        if dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, func) or parallel_races(sch.mod):
-            return False
-    except Exception as exc:  # noqa: BLE001 - as the search's RejectDroppedIterations: unanalysable, kept
-        log.info("static checks cannot analyse a seed (kept for the numeric check): %s", first_line(exc))
+    if not passes_static_checks(sch, func):
+        return False
     built = make_builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
     if built.error_msg:
         return False

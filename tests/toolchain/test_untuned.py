@@ -1,0 +1,102 @@
+"""Kernels without a tuned schedule (toolchain/tune/untuned.py): the record library's nearest schedule
+re-fitted, else a sample of the search space; checked, deterministic, and dropped when the model's
+self-check fails with them."""
+
+import json
+
+import numpy as np
+import pytest
+
+import models
+from tests.toolchain.test_library import DW, PW, SPEC, _database, _kernels
+from toolchain import build, onnx_import
+from toolchain.errors import SelfCheckError
+from toolchain.pipeline import CompileRequest, compile_model
+from toolchain.targets import find_compiler
+from toolchain.tune import library, untuned
+from toolchain.tune.plan import group_kernels
+from toolchain.tune.settings import TuningError
+
+
+def _fused(shape):
+    model = models.build("tiny-dwsep", shape)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    return model, build.fuse_stock(mod, SPEC)
+
+
+def _run(mod, x):
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    vm = relax.VirtualMachine(build.lower_and_compile(mod, SPEC.tvm(), cpu, ""), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """A library of tiny-dwsep's pointwise and depthwise convs at 8×8 (one verified record each)."""
+    root = tmp_path_factory.mktemp("untuned")
+    return library.build([_database(root / "db", _kernels((1, 8, 8, 8)), {PW: 0.05, DW: 0.02})], root / "lib")
+
+
+def test_untuned_kernels_get_the_librarys_schedule_refitted_else_a_sample_and_compute_the_same(lib):
+    """At 12×12 with 16 channels (no record of it anywhere) the pointwise and depthwise convs get the
+    library's schedules re-fitted; the other kernels a sample of the space; every kernel is scheduled
+    (parallel loops) and the model computes what the unscheduled one does."""
+    _, mod = _fused((1, 16, 12, 12))
+    out, given = untuned.schedule_untuned(mod, SPEC, "library", lib)
+    sources = {f.kernel: f.source for f in given}
+    assert sources[PW] == "library" and sources[DW] == "library"
+    assert {f.detail for f in given if f.source == "library"} == {f"{'a' * 8}/{PW}-0", f"{'a' * 8}/{DW}-0"}
+    assert set(sources.values()) <= {"library", "sampled"} and len(sources) == len(group_kernels(mod))
+    assert all(untuned._is_scheduled(f) for _, f in group_kernels(out))
+    assert "parallel" in out.script()
+    x = np.random.default_rng(0).standard_normal((1, 16, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)
+
+
+def test_the_same_kernels_get_the_same_schedules_and_plain_leaves_them_alone(lib):
+    import tvm_ffi
+
+    _, mod = _fused((1, 16, 12, 12))
+    first, _ = untuned.schedule_untuned(mod, SPEC, "sampled")
+    again, given = untuned.schedule_untuned(mod, SPEC, "sampled")
+    assert tvm_ffi.structural_equal(first, again)
+    assert {f.source for f in given} == {"sampled"}
+    other, _ = untuned.schedule_untuned(mod, SPEC, "sampled", seed=1)
+    assert not tvm_ffi.structural_equal(first, other)  # the seed draws other tiles
+    same, given = untuned.schedule_untuned(mod, SPEC, "plain", lib)
+    assert same is mod and {f.source for f in given} == {"plain"}
+    with pytest.raises(TuningError, match="choose one of: library, sampled, plain"):
+        untuned.schedule_untuned(mod, SPEC, "fastest")
+
+
+def test_a_compile_records_each_kernels_schedule_and_builds_plain_when_the_self_check_fails(tmp_path, monkeypatch):
+    """The manifest says what each kernel got; a model whose self-check fails with its untuned kernels
+    scheduled is built again with them plain, and says why."""
+    import toolchain.pipeline as pipeline
+
+    model, _ = _fused((1, 8, 8, 8))
+    request = CompileRequest(model, "tiny-dwsep", SPEC, partition=pipeline.PartitionSettings(method="stock"),
+                             untuned="sampled")
+    artifact = compile_model(request, find_compiler(SPEC), tmp_path / "a")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["untuned"]["rule"] == "sampled" and manifest["untuned"]["counts"] == {
+        "sampled": len(manifest["kernels"])}
+    assert {k["schedule"] for k in manifest["kernels"]} == {"sampled"}
+    assert artifact.manifest.check["status"] == "passed"
+
+    real = pipeline.self_check
+
+    def fails_when_scheduled(artifact, *args, **kw):
+        if any(k.get("schedule") == "sampled" for k in artifact.manifest.kernels):
+            raise SelfCheckError("output differs (max abs 1.0)")
+        return real(artifact, *args, **kw)
+
+    monkeypatch.setattr(pipeline, "self_check", fails_when_scheduled)
+    artifact = compile_model(request, find_compiler(SPEC), tmp_path / "b")
+    record = artifact.manifest.untuned
+    assert record["rule"] == "plain" and record["asked"] == "sampled" and "max abs 1.0" in record["why_plain"]
+    assert {k["schedule"] for k in artifact.manifest.kernels} == {"plain"}
+    assert artifact.manifest.check["status"] == "passed"

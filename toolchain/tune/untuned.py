@@ -1,0 +1,126 @@
+"""Schedules for the kernels no tuning database covers (a compile without --db, or kernels a tune did not
+reach): the record library's schedule of the nearest kernel like it, re-fitted, else a sample of the search
+space; each passes the static checks, and the model's self-check guards the build. Why: docs/tuning.md."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from toolchain import build
+from toolchain.tune import intrinsics
+from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
+from toolchain.tune.plan import group_kernels
+from toolchain.tune.settings import TuningError
+from toolchain.tune.space import make_space_generator
+
+log = logging.getLogger("agoc.tuning")
+
+#: what a kernel without a tuned schedule gets (``--untuned``), and what each costs
+RULES = {
+    "library": "the record library's schedule of the nearest kernel like it, re-fitted to its loops; else a sample "
+               "of the search space",
+    "sampled": "a sample of the search space (parallel, vectorised loops; tiles drawn at random, seeded by the kernel)",
+    "plain": "TVM's unscheduled loop nest: one core, no vectors (what a build without schedules runs)",
+}
+DEFAULT = "library"
+#: the library's nearest records tried in turn before sampling
+NEAREST = 3
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """What one kernel without a tuned schedule was given."""
+
+    kernel: str
+    source: str  # "library" | "sampled" | "plain"
+    detail: str = ""  # the library record's name, or why plain
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "source": self.source, **({"detail": self.detail} if self.detail else {})}
+
+
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise TuningError(f"unknown --untuned '{rule}'; choose one of: {', '.join(RULES)}")
+    return rule
+
+
+def _is_scheduled(func) -> bool:
+    attrs = func.attrs
+    return attrs is not None and bool(attrs.get("tirx.is_scheduled", False))
+
+
+def _seed_of(func, seed: int) -> int:
+    """A sampling seed for ``func`` from its structure: the same kernel gets the same sample in any model."""
+    import tvm_ffi
+
+    return (tvm_ffi.structural_hash(func) + seed) % (2**31 - 1) or 1
+
+
+def from_library(library, func, spec):
+    """The first of the library's nearest records that re-fits to ``func`` and passes the static checks:
+    (schedule, its name), or (None, "")."""
+    for entry in library.nearest(func, NEAREST):
+        try:
+            sch = library.fit(entry, func, spec)
+        except Exception as exc:  # noqa: BLE001 - a record that does not carry over: the next one
+            log.info("library record %s does not fit %s: %s", entry.name, func, exc)
+            continue
+        if sch is not None and passes_static_checks(sch, func):
+            return sch, entry.name
+    return None, ""
+
+
+def sampled(func, spec, seed: int):
+    """A sample of the space the search starts from (the intensive space where it applies), postprocessed and
+    statically checked; None if no design of it is."""
+    target = spec.tvm()
+    generator = make_space_generator(func, target, intensive=True).generator
+    ctx = intrinsics.tune_context(mod=workload_module(func), target=target, space_generator=generator,
+                                  rand_state=_seed_of(func, seed), num_threads=1)
+    for design in ctx.generate_design_space():
+        sch = postprocess(design, spec)
+        if sch is not None and passes_static_checks(sch, func):
+            return sch
+    return None
+
+
+def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: int = 0):
+    """``fused_mod`` with every kernel not yet scheduled given a schedule by ``rule`` (:data:`RULES`),
+    its weights pre-packed as the schedules read them; (module, one :class:`Fallback` per kernel)."""
+    check_rule(rule)
+    todo = [(name, func) for name, func in group_kernels(fused_mod) if not _is_scheduled(func)]
+    if rule == "plain" or not todo:
+        return fused_mod, [Fallback(name, "plain", "--untuned plain") for name, _ in todo if rule == "plain"]
+    fused_mod = build.mark_weights(fused_mod)  # a schedule may store a weight as it reads it (prepack)
+    by_name = dict(group_kernels(fused_mod))
+    kernels, out, done = [], [], {}
+    for name, _ in todo:
+        func = by_name[name]
+        key = _seed_of(func, 0)
+        if key not in done:
+            done[key] = _one(func, spec, rule, library, seed)
+            if done[key][0] is not None:
+                kernels.append((func, done[key][0].trace.as_json(), 1.0))
+        fallback = done[key][1]
+        out.append(Fallback(name, fallback.source, fallback.detail))
+    if not kernels:
+        return fused_mod, out
+    return build.prepack_weights(apply_records(fused_mod, kernels, spec), spec), out
+
+
+def _one(func, spec, rule: str, library, seed: int):
+    """(schedule or None, :class:`Fallback`) of one kernel."""
+    if rule == "library" and library is not None:
+        sch, name = from_library(library, func, spec)
+        if sch is not None:
+            return sch, Fallback("", "library", name)
+    try:
+        sch = sampled(func, spec, seed)
+    except Exception as exc:  # noqa: BLE001 - a space TVM cannot sample here: the kernel stays plain
+        log.info("no sample of %s: %s", func, exc)
+        sch = None
+    if sch is None:
+        return None, Fallback("", "plain", "no sample of the space passed the checks")
+    return sch, Fallback("", "sampled")
