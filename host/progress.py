@@ -51,7 +51,7 @@ def _planned(view: TuneProgress, e: ev.Planned) -> None:
     phases = {p: sum(t["phase"] == p for t in e.tasks) for p in ("kernel", "mini", "joined")}
     kernels = phases["kernel"] + phases["joined"]
     short = (f" (a first batch of {view.unit} for every task would take {e.floor}: the {e.unreached} the budget "
-             "does not reach start from a seed or TVM's default schedule)") if e.unreached else ""
+             "does not reach start from a seed or are built with an untuned schedule)") if e.unreached else ""
     resumed = f", {e.allowance} of them left" if e.allowance is not None and e.allowance < e.total else ""
     deadline = f", stopping by {duration(e.deadline_s)}" if e.deadline_s is not None else ""
     view.say(

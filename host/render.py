@@ -376,7 +376,7 @@ def tune_status_table(summary: dict, db_dir) -> Table:
         f"{' (latency scheduler: trials/first batch)' if latency else ''}, "
         f"intensive {'on' if settings['intensive'] else 'off'}, reformer {'on' if settings['reformer'] else 'off'}; "
         f"estimated model latency {summary['estimate_ms']:.3f} ms"
-        + (f" (not counting {summary['unscheduled']} kernel(s) without a verified schedule, built on TVM's default "
+        + (f" (not counting {summary['unscheduled']} kernel(s) without a verified schedule, built on an untuned "
            "schedule)" if summary.get("unscheduled") else "")
     )
     table = Table(title=title, title_justify="left")

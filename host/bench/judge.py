@@ -94,7 +94,7 @@ def judge_joins(model, model_name: str, input_shapes: dict, db_dir: Path, geomet
 
     def model_bytes(builds: dict[str, str], what: str, root: Path) -> int:
         request = CompileRequest(model, model_name, spec, input_shapes, settings.partition, db=Path(db_dir),
-                                 join_builds=tuple(builds.items()))
+                                 join_builds=tuple(builds.items()), untuned="plain")
         artifact = compile_model(request, find_compiler(spec), root)
         report = verify_artifact(artifact, LocalDevice())
         if not report.passed:

@@ -217,7 +217,8 @@ def test_every_tuning_event_has_one_renderer_and_reads_as_a_line():
             view(event)
     text = out.getvalue()
     for line in ("plan: 1 kernel (1 split into 1 minis), 32 trials, 20 of them left (a first batch of 16 for every "
-                 "task would take 48: the 1 the budget does not reach start from a seed or TVM's default schedule)",
+                 "task would take 48: the 1 the budget does not reach start from a seed or are built with an untuned "
+                 "schedule)",
                  "about 1 min 35 s (1.5 s a trial, estimated), stopping by 10 min", "32 of them a first batch",
                  "time is up: no more search (12 trials unspent)", "k: starts from 1 schedule(s) from the record "
                  "library (best 0.2500 ms)",

@@ -124,7 +124,7 @@ def test_a_duration_that_is_not_one_is_refused_with_the_forms_named(text):
 
 
 def test_the_estimate_says_how_many_kernels_it_leaves_out(tmp_path):
-    """A kernel with no verified schedule is built on TVM's default schedule: its time is not in the database's
+    """A kernel with no verified schedule is built on an untuned schedule: its time is not in the database's
     estimate, and the summary counts it (a demo's estimate read 1.5 ms for a model that ran 89)."""
     from toolchain.tune.db import status
     from toolchain.tune.settings import SCHEMA, Task

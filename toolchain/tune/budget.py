@@ -51,8 +51,8 @@ def budgets(weights: list[float], total: int, minimum: int, floors: list[int] | 
 def short_of_floors(weights: list[float], units: int) -> list[int]:
     """``units`` batches, fewer than the floors need: in proportion to weight with no floor, so the kernels
     that hold most of the model's time get batches and the lightest none (they start from a library or
-    sibling seed, or TVM's default schedule); a split subgraph tunes the minis its batches reach and is
-    built from them."""
+    sibling seed, or get an untuned schedule at compile time: toolchain.tune.untuned); a split subgraph tunes
+    the minis its batches reach and is built from them."""
     return _proportional(weights, units, [0] * len(weights))
 
 

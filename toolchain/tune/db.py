@@ -337,7 +337,7 @@ def status(db_dir: Path) -> dict:
             chosen = rows[-1]["best_ms"] if choice.build == "joined" else minis_ms(minis, verified)
             if chosen is not None:
                 estimate += chosen * t.calls
-            else:  # built on TVM's default schedule (or partly): its time is not in the estimate
+            else:  # built on an untuned schedule (or partly): its time is not in the estimate
                 unscheduled += 1
     return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate,
             "unscheduled": unscheduled, "phases": db.phases}

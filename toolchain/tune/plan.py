@@ -169,7 +169,7 @@ def first_pass_trials(mod, spec, settings: TuneSettings) -> int:
 
 def floor_trials(mod, spec, settings: TuneSettings) -> int:
     """The trials that give every task of ``mod`` (a legalized module) its first batch: a budget under it
-    leaves some kernels to seeds or TVM's default schedule (:func:`budget.reached`)."""
+    leaves some kernels to seeds or, at compile time, untuned schedules (:func:`budget.reached`, :mod:`untuned`)."""
     _, plan = plan_tasks(mod, op_graph(mod), spec, settings)
     return plan.floor_trials
 

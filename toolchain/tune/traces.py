@@ -92,3 +92,22 @@ def unroll_of(trace_json) -> int | None:
             value = values.get(inst[1][1], inst[1][1])  # a sampled variable, or a literal
             return int(value) if isinstance(value, (int, float)) else None
     return None
+
+
+def with_unroll_at_most(trace_json, limit: int):
+    """The trace with its sampled auto-unroll depth (see :func:`unroll_of`) set to the largest choice not
+    above ``limit``; unchanged when it samples none or already is."""
+    insts, decisions = trace_json
+    chosen = {int(d[0]): d[1] for d in decisions}
+    sampled = {}  # random variable -> (instruction index, choices)
+    for index, inst in enumerate(insts):
+        if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
+            sampled[inst[3][0]] = (index, [int(plain(v)) for v in plain(inst[2][0])])
+        if inst[0] == "Annotate" and inst[2] and inst[2][0] == "meta_schedule.unroll_explicit" and len(inst[1]) > 1:
+            index, choices = sampled.get(inst[1][1], (None, []))
+            fits = [i for i, v in enumerate(choices) if v <= limit]
+            if index is None or not fits or choices[int(chosen[index])] <= limit:
+                return trace_json
+            best = max(fits, key=lambda i: choices[i])
+            return [insts, [[d[0], best] if int(d[0]) == index else d for d in decisions]]
+    return trace_json

@@ -8,11 +8,13 @@ import logging
 from dataclasses import dataclass
 
 from toolchain import build
+from toolchain.opgraph import block_nests
 from toolchain.tune import intrinsics
 from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
 from toolchain.tune.space import make_space_generator
+from toolchain.tune.traces import plain, rename_blocks, with_unroll_at_most
 
 log = logging.getLogger("agoc.tuning")
 
@@ -26,6 +28,11 @@ RULES = {
 DEFAULT = "library"
 #: the library's nearest records tried in turn before sampling
 NEAREST = 3
+#: kernels with more reductions than this (an AGO subgraph of a whole network's tail at a small input) are not
+#: sampled at compile time: MetaSchedule's tiling of such a kernel takes minutes (`agoc tune` splits it first)
+MAX_SAMPLED_REDUCTIONS = 6
+#: the deepest auto-unroll a sampled schedule keeps: a deeper one can take minutes to build (docs/tuning.md)
+MAX_SAMPLED_UNROLL = 64
 
 
 @dataclass(frozen=True)
@@ -73,17 +80,27 @@ def from_library(library, func, spec):
 
 
 def sampled(func, spec, seed: int):
-    """A sample of the space the search starts from (the intensive space where it applies), postprocessed and
-    statically checked; None if no design of it is."""
+    """A sample of the space the search starts from (the intensive space where it applies), its unroll at most
+    :data:`MAX_SAMPLED_UNROLL`, postprocessed and statically checked; None if no design of it is."""
+    from tvm import s_tir
+
     target = spec.tvm()
     generator = make_space_generator(func, target, intensive=True).generator
     ctx = intrinsics.tune_context(mod=workload_module(func), target=target, space_generator=generator,
                                   rand_state=_seed_of(func, seed), num_threads=1)
     for design in ctx.generate_design_space():
-        sch = postprocess(design, spec)
+        capped = with_unroll_at_most(rename_blocks(plain(design.trace.as_json()), {}), MAX_SAMPLED_UNROLL)
+        sch = s_tir.Schedule(workload_module(func))
+        s_tir.Trace.apply_json_to_schedule(capped, sch)
+        sch = postprocess(sch, spec)
         if sch is not None and passes_static_checks(sch, func):
             return sch
     return None
+
+
+def reductions(func) -> int:
+    """How many blocks of ``func`` reduce (its convs, matmuls, pools, means)."""
+    return sum(1 for b in block_nests(func) if b.reduce_extents)
 
 
 def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: int = 0):
@@ -116,6 +133,8 @@ def _one(func, spec, rule: str, library, seed: int):
         sch, name = from_library(library, func, spec)
         if sch is not None:
             return sch, Fallback("", "library", name)
+    if reductions(func) > MAX_SAMPLED_REDUCTIONS:
+        return None, Fallback("", "plain", f"{reductions(func)} reductions: too large to sample at compile time")
     try:
         sch = sampled(func, spec, seed)
     except Exception as exc:  # noqa: BLE001 - a space TVM cannot sample here: the kernel stays plain
