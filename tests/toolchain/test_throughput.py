@@ -105,3 +105,44 @@ def test_a_session_hands_what_it_counted_to_the_database_even_when_interrupted(c
         phases.add_trials(2)
         raise KeyboardInterrupt
     assert db.phases == [phases.Phases({"run": 3, "other": 0}, trials=2, wall_s=3, calls={"run": 1}).to_json()]
+
+
+def _request(func, trace_json, timeout=None):
+    import tvm
+
+    from toolchain.tune.adapter import workload_module
+
+    return {"workload": tvm.ir.save_json(workload_module(func)), "trace": trace_json,
+            "target": SPEC.tvm_target, "seed": 0, **({"timeout": timeout} if timeout else {})}
+
+
+def test_the_check_server_answers_each_check_in_a_fresh_child_and_catches_an_unwritten_halo():
+    """One server for the process answers every check in a child it forks (its memory as fresh as a new
+    process's): a right schedule passes, the reuse_write halo bug (padding never written at the border)
+    fails, a check past its timeout is killed and the server serves on; a dead server is replaced and the
+    check still answered."""
+    from tests.toolchain.test_schedule_check import _drop_the_halo, fused, schedule
+    from toolchain.tune.traces import plain
+
+    pw_dw = fused("class:pointwise_conv", 3, 8)
+    server = candidates.CheckServer(SPEC.num_cores)
+    try:
+        right = server.ask(_request(pw_dw, plain(schedule(pw_dw).trace.as_json())), 300)
+        assert right["ok"], right
+        wrong = server.ask(_request(pw_dw, plain(_drop_the_halo(pw_dw).trace.as_json())), 300)
+        assert not wrong["ok"] and wrong["reason"] == "outputs differ from the unscheduled kernel", wrong
+        late = server.ask(_request(pw_dw, plain(schedule(pw_dw).trace.as_json())), 0.001)
+        assert late == {"ok": False, "reason": "check timed out after 0 s"}
+        assert server.ask(_request(pw_dw, plain(schedule(pw_dw).trace.as_json())), 300)["ok"]
+        pid = server.proc.pid
+    finally:
+        server.close()
+    assert server.proc.poll() is not None  # closed: nothing left running
+
+    dead = candidates.check_server(SPEC.num_cores)
+    dead.proc.kill()
+    dead.proc.wait()
+    request = _request(pw_dw, plain(schedule(pw_dw).trace.as_json()))
+    assert candidates._check_in_fresh_process(request, SPEC, 300)["ok"]  # answered by a process of its own
+    fresh = candidates.check_server(SPEC.num_cores)
+    assert fresh is not dead and fresh.proc.pid != pid

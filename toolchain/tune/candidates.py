@@ -3,6 +3,9 @@ fresh process (:mod:`toolchain.tune.check_candidate`), best first, until one pas
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -55,7 +58,15 @@ def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> 
 
 
 def _check_in_fresh_process(request: dict, spec, timeout: float) -> dict:
+    """The check in a child of this process's check server (:func:`check_server`), or, where the server does
+    not answer, in a process of its own."""
     env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
+    server = check_server(spec.num_cores)
+    answer = server.ask(request, timeout)
+    if answer is not None:
+        return answer
+    check_server.cache_clear()  # a server that died or hung is replaced next time
+    server.close()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "toolchain.tune.check_candidate"], input=json.dumps(request), capture_output=True,
@@ -67,6 +78,50 @@ def _check_in_fresh_process(request: dict, spec, timeout: float) -> dict:
     if done.returncode != 0 or not lines:
         return {"ok": False, "reason": f"checker crashed (exit {done.returncode}): {done.stderr.strip()[-200:]}"}
     return json.loads(lines[-1])
+
+
+class CheckServer:
+    """``python -m toolchain.tune.check_candidate --serve`` with the check's environment: each check in a child
+    it forks (a fresh process's memory without a fresh process's 2 s of imports). Ends with its stdin."""
+
+    #: seconds the server may take beyond a check's own timeout before it counts as hung
+    MARGIN_S = 30.0
+
+    def __init__(self, num_cores: int):
+        env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(num_cores)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "toolchain.tune.check_candidate", "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)
+
+    def ask(self, request: dict, timeout: float) -> dict | None:
+        """The answer to ``request``; None when the server is gone or does not answer in time."""
+        import select
+
+        try:
+            self.proc.stdin.write(json.dumps({**request, "timeout": timeout}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout + self.MARGIN_S)
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line.startswith("{") else None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+@functools.cache
+def check_server(num_cores: int) -> CheckServer:
+    """The check server of this process for kernels on ``num_cores`` threads, started on first use and closed
+    when the process exits."""
+    server = CheckServer(num_cores)
+    atexit.register(server.close)
+    return server
 
 
 @phases.timing("verify")

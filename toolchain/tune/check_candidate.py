@@ -1,5 +1,6 @@
 """Numeric check of one tuned schedule against the unscheduled kernel, run in a fresh process with glibc's
-malloc perturbation: ``python -m toolchain.tune.check_candidate`` (JSON request on stdin, one JSON line out).
+malloc perturbation: ``python -m toolchain.tune.check_candidate`` (JSON request on stdin, one JSON line out),
+or ``--serve``: one request per line, each in a child forked from a process that has imported TVM.
 The request and why a fresh process: docs/tuning-internals.md."""
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def check(workload_json: str, trace_json, target: dict, seed: int = 0) -> dict:
     dev = tvm.cpu()
     ref = [tvm.runtime.tensor(a.copy(), dev) for a in host]
     cand = [tvm.runtime.tensor(a.copy(), dev) for a in host]
+    cand_lib["main"](*cand)  # first: its intermediate buffers are fresh (perturbed) memory, not what the reference left
     ref_lib["main"](*ref)
-    cand_lib["main"](*cand)
     worst_abs, worst_ref = 0.0, 0.0
     for r, c in zip(ref, cand):
         rn, cn = r.numpy().astype(np.float64), c.numpy().astype(np.float64)
@@ -62,13 +63,64 @@ def check(workload_json: str, trace_json, target: dict, seed: int = 0) -> dict:
     return {"ok": True, "max_abs": worst_abs, "max_ref": worst_ref, "reason": ""}
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.read())
+def answer(request: dict) -> dict:
+    """The check's answer to one request; a candidate that fails to apply or build is a failed candidate."""
     try:
-        result = check(request["workload"], request["trace"], request["target"], int(request.get("seed", 0)))
-    except Exception as exc:  # a candidate that fails to apply or build is a failed candidate
-        result = {"ok": False, "max_abs": None, "max_ref": None, "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    sys.stdout.write(json.dumps(result) + "\n")
+        return check(request["workload"], request["trace"], request["target"], int(request.get("seed", 0)))
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "max_abs": None, "max_ref": None, "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def serve(stdin, stdout) -> int:
+    """Answer one JSON request per line of ``stdin``, each in a child forked from this process: it has imported
+    TVM and run nothing, so each check starts, as a fresh process does, with no memory an earlier check wrote."""
+    import tvm  # noqa: F401 - imported once here, for every child
+    from tvm import s_tir  # noqa: F401
+
+    try:
+        for line in stdin:
+            stdout.write(json.dumps(forked(json.loads(line))) + "\n")
+            stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the session stops, so does this
+        return 130
+    return 0
+
+
+def forked(request: dict) -> dict:
+    """:func:`answer` in a forked child, killed after ``request["timeout"]`` seconds."""
+    import os
+    import signal
+    import time
+
+    timeout = float(request.get("timeout", 300))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, write, exit without running this process's exit handlers
+        os.close(read)
+        try:
+            os.write(write, json.dumps(answer(request)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read)
+            return {"ok": False, "reason": f"check timed out after {timeout:.0f} s"}
+        time.sleep(0.005)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    if status[1] != 0 or not data:
+        return {"ok": False, "reason": f"checker crashed (wait status {status[1]})"}
+    return json.loads(data)
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        return serve(sys.stdin, sys.stdout)
+    sys.stdout.write(json.dumps(answer(json.loads(sys.stdin.read()))) + "\n")
     return 0
 
 
