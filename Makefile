@@ -113,6 +113,10 @@ test: setup runners lint
 test-slow: setup runners
 	$(PYTEST) -q $(PYTEST_JOBS) -m slow
 
+# the end-to-end tests (a whole model, a device tune under qemu, a bench suite): CI runs them after `make test`
+test-e2e: setup runners
+	$(PYTEST) -q $(PYTEST_JOBS) -m e2e
+
 test-all: setup runners
 	$(PYTEST) -q $(PYTEST_JOBS) -m "slow or not slow"
 

@@ -102,6 +102,7 @@ def test_the_worker_calls_its_engines_in_the_regimes_order(monkeypatch, capsys, 
     assert run["flushes"] == expected.count("flush") and run["rehearsals"] == (2 if name != "shared" else 0)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name, flushes, rehearsals", [("cold", 2, 1), ("warm", 0, 1), ("shared", 0, 0)])
 def test_the_suite_records_how_every_engines_calls_were_prepared(tmp_path, name, flushes, rehearsals):
     settings = tiny_settings(rounds=2, calls_per_round=2, cache=name)

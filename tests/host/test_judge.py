@@ -59,6 +59,7 @@ def make_pair_db(root):
     return model, db.root, joined, [name for name, _ in parts]
 
 
+@pytest.mark.e2e
 def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(pair_db, tmp_path, cli):
     from toolchain.artifact import load_artifact
     from toolchain.tune.db import TuneDB

@@ -192,6 +192,7 @@ def test_fused_pair_moves_fewer_dram_bytes_than_the_unfused_pair(pair_artifacts,
     assert ratio["dram_bytes"]["2MiB"] < 0.5
 
 
+@pytest.mark.e2e
 def test_bench_suite_records_proxy_figures_beside_latency(tmp_path):
     require_tool("valgrind")
     from rich.console import Console

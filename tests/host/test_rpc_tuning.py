@@ -119,6 +119,7 @@ def test_agent_offers_a_device_on_the_tracker_and_relays_sessions(runners, sandb
     assert not __import__("psutil").pid_exists(runner_pid), "the runner outlived its agent"
 
 
+@pytest.mark.e2e
 def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxes, qemu_tuned):
     db, tuned = qemu_tuned
     assert tuned["exit_code"] == 0, tuned["stderr"]
@@ -153,6 +154,7 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
     assert json.loads(result.stdout)["passed"]
 
 
+@pytest.mark.e2e
 def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
     """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run; a join
     and its minis are timed against each other on one of them, never across the two."""
@@ -189,6 +191,7 @@ def phone_like_qemu(tmp_path, monkeypatch):
         yield server
 
 
+@pytest.mark.e2e
 def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandboxes, phone_like_qemu, qemu_tuned):
     """The fake adb server relays the phone's forwarded port in this process: timing a join next to
     its minis must not block it (a blocking TVM call holds the interpreter lock; it hung here once).
@@ -212,6 +215,7 @@ def test_pairing_on_a_phone_whose_port_this_process_relays(cli, runners, sandbox
     assert json.loads((db / "verified.json").read_text())[joins[0]]["paired"]["rounds"] == PAIR_ROUNDS
 
 
+@pytest.mark.e2e
 def test_killing_the_runner_mid_run_loses_nothing(runners, sandboxes):
     """SIGKILL the device's RPC server while it measures: the run finishes on the restarted
     runner, the loss is reported, and every finished record is in the database."""
@@ -319,6 +323,7 @@ def test_retry_only_on_device_failures():
     assert not _retryable("TimeoutError: session timed out")
 
 
+@pytest.mark.e2e
 def test_a_hanging_kernel_is_timed_out_and_the_device_serves_again(runners, sandboxes):
     """A kernel that never returns: the runner kills its session at the client's timeout; the agent
     offers the device again and the next session works."""
@@ -356,6 +361,7 @@ def test_a_hanging_kernel_is_timed_out_and_the_device_serves_again(runners, sand
         assert session.agent_status("local")["runner_pid"]
 
 
+@pytest.mark.e2e
 def test_a_phone_that_goes_away_is_withdrawn_and_reattached(runners, sandboxes, phone):
     """The phone leaves the adb server (a reboot: its runner dies with it): the agent withdraws it
     from the tracker, and offers it again, with a fresh runner, once it is back."""

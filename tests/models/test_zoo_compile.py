@@ -26,7 +26,7 @@ def cases():
         shapes = sorted(spec.shapes, key=lambda s: s[-1])
         for i, shape in enumerate(shapes):
             for partition in ("ago", "stock"):
-                marks = [pytest.mark.slow] if i or spec.name != FAST or partition != "ago" else []
+                marks = [pytest.mark.slow] if i or spec.name != FAST or partition != "ago" else [pytest.mark.e2e]
                 yield pytest.param(spec.name, shape, partition, id=f"{partition}-{spec.name}@{shape[-1]}", marks=marks)
 
 

@@ -48,6 +48,7 @@ def one_conv():
     return build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
 
 
+@pytest.mark.e2e
 def test_the_same_seed_and_budget_give_the_same_records_and_another_seed_does_not(one_conv, tmp_path):
     measure = Measure(runner=_constant_runner())
     settings = TuneSettings(trials=10, per_iter=4, population=16, partition=PartitionSettings("stock"))

@@ -332,6 +332,7 @@ def test_keep_inside_joins_a_conv_pair_across_a_large_tensor_once_and_largest_fi
     assert note in kept.decisions
 
 
+@pytest.mark.e2e
 def test_keep_inside_on_mobilenet_v2_keeps_its_large_activations_inside_and_skips_shared_tensors():
     """MobileNet-V2 @112 (NHWC, what the suites run): at 256 KiB the 1.2 MB expand output at 56x56 and the
     441 KiB ones at 28x28 no longer cross a subgraph boundary (AGO alone cuts them: the two convs weigh
