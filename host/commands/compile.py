@@ -74,7 +74,6 @@ def compile(
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
     rule = _join_rule(joins, db)
-    _check_untuned(untuned, library)
     parts, _ = partition_settings(partition, threshold, keep_inside)  # a compile tiles nothing: no tile cache
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
@@ -82,6 +81,7 @@ def compile(
     if db is not None:
         knobs = _from_db(db, knobs, other_target)
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
+    _check_untuned(untuned, library, spec)  # before the long work: the model is loaded, nothing built
     request = replace(request, untuned=untuned, library=library)
     if rule.startswith("traffic:") and request.partition.method == "ago":  # judged for this build: db is only read
         request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
@@ -95,12 +95,15 @@ def compile(
     _report(artifact, request.model_name, spec, rule)
 
 
-def _check_untuned(untuned: str, library: Optional[Path]) -> None:
+def _check_untuned(untuned: str, library: Optional[Path], spec) -> None:
+    from toolchain.tune.library import Library
     from toolchain.tune.untuned import check_rule
 
     check_rule(untuned)
     if library is not None and untuned != "library":
         raise UnsupportedModelError(f"--library is read only with --untuned library (not {untuned}): drop one")
+    if library is not None:
+        Library.load(library).check(spec)
 
 
 def _check_request(seed: int, dump_dir: Optional[Path]) -> None:

@@ -357,6 +357,11 @@ def _compile_cases():
         case("compile-name-leading-dash", ["compile", *OUT, "--", "-x.onnx"], "-x.onnx", write("-x.onnx")),
         case("compile-name-leading-dash-as-option", ["compile", "-x.onnx", *OUT], "No such option", write("-x.onnx"),
              usage=True),
+        case("compile-untuned-unknown", ["compile", "{model}", *OUT, "--untuned", "fastest"],
+             "choose one of: library, sampled, plain"),
+        case("compile-library-with-untuned-plain", ["compile", "{model}", *OUT, "--untuned", "plain", "--library",
+                                                    "{t}"], "--library is read only with --untuned library"),
+        case("compile-library-not-a-library", ["compile", "{model}", *OUT, "--library", "{t}"], "library"),
         case("compile-no-model", ["compile", *OUT], "Missing argument", usage=True),
         case("compile-no-output", ["compile", "{model}"], "Missing option", usage=True),
         # destinations

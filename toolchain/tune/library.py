@@ -244,7 +244,7 @@ class Library:
             raise LibraryError(
                 f"the record library {self.path} holds schedules for {self.key} ({self.layout}), not for "
                 f"{target_key(spec.tvm_target)} ({spec.layout}): give --library one made for this target, "
-                "or --no-library")
+                "or use none (tune --no-library, compile --untuned sampled)")
 
     # its records
     @property
