@@ -168,7 +168,8 @@ bench-tuning: setup
 # the packaged record library of a target: the zoo CNNs tuned, their verified schedules in library/<target key>/
 library: setup
 	$(VENV)/bin/python -m host.bench.library_zoo --target $(or $(TARGET),host) --shape $(or $(SHAPE),56) \
-		--trials $(or $(TRIALS),96) --per-iter $(or $(PER_ITER),4) $(if $(MODELS),--models "$(MODELS)")
+		--trials $(or $(TRIALS),96) --per-iter $(or $(PER_ITER),4) $(if $(MODELS),--models "$(MODELS)") \
+		$(if $(PARTITION),--partition $(PARTITION))
 
 # leave-one-out: MODEL tuned with and without a library of the other models' databases -> bench/results/
 bench-library: setup

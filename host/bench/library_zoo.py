@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     script = " ".join(shlex.quote(w) for w in ["python", "-m", "host.bench.library_zoo", *sys.argv[1:]])
     built = None
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-        db = args.dbs / model
+        # (the first library's databases, stock at 56, are named by the model alone)
+        plain = args.partition == "stock" and args.shape == 56
+        db = args.dbs / (model if plain else f"{model}@{args.shape}-{args.partition}")
         words = tune_command(model, args.shape, db, args)
         print(f"== {model}: {shlex.join(words)}", flush=True)
         if not run_tune(words):
