@@ -88,33 +88,10 @@ def serve(stdin, stdout) -> int:
 
 def forked(request: dict) -> dict:
     """:func:`answer` in a forked child, killed after ``request["timeout"]`` seconds."""
-    import os
-    import signal
-    import time
+    from toolchain.tune import forked as fork
 
-    timeout = float(request.get("timeout", 300))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: answer, write, exit without running this process's exit handlers
-        os.close(read)
-        try:
-            os.write(write, json.dumps(answer(request)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    deadline = time.monotonic() + timeout
-    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(read)
-            return {"ok": False, "reason": f"check timed out after {timeout:.0f} s"}
-        time.sleep(0.005)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    if status[1] != 0 or not data:
-        return {"ok": False, "reason": f"checker crashed (wait status {status[1]})"}
-    return json.loads(data)
+    ok, value = fork.call(lambda: answer(request), float(request.get("timeout", 300)))
+    return value if ok else {"ok": False, "reason": f"check {value}" if "timed out" in value else f"checker {value}"}
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from toolchain import build
 from toolchain.opgraph import block_nests
-from toolchain.tune import intrinsics
+from toolchain.tune import forked, intrinsics
 from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
@@ -33,6 +33,9 @@ NEAREST = 3
 MAX_SAMPLED_REDUCTIONS = 6
 #: the deepest auto-unroll a sampled schedule keeps: a deeper one can take minutes to build (docs/tuning.md)
 MAX_SAMPLED_UNROLL = 64
+#: seconds one kernel's schedule may take to find (MetaSchedule's space of a matmul with fast-math activations
+#: and a softmax did not come back in minutes; a kernel past it stays plain)
+TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -117,14 +120,29 @@ def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: i
         func = by_name[name]
         key = _seed_of(func, 0)
         if key not in done:
-            done[key] = _one(func, spec, rule, library, seed)
+            done[key] = _bounded(func, spec, rule, library, seed)
             if done[key][0] is not None:
-                kernels.append((func, done[key][0].trace.as_json(), 1.0))
+                kernels.append((func, done[key][0], 1.0))
         fallback = done[key][1]
         out.append(Fallback(name, fallback.source, fallback.detail))
     if not kernels:
         return fused_mod, out
     return build.prepack_weights(apply_records(fused_mod, kernels, spec), spec), out
+
+
+def _bounded(func, spec, rule: str, library, seed: int):
+    """(trace JSON or None, :class:`Fallback`) of one kernel, found in a forked child given
+    :data:`TIMEOUT_S` (some kernels' spaces take TVM minutes to generate)."""
+    def found() -> dict:
+        sch, fallback = _one(func, spec, rule, library, seed)
+        return {"trace": plain(sch.trace.as_json()) if sch is not None else None, "source": fallback.source,
+                "detail": fallback.detail}
+
+    ok, value = forked.call(found, TIMEOUT_S)
+    if not ok:
+        log.warning("no schedule for an untuned kernel: %s", value)
+        return None, Fallback("", "plain", f"scheduling it {value}")
+    return value["trace"], Fallback("", value["source"], value["detail"])
 
 
 def _one(func, spec, rule: str, library, seed: int):
