@@ -12,14 +12,18 @@ from collections.abc import Callable
 
 
 def call(fn: Callable[[], object], timeout: float) -> tuple[bool, object]:
-    """(True, what ``fn()`` returned, through JSON) or (False, why not: "timed out after N s" or "crashed (...)").
+    """(True, what ``fn()`` returned, through JSON) or (False, why not: "timed out after N s", "failed: <its
+    exception>" or "crashed (...)").
     The child writes nothing else and exits without this process's exit handlers."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read)
         try:
-            data = json.dumps(fn()).encode()
+            try:
+                data = json.dumps({"value": fn()}).encode()
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, the child ends either way
+                data = json.dumps({"error": f"{type(exc).__name__}: {str(exc)[:300]}"}).encode()
             view = memoryview(data)
             while view:
                 view = view[os.write(write, view):]
@@ -45,4 +49,5 @@ def call(fn: Callable[[], object], timeout: float) -> tuple[bool, object]:
     status = os.waitpid(pid, 0)[1]
     if status != 0 or not chunks:
         return False, f"crashed (wait status {status})"
-    return True, json.loads(b"".join(chunks))
+    answer = json.loads(b"".join(chunks))
+    return (True, answer["value"]) if "value" in answer else (False, f"failed: {answer['error']}")
