@@ -123,8 +123,10 @@ def test_verify_fails_when_the_library_computes_something_else(tmp_path):
 
 def test_dump_dir_has_the_ir_after_each_stage(tmp_path):
     compile_zoo("tiny-cnn", tmp_path / "a", dump_dir=tmp_path / "dump")
-    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["01_imported.py", "02_legalized.py", "03_fused.py"]
+    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == [
+        "01_imported.py", "02_legalized.py", "03_fused.py", "04_scheduled.py"]
     assert "call_tir" in (tmp_path / "dump" / "02_legalized.py").read_text()
+    assert "parallel" in (tmp_path / "dump" / "04_scheduled.py").read_text()  # the untuned kernels scheduled
 
 
 def test_load_artifact_errors(tmp_path):

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from toolchain import build
+from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
 from toolchain.tune import forked, intrinsics
 from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
@@ -106,28 +107,35 @@ def reductions(func) -> int:
     return sum(1 for b in block_nests(func) if b.reduce_extents)
 
 
-def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: int = 0):
+def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: int = 0, prepack: bool = True):
     """``fused_mod`` with every kernel not yet scheduled given a schedule by ``rule`` (:data:`RULES`),
-    its weights pre-packed as the schedules read them; (module, one :class:`Fallback` per kernel)."""
+    its weights pre-packed as the schedules read them (``prepack``; where TVM fails to split a rewrite out,
+    scheduled again with the weights as they are); (module, one :class:`Fallback` per kernel)."""
     check_rule(rule)
-    todo = [(name, func) for name, func in group_kernels(fused_mod) if not _is_scheduled(func)]
+    todo = [name for name, func in group_kernels(fused_mod) if not _is_scheduled(func)]
     if rule == "plain" or not todo:
-        return fused_mod, [Fallback(name, "plain", "--untuned plain") for name, _ in todo if rule == "plain"]
-    fused_mod = build.mark_weights(fused_mod)  # a schedule may store a weight as it reads it (prepack)
-    by_name = dict(group_kernels(fused_mod))
+        return fused_mod, [Fallback(name, "plain", "--untuned plain") for name in todo if rule == "plain"]
+    marked = build.mark_weights(fused_mod) if prepack else fused_mod  # a schedule may store a weight as it reads it
+    by_name = dict(group_kernels(marked))
     kernels, out, done = [], [], {}
-    for name, _ in todo:
+    for name in todo:
         func = by_name[name]
         key = _seed_of(func, 0)
         if key not in done:
             done[key] = _bounded(func, spec, rule, library, seed)
             if done[key][0] is not None:
                 kernels.append((func, done[key][0], 1.0))
-        fallback = done[key][1]
-        out.append(Fallback(name, fallback.source, fallback.detail))
+        out.append(Fallback(name, done[key][1].source, done[key][1].detail))
     if not kernels:
         return fused_mod, out
-    return build.prepack_weights(apply_records(fused_mod, kernels, spec), spec), out
+    scheduled = apply_records(marked, kernels, spec)
+    if not prepack:
+        return scheduled, out
+    try:
+        return build.prepack_weights(scheduled, spec), out
+    except BuildError as exc:
+        log.warning("the untuned kernels' weights could not be pre-packed (%s): scheduled with them as they are", exc)
+        return schedule_untuned(fused_mod, spec, rule, library, seed, prepack=False)
 
 
 def _bounded(func, spec, rule: str, library, seed: int):
