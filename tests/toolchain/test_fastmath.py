@@ -58,8 +58,10 @@ def test_a_model_without_such_ops_is_the_same_either_way():
 @pytest.mark.parametrize("partition", ["ago", "stock"])
 def test_a_model_computed_with_fast_math_matches_onnxruntime(partition, tmp_path):
     spec = resolve_target("host")
-    artifact = compile_model(CompileRequest(every_op_model(), "fast", spec, partition=PartitionSettings(partition)),
-                             find_compiler(spec), tmp_path / "a")
+    # plain: the fast-math polynomials as TVM lowers them (MetaSchedule's space of the ago kernel does not come back:
+    # an untuned schedule would cost its 20 s timeout, tests/toolchain/test_untuned.py covers those)
+    request = CompileRequest(every_op_model(), "fast", spec, partition=PartitionSettings(partition), untuned="plain")
+    artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     assert artifact.manifest.target["fast_math"] is True
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()

@@ -4,6 +4,8 @@ child that does not return in time is killed; one that dies or raises says so; t
 import os
 import time
 
+import pytest
+
 from toolchain.tune import forked
 
 
@@ -26,3 +28,23 @@ def test_a_child_past_its_timeout_is_killed_and_a_dead_one_says_so():
     ok, why = forked.call(lambda: os.abort(), 30)
     assert not ok and why.startswith("crashed")
     assert forked.call(lambda: 1 / 0, 30) == (False, "failed: ZeroDivisionError: division by zero")
+
+
+def test_an_interrupted_caller_takes_its_child_with_it():
+    import signal
+
+    import psutil
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    before = {c.pid for c in psutil.Process().children()}
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            forked.call(lambda: time.sleep(60), 30)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert {c.pid for c in psutil.Process().children()} <= before

@@ -37,13 +37,15 @@ def call(fn: Callable[[], object], timeout: float) -> tuple[bool, object]:
             left = deadline - time.monotonic()
             ready = select.select([read], [], [], max(left, 0))[0] if left > 0 else []
             if not ready:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+                _kill(pid)
                 return False, f"timed out after {timeout:.0f} s"
             chunk = os.read(read, 1 << 16)
             if not chunk:
                 break
             chunks.append(chunk)
+    except BaseException:  # Ctrl-C or SIGTERM here: the child goes too
+        _kill(pid)
+        raise
     finally:
         os.close(read)
     status = os.waitpid(pid, 0)[1]
@@ -51,3 +53,8 @@ def call(fn: Callable[[], object], timeout: float) -> tuple[bool, object]:
         return False, f"crashed (wait status {status})"
     answer = json.loads(b"".join(chunks))
     return (True, answer["value"]) if "value" in answer else (False, f"failed: {answer['error']}")
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
