@@ -349,7 +349,8 @@ def _schedule(request: CompileRequest, mod, on_stage: Callable[[str], None]) -> 
     _dump(request.dump_dir, "04_scheduled.py", mod)
     counts = collections.Counter(k.schedule for k in kernels if k.schedule != "tuned")
     untuned_record = {"rule": request.untuned, "library": str(library.path) if library is not None else None,
-                      "counts": dict(counts.most_common())}
+                      "counts": dict(counts.most_common()),
+                      "given": [f.to_json() for f in fallbacks if f.detail]}  # library records used; why plain
     return mod, kernels, tuning_record, untuned_record
 
 

@@ -84,7 +84,7 @@ def test_a_compile_records_each_kernels_schedule_and_builds_plain_when_the_self_
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["untuned"]["rule"] == "sampled" and manifest["untuned"]["counts"] == {
         "sampled": len(manifest["kernels"])}
-    assert {k["schedule"] for k in manifest["kernels"]} == {"sampled"}
+    assert {k["schedule"] for k in manifest["kernels"]} == {"sampled"} and manifest["untuned"]["given"] == []
     assert artifact.manifest.check["status"] == "passed"
 
     real = pipeline.self_check
@@ -99,4 +99,5 @@ def test_a_compile_records_each_kernels_schedule_and_builds_plain_when_the_self_
     record = artifact.manifest.untuned
     assert record["rule"] == "plain" and record["asked"] == "sampled" and "max abs 1.0" in record["why_plain"]
     assert {k["schedule"] for k in artifact.manifest.kernels} == {"plain"}
+    assert {g["detail"] for g in record["given"]} == {"--untuned plain"}
     assert artifact.manifest.check["status"] == "passed"

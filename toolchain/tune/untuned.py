@@ -19,7 +19,7 @@ from toolchain.tune.traces import plain, rename_blocks, with_unroll_at_most
 
 log = logging.getLogger("agoc.tuning")
 
-#: what a kernel without a tuned schedule gets (``--untuned``), and what each costs
+#: what a kernel without a tuned schedule gets (``--untuned``)
 RULES = {
     "library": "the record library's schedule of the nearest kernel like it, re-fitted to its loops; else a sample "
                "of the search space",
