@@ -64,7 +64,7 @@ def test_a_candidate_is_checked_in_a_fresh_process_once(monkeypatch):
         runs.append(request["trace"])
         return {"ok": len(runs) == 1, "max_abs": 0.0}
 
-    monkeypatch.setattr(candidates, "_check_in_fresh_process", fresh_process)
+    monkeypatch.setattr(candidates, "_check_isolated", fresh_process)
     monkeypatch.setattr(candidates, "_CHECKED", {})
     monkeypatch.setattr(candidates, "plain", lambda trace: trace)
     from tvm import te
@@ -143,6 +143,6 @@ def test_the_check_server_answers_each_check_in_a_fresh_child_and_catches_an_unw
     dead.proc.kill()
     dead.proc.wait()
     request = _request(pw_dw, plain(schedule(pw_dw).trace.as_json()))
-    assert candidates._check_in_fresh_process(request, SPEC, 300)["ok"]  # answered by a process of its own
+    assert candidates._check_isolated(request, SPEC, 300)["ok"]  # answered by a process of its own
     fresh = candidates.check_server(SPEC.num_cores)
     assert fresh is not dead and fresh.proc.pid != pid

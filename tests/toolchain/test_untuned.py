@@ -16,6 +16,7 @@ from toolchain.targets import find_compiler
 from toolchain.tune import library, untuned
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
+from toolchain.tune.traces import plain, unroll_of
 
 
 def _fused(shape):
@@ -68,6 +69,9 @@ def test_the_same_kernels_get_the_same_schedules_and_plain_leaves_them_alone(lib
     assert not tvm_ffi.structural_equal(first, other)  # the seed draws other tiles
     same, given = untuned.schedule_untuned(mod, SPEC, "plain", lib)
     assert same is mod and {f.source for f in given} == {"plain"}
+    for _, func in group_kernels(mod):  # no sample unrolls deeper than the cap (deeper ones build for minutes)
+        trace = plain(untuned.sampled(func, SPEC, 0).trace.as_json())
+        assert (unroll_of(trace) or 0) <= untuned.MAX_SAMPLED_UNROLL
     with pytest.raises(TuningError, match="choose one of: library, sampled, plain"):
         untuned.schedule_untuned(mod, SPEC, "fastest")
 

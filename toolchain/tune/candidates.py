@@ -50,23 +50,23 @@ def check_candidate(func, record, spec, seed: int = 0, timeout: float = 300) -> 
     }
     key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
     if key not in _CHECKED:
-        result = _check_in_fresh_process(request, spec, timeout)
+        result = _check_isolated(request, spec, timeout)
         if result.get("ok") or "max_abs" in result:  # an answer, not a crash or a timeout: kept
             _CHECKED[key] = result
         return result
     return _CHECKED[key]
 
 
-def _check_in_fresh_process(request: dict, spec, timeout: float) -> dict:
+def _check_isolated(request: dict, spec, timeout: float) -> dict:
     """The check in a child of this process's check server (:func:`check_server`), or, where the server does
     not answer, in a process of its own."""
-    env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
     server = check_server(spec.num_cores)
     answer = server.ask(request, timeout)
     if answer is not None:
         return answer
     check_server.cache_clear()  # a server that died or hung is replaced next time
     server.close()
+    env = {**os.environ, **CHECK_ENV, "TVM_NUM_THREADS": str(spec.num_cores)}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "toolchain.tune.check_candidate"], input=json.dumps(request), capture_output=True,

@@ -79,35 +79,44 @@ def rename_blocks(trace_json, mapping: dict):
     return [out, [d for d in decisions if int(d[0]) < len(out)]]
 
 
+def _unroll_annotation(trace_json):
+    """Where a MetaSchedule trace sets its root's ``meta_schedule.unroll_explicit``: (the value it annotates —
+    a random variable or a literal —, {random variable: (its SampleCategorical's index, its choices)}), or None."""
+    insts, decisions = trace_json
+    chosen = {int(d[0]) for d in decisions}
+    sampled = {}
+    for index, inst in enumerate(insts):
+        if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
+            sampled[inst[3][0]] = (index, plain(inst[2][0]))
+        if inst[0] == "Annotate" and inst[2] and inst[2][0] == "meta_schedule.unroll_explicit" and len(inst[1]) > 1:
+            return inst[1][1], sampled
+    return None
+
+
 def unroll_of(trace_json) -> int | None:
     """The auto-unroll depth a MetaSchedule trace gives its kernel (the value of its root's
     ``meta_schedule.unroll_explicit`` annotation, a sampled categorical), or None."""
-    insts, decisions = trace_json
-    chosen = {int(d[0]): d[1] for d in decisions}
-    values = {}  # random variable -> value, for the sampled categoricals
-    for index, inst in enumerate(insts):
-        if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
-            values[inst[3][0]] = plain(inst[2][0])[int(chosen[index])]
-        if inst[0] == "Annotate" and inst[2] and inst[2][0] == "meta_schedule.unroll_explicit" and len(inst[1]) > 1:
-            value = values.get(inst[1][1], inst[1][1])  # a sampled variable, or a literal
-            return int(value) if isinstance(value, (int, float)) else None
-    return None
+    found = _unroll_annotation(trace_json)
+    if found is None:
+        return None
+    value, sampled = found
+    if value in sampled:  # a sampled variable, else a literal
+        index, choices = sampled[value]
+        value = choices[int({int(d[0]): d[1] for d in trace_json[1]}[index])]
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def with_unroll_at_most(trace_json, limit: int):
     """The trace with its sampled auto-unroll depth (see :func:`unroll_of`) set to the largest choice not
     above ``limit``; unchanged when it samples none or already is."""
+    found = _unroll_annotation(trace_json)
+    if found is None or found[0] not in found[1]:
+        return trace_json
+    index, choices = found[1][found[0]]
+    choices = [int(v) for v in choices]
+    fits = [i for i, v in enumerate(choices) if v <= limit]
+    if not fits or (unroll_of(trace_json) or 0) <= limit:
+        return trace_json
+    best = max(fits, key=lambda i: choices[i])
     insts, decisions = trace_json
-    chosen = {int(d[0]): d[1] for d in decisions}
-    sampled = {}  # random variable -> (instruction index, choices)
-    for index, inst in enumerate(insts):
-        if inst[0] == "SampleCategorical" and index in chosen and inst[3]:
-            sampled[inst[3][0]] = (index, [int(plain(v)) for v in plain(inst[2][0])])
-        if inst[0] == "Annotate" and inst[2] and inst[2][0] == "meta_schedule.unroll_explicit" and len(inst[1]) > 1:
-            index, choices = sampled.get(inst[1][1], (None, []))
-            fits = [i for i, v in enumerate(choices) if v <= limit]
-            if index is None or not fits or choices[int(chosen[index])] <= limit:
-                return trace_json
-            best = max(fits, key=lambda i: choices[i])
-            return [insts, [[d[0], best] if int(d[0]) == index else d for d in decisions]]
-    return trace_json
+    return [insts, [[d[0], best] if int(d[0]) == index else d for d in decisions]]

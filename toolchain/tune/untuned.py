@@ -159,8 +159,9 @@ def _one(func, spec, rule: str, library, seed: int):
         sch, name = from_library(library, func, spec)
         if sch is not None:
             return sch, Fallback("", "library", name)
-    if reductions(func) > MAX_SAMPLED_REDUCTIONS:
-        return None, Fallback("", "plain", f"{reductions(func)} reductions: too large to sample at compile time")
+    count = reductions(func)
+    if count > MAX_SAMPLED_REDUCTIONS:
+        return None, Fallback("", "plain", f"{count} reductions: too large to sample at compile time")
     try:
         sch = sampled(func, spec, seed)
     except Exception as exc:  # noqa: BLE001 - a space TVM cannot sample here: the kernel stays plain
