@@ -81,3 +81,26 @@ def test_a_database_keeps_the_math_it_was_tuned_with(tmp_path):
     spec = resolve_target("host")
     with pytest.raises(UnsupportedModelError, match="exact transcendental functions; compile with --exact-math"):
         compile_model(CompileRequest(every_op_model(), "fast", spec, db=tmp_path), find_compiler(spec), tmp_path / "a")
+
+
+
+@pytest.mark.e2e
+def test_the_space_of_a_kernel_that_never_generates_is_bounded_and_its_minis_spaces_generate():
+    """MetaSchedule's space of this model's AGO join (matmul, fast-math GELU, SiLU, tanh, exp, softmax) does not
+    come back: a tuning session gives up on it after the bound (tune.adapter.check_space; the join is then built
+    from its minis). Its minis' spaces come back, the polynomials that inlined would grow to millions of nodes kept
+    as buffers (tune.inlining)."""
+    from toolchain.opgraph import op_graph
+    from toolchain.tune import adapter
+    from toolchain.tune.plan import plan_tasks
+
+    spec = resolve_target("host")
+    mod = _legalized(every_op_model())
+    _, plan = plan_tasks(mod, op_graph(mod), spec, TuneSettings(trials=64))
+    for task in plan.tasks:
+        func = plan.funcs[task.name]
+        if task.phase == "joined":
+            with pytest.raises(adapter.SpaceTimeout):
+                adapter.check_space(func, spec, True, timeout=20)
+        else:
+            adapter.check_space(func, spec, True, timeout=20)

@@ -940,6 +940,24 @@ def test_a_search_space_with_nothing_left_to_try_ends_its_task(tmp_path):
     assert exhausted and 0 < measured < 16
 
 
+def test_a_kernel_whose_space_does_not_generate_in_time_ends_its_search_before_any_trial(tmp_path, monkeypatch):
+    """MetaSchedule's space generation never returns on some kernels (a matmul with fast-math GELU and
+    softmax, tests/toolchain/test_fastmath.py): it is tried in a forked child first, bounded; a kernel
+    whose space generated in time is not tried again."""
+    func = _transpose_func().with_attr("global_symbol", "main")
+    db = TuneDB(tmp_path / "db")
+    monkeypatch.setattr(adapter, "_SPACES_OK", set())
+    monkeypatch.setattr(adapter, "SPACE_TIMEOUT_S", 0.001)
+    with pytest.raises(adapter.SpaceTimeout, match="did not generate within"):
+        tune_trials(func, SPEC, db.ms_database(), 16, TuneSettings(per_iter=16), False, tmp_path / "logs")
+    assert trial_latencies(db.ms_dir) == []
+    monkeypatch.setattr(adapter, "SPACE_TIMEOUT_S", 60.0)
+    adapter.check_space(func, SPEC, False)
+    adapter.check_space(func, SPEC, False, timeout=0.001)  # generated in time before: not tried again
+    with pytest.raises(adapter.SpaceTimeout):
+        adapter.check_space(func, SPEC, True, timeout=0.001)  # another space of it is
+
+
 def test_expected_gain_is_optimistic_early_and_follows_the_search_after():
     assert expected_gain([], 8) == pytest.approx(0.5)  # a fresh task: the whole prior
     assert expected_gain([1.0] * 8, 8) == pytest.approx(0.25)  # one round, no record to go by

@@ -19,7 +19,7 @@ import numpy as np
 
 from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
-from toolchain.tune import costmodel, intrinsics, phases, workers
+from toolchain.tune import costmodel, forked, inlining, intrinsics, phases, workers
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
@@ -59,10 +59,12 @@ def fast_build(mod, target, _params=None):
 def workload_module(func):
     """``func`` alone in a fresh module, as MetaSchedule's workload — a deep copy: in TVM 0.27 a
     schedule made on a module nothing else holds edits it in place, down to the PrimFunc the module
-    was made from (``Schedule(workload_module(f))`` then ``split`` changed ``f``)."""
+    was made from (``Schedule(workload_module(f))`` then ``split`` changed ``f``). Blocks whose inlining would
+    copy their expression without bound are annotated not to be inlined (:mod:`toolchain.tune.inlining`)."""
     import tvm
 
-    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+    return inlining.guarded(tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr(
+        "global_symbol", "main")}))
 
 
 def scheduled(func, trace_json):
@@ -228,6 +230,36 @@ def space_for(func, spec, intensive: bool, tile_cache: int = 0):
                                                 tile_cache=tile_cache)
 
 
+#: seconds a kernel's search space may take to generate before its search starts (in a forked child):
+#: MetaSchedule's AutoInline + tiling of some kernels (a matmul with fast-math GELU and softmax) never returns
+SPACE_TIMEOUT_S = 60.0
+
+_SPACES_OK: set[tuple] = set()  # (workload, space, target) whose space generated within the bound here
+
+
+class SpaceTimeout(RuntimeError):
+    """A kernel whose search space did not generate within :data:`SPACE_TIMEOUT_S`."""
+
+
+def check_space(func, spec, intensive: bool, tile_cache: int = 0, timeout: float | None = None) -> None:
+    """Raise :class:`SpaceTimeout` unless ``func``'s search space generates within ``timeout`` seconds
+    (default :data:`SPACE_TIMEOUT_S`), tried in a forked child once per kernel and space in this process."""
+    key = (workload_hash(func), intensive, tile_cache, str(spec.tvm()))
+    if key in _SPACES_OK:
+        return
+    limit = SPACE_TIMEOUT_S if timeout is None else timeout
+
+    def designs() -> int:
+        ctx = intrinsics.tune_context(mod=workload_module(func), target=spec.tvm(), num_threads=1,
+                                      space_generator=space_for(func, spec, intensive, tile_cache).generator)
+        return len(ctx.generate_design_space())
+
+    ok, why = forked.call(designs, limit)
+    if not ok and why.startswith("timed out"):
+        raise SpaceTimeout(f"its search space did not generate within {limit:.0f} s")
+    _SPACES_OK.add(key)  # a space that fails fails again in the search, with TVM's own error
+
+
 #: A kernel's search space is exhausted when its last EXHAUSTED_ROUNDS search rounds together brought
 #: fewer than EXHAUSTED_NEW new candidates. MetaSchedule measures each distinct schedule once; a layout
 #: kernel (ShuffleNet's concatenate + reshape + transpose + split) has only a handful, and once they are
@@ -318,7 +350,8 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
     """Run ``trials`` more MetaSchedule trials of one kernel into ``database``; True when the search
     ended early because the kernel's search space is exhausted (:data:`EXHAUSTED_ROUNDS`).
     ``cost_model``: the session's (:func:`session_cost_model`); None: a fresh one. ``stop``: asked after
-    each batch; True ends the search there (a deadline)."""
+    each batch; True ends the search there (a deadline). Raises :class:`SpaceTimeout` when the kernel's space
+    does not generate in time (:func:`check_space`)."""
     from tvm.s_tir import meta_schedule as ms
 
     # MetaSchedule's console handler takes this logger's level: keep progress to our own display
@@ -338,6 +371,7 @@ def tune_trials(func, spec, database, trials: int, settings: TuneSettings, inten
     if cost_model is None:
         cost_model = ms.cost_model.XGBModel(num_tuning_cores=spec.num_cores)
     with phases.timed("search"):
+        check_space(func, spec, intensive, settings.tile_cache)
         _search(func, spec, database, trials, settings, intensive, work_dir, measure, builder, exhaustion,
                 _timed_cost_model()(cost_model))
     return exhaustion.exhausted
