@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import fastmath, padding, relayout
+from toolchain import constfold, fastmath, padding, relayout
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -111,7 +111,7 @@ def legalize(mod, spec: TargetSpec):
             fast = getattr(spec, "fast_math", False) and fastmath.count_fast(mod) > 0
             if fast:  # after the layout change: a call_tir has no layout rule
                 mod = fastmath.fast_math(mod)
-            out = tvm.transform.Sequential(passes)(mod)
+            out = tvm.transform.Sequential(passes)(constfold.fold_layout_constants(mod))
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
     out = unique_binding_names(out)  # ConvertLayout, padding and the importer itself re-use binding names

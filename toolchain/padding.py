@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toolchain import constfold
 from toolchain.relayout import _shape as static_shape
 
 #: float32 lanes of the widest vector agoc builds for (AVX-512); a multiple of NEON's 4 and AVX2's 8
@@ -333,7 +334,8 @@ def pad_channel_chains(mod, rules: tuple[PadRule, ...] = CHAIN_RULES):
     from tvm import relax
 
     gv = mod.get_global_var("main")
-    folded = relax.transform.FoldConstant()(mod)  # the biases: reshapes of constants, as imported
+    # the biases: reshapes of constants, as imported (numpy first: FoldConstant builds a PrimFunc for each)
+    folded = relax.transform.FoldConstant()(constfold.fold_layout_constants(mod))
     plan = _chain_plan(folded[gv], rules)
     if not plan:
         return mod, []

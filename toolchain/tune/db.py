@@ -186,6 +186,23 @@ class TuneDB:
     def save_verified(self, data: dict) -> None:
         self._write("verified.json", data)
 
+    def follow_renames(self, names) -> None:
+        """Entries of verified.json and progress.json under a name this plan's kernel of the same hash no longer
+        has (an older agoc named the PrimFuncs in another order) moved to its name now."""
+        now = {task_hash(n): n for n in names}
+
+        def renamed(name: str) -> str:
+            return name if name in now.values() else now.get(task_hash(name), name)
+
+        verified, progress = self.verified, self.progress
+        if all(renamed(n) == n for n in [*verified, *progress]):
+            return
+        self.save_verified({renamed(n): entry for n, entry in verified.items()})
+        self.save_progress({renamed(n): {**entry, **({"handed_back": {renamed(m): k for m, k in
+                                                                       entry["handed_back"].items()}}
+                                                     if entry.get("handed_back") else {})}
+                            for n, entry in progress.items()})
+
     @property
     def clock(self) -> dict:
         """What the last session measured a trial and a verification to take here (toolchain/tune/clock.py)."""

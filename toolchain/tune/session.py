@@ -118,6 +118,7 @@ def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: P
          "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
+    db.follow_renames(plan.funcs)
     db.save_tasks(plan.tasks)
     db.save_layout(plan)
     if base is not None:
