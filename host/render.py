@@ -349,8 +349,26 @@ def bench_result_table(result: dict) -> Table:
     temps = result.get("thermal_c") or {}
     if temps:
         table.add_row("thermal °C", " ".join(f"{float(v):.0f}" for v in temps.values()))
-    for kernel in result.get("kernels", []):
-        table.add_row(f"  {kernel['name']}", f"{kernel.get('median_ms', 0):.3f}")
+    return table
+
+
+def per_kernel_table(result: dict) -> Table:
+    """`agoc bench --per-kernel`: each kernel's time per run, its GFLOP/s and its share of the FMA peak measured
+    on as many threads; slowest first."""
+    peak = result.get("peak") or {}
+    total = sum(k.get("median_ms") or 0.0 for k in result["kernels"]) or 1.0
+    title = (f"{len(result['kernels'])} kernels, slowest first; peak {peak.get('gflops', 0):.0f} GFLOP/s "
+             f"({peak.get('isa', '?')} FMA, {peak.get('threads', '?')} thread(s), measured by the runner)")
+    table = Table(title=title, title_justify="left")
+    for column in ("kernel", "calls", "ms per run", "share", "GFLOP/s", "of peak", "GB/s args"):
+        table.add_column(column, justify="left" if column == "kernel" else "right")
+    for k in sorted(result["kernels"], key=lambda k: -(k.get("median_ms") or 0.0)):
+        fraction = k.get("peak_fraction")
+        table.add_row(k["name"], f"{k.get('calls_per_run', 0):g}", f"{k.get('median_ms') or 0:.4f}",
+                      f"{100 * (k.get('median_ms') or 0) / total:.1f}%",
+                      "—" if k.get("gflops") is None else f"{k['gflops']:.1f}",
+                      "—" if fraction is None else f"{100 * fraction:.1f}%",
+                      "—" if k.get("gbytes_s") is None else f"{k['gbytes_s']:.1f}")
     return table
 
 

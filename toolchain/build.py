@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import constfold, fastmath, padding, relayout
+from toolchain import constfold, fastmath, padding, relayout, roofline
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -29,10 +29,13 @@ class KernelInfo:
     weight_bytes: int = 0
     task: str | None = None  # built with a tuning database: the task of its schedule (tuned or not)
     schedule: str | None = None  # "tuned" (a database's), or what an untuned one got (toolchain.tune.untuned.RULES)
+    flops: int = 0  # floating-point operations of one call (TVM's count of its PrimFunc; a multiply-add is two)
+    arg_bytes: int = 0  # bytes of its arguments (what one call reads and writes at least)
 
     def to_json(self) -> dict:
         return {"name": self.name, "calls": self.calls, "weight_bytes": self.weight_bytes,
-                **({"task": self.task} if self.task else {}), **({"schedule": self.schedule} if self.schedule else {})}
+                **({"task": self.task} if self.task else {}), **({"schedule": self.schedule} if self.schedule else {}),
+                **({"flops": self.flops, "arg_bytes": self.arg_bytes} if self.flops or self.arg_bytes else {})}
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:
@@ -245,8 +248,20 @@ def kernels(mod) -> list[KernelInfo]:
             for name, args in kernel_calls(func):
                 counts[name] += 1
                 weights[name] += sum(_constant_bytes(bound.get(a, a)) for a in args)
-    prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    return [KernelInfo(name, n, weights[name]) for name, n in counts.items() if name in prim_names]
+    prims = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return [KernelInfo(name, n, weights[name], **_work(prims[name])) for name, n in counts.items() if name in prims]
+
+
+def _work(func) -> dict:
+    """{flops, arg_bytes} of one call of a PrimFunc; 0 flops where TVM cannot count them."""
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        flops = int(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - a kernel TVM's counter does not follow (e.g. data-dependent loops)
+        flops = 0
+    return {"flops": flops, "arg_bytes": roofline.cost(func).bytes}
 
 
 def _bound_constants(func) -> dict:

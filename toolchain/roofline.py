@@ -62,3 +62,20 @@ def floor_ms(c: Cost, p: Peaks) -> float:
     """The least time ``c`` takes at the peaks: the slower of its work and its traffic."""
     return max(c.work / p.work_per_ms, c.bytes / p.bytes_per_ms)
 
+
+
+def kernel_rates(timed: list[dict], built: list[dict], peak_gflops: float | None) -> list[dict]:
+    """The runner's per-kernel times (``timed``: name, calls_per_run, median_ms) with each kernel's work from the
+    manifest (``built``: name, flops and arg_bytes of one call): GFLOP/s, GB/s of its arguments and the fraction of
+    ``peak_gflops`` (None where a count or the peak is missing)."""
+    work = {k["name"]: k for k in built}
+    out = []
+    for k in timed:
+        one = work.get(k["name"], {})
+        per_run_ms, calls = k.get("median_ms") or 0.0, k.get("calls_per_run") or 0.0
+        flops, nbytes = one.get("flops", 0) * calls, one.get("arg_bytes", 0) * calls
+        gflops = flops / per_run_ms / 1e6 if flops and per_run_ms > 0 else None
+        out.append({**k, "flops": one.get("flops"), "arg_bytes": one.get("arg_bytes"), "gflops": gflops,
+                    "gbytes_s": nbytes / per_run_ms / 1e6 if nbytes and per_run_ms > 0 else None,
+                    "peak_fraction": gflops / peak_gflops if gflops is not None and peak_gflops else None})
+    return out

@@ -245,8 +245,11 @@ BenchResult RunBench(const BenchOptions& options) {
   result.outputs = RecordOutputs(outputs, io, options.outputs_dir);
   Log("timed " + std::to_string(result.samples_ms.size()) + " runs, median " +
       std::to_string(result.stats.median_ms) + " ms");
-  if (options.per_kernel) result.kernels = TimeKernels(model.get(), &timer, inputs, options);
   result.threads = RuntimeThreads(options);
+  if (options.per_kernel) {
+    result.kernels = TimeKernels(model.get(), &timer, inputs, options);
+    result.peak = MeasurePeak(result.threads);  // what a kernel's GFLOP/s compares with, on as many threads
+  }
   return result;
 }
 
@@ -305,6 +308,11 @@ void WriteBenchJson(const BenchResult& r, std::ostream& os) {
       j.EndObject();
     }
     j.EndArray();
+    j.Key("peak").BeginObject();
+    j.Key("gflops").Double(r.peak.gflops, 6);
+    j.Key("isa").String(r.peak.isa);
+    j.Key("threads").Int(r.peak.threads);
+    j.EndObject();
   }
   j.EndObject();
   os << '\n';

@@ -7,6 +7,7 @@
 
 #include "model.h"
 #include "options.h"
+#include "peak.h"
 #include "sysinfo.h"
 #include "tensor_io.h"
 
@@ -34,6 +35,7 @@ struct BenchResult {
   std::vector<ThermalZone> thermal;
   std::vector<OutputRecord> outputs;
   std::vector<KernelTimer::Summary> kernels;
+  Peak peak;  // with --per-kernel
 };
 
 // Throws RunnerError with the exit code of whatever went wrong.

@@ -32,7 +32,8 @@ bench   loads DIR/model.so (a Relax VM executable, or a plain kernel library who
           --seed S           seed for --random-inputs (default 0)
           --outputs-dir DIR  also write each output as DIR/output_<i>.bin (raw LE)
           --per-kernel       after the timed runs, M more runs with a VM instrument:
-                             per fused kernel (PrimFunc) calls per run and median ms
+                             per fused kernel (PrimFunc) calls per run and median ms;
+                             then the FP32 FMA peak of as many threads (GFLOP/s)
           --entry NAME       function to call (default main)
 rpc     a TVM RPC server: binds HOST (loopback by default) on the first free port in
         [--port, --port-end] (--port 0: any free port), prints {"listening": PORT, ...}

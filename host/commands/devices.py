@@ -13,6 +13,7 @@ from rich.table import Table
 from host import render
 from host.console import console, err_console
 from host.options import ArtifactArg, PhoneOpt
+from toolchain import roofline
 from toolchain.errors import AgocError, InputShapeError
 
 DEVICE_COLUMNS = ("name", "kind", "usable", "abi", "cores", "model", "note")
@@ -120,10 +121,15 @@ def bench(
         result = dev.bench(art, options)
     result = {**result, "device": dev.name, "device_kind": dev.kind, "model": art.manifest.model_name,
               "target": art.target_preset, "warmup": warmup, "repeat": repeat}
+    if "kernels" in result:
+        result["kernels"] = roofline.kernel_rates(result["kernels"], list(art.manifest.kernels),
+                                                  (result.get("peak") or {}).get("gflops"))
     if as_json:
         print(json.dumps(result))
         return
     console.print(render.bench_result_table(result))
+    if result.get("kernels"):
+        console.print(render.per_kernel_table(result))
     if dev.kind == "qemu":
         err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
 

@@ -59,6 +59,12 @@ def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
     assert data["device_kind"] == "local" and len(data["samples_ms"]) == 3
     manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
     assert {k["name"] for k in data["kernels"]} == {k["name"] for k in manifest["kernels"]}
+    # each kernel's work from its PrimFunc, its rate and its share of the peak the runner measured
+    convs = [k for k in data["kernels"] if "conv" in k["name"]]
+    assert convs and all(k["flops"] > 0 and k["gflops"] > 0 and 0 < k["peak_fraction"] for k in convs)
+    assert all(k["peak_fraction"] == pytest.approx(k["gflops"] / data["peak"]["gflops"]) for k in convs)
+    shown = cli("bench", tmp_path / "h", "--device", "local", "--repeat", "3", "--per-kernel")
+    assert shown.exit_code == 0 and "of peak" in shown.stdout and "GFLOP/s" in shown.stdout
 
 
 def test_adb_phone_is_listed_deployed_to_benched_and_verified(cli, arm_artifact, phone):

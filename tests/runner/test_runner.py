@@ -170,6 +170,9 @@ def test_per_kernel_times_every_fused_kernel_in_execution_order(host_runner, art
     assert [k["name"] for k in kernels] == [k["name"] for k in artifact.manifest.kernels]
     assert [k["calls_per_run"] for k in kernels] == [k["calls"] for k in artifact.manifest.kernels]
     assert all(0 < k["min_ms"] <= k["median_ms"] for k in kernels)
+    # the FMA peak of as many threads, what each kernel's GFLOP/s is a fraction of
+    assert doc["peak"]["gflops"] > 0 and doc["peak"]["threads"] == doc["threads"]
+    assert doc["peak"]["isa"] in ("avx512", "avx2", "neon", "scalar")
 
 
 def test_random_inputs_are_seeded_and_threads_and_cores_are_reported(host_runner, artifacts):

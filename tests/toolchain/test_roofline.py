@@ -32,3 +32,16 @@ def test_floor_is_the_slower_of_work_and_traffic_at_the_best_rates():
     assert roofline.floor_ms(costs["slow"], peaks) == pytest.approx(0.2)  # traffic-bound: 100 / 500
     assert roofline.floor_ms(costs["compute"], peaks) == pytest.approx(1.0)  # it sets the work peak: no gap
     assert roofline.peaks(costs, {"slow": None}) is None  # nothing measured: no floor yet
+
+
+def test_a_kernels_rate_is_its_work_per_run_over_its_time_and_a_share_of_the_peak():
+    from toolchain.roofline import kernel_rates
+
+    timed = [{"name": "conv", "calls_per_run": 2, "median_ms": 0.5}, {"name": "copy", "calls_per_run": 1,
+                                                                      "median_ms": 0.1}]
+    built = [{"name": "conv", "flops": 10_000_000, "arg_bytes": 1_000_000}, {"name": "copy", "flops": 0}]
+    conv, copy = kernel_rates(timed, built, peak_gflops=100.0)
+    assert conv["gflops"] == pytest.approx(40.0) and conv["peak_fraction"] == pytest.approx(0.4)  # 2 × 10 MFLOP
+    assert conv["gbytes_s"] == pytest.approx(4.0)
+    assert copy["gflops"] is None and copy["peak_fraction"] is None  # no arithmetic: no rate to compare
+    assert kernel_rates(timed, built, peak_gflops=None)[0]["peak_fraction"] is None
