@@ -61,7 +61,7 @@ class CompileRequest:
     seed: int = 0  # of the sample inputs
     dump_dir: Path | None = None
     db: Path | None = None  # a tuning database: apply its verified schedules
-    joins: str = "latency"  # with db: how a subgraph the reformer split is built (pairing.JOIN_RULES)
+    joins: str = "latency"  # how a split subgraph is built (pairing.JOIN_RULES; no db: untuned.split_untuned)
     join_builds: tuple[tuple[str, str], ...] = ()  # with db: (join task, "joined" | "minis") overruling ``joins``
     traffic: dict | None = field(default=None, hash=False, repr=False)  # joins traffic:GEO: its judgement (None: db's)
     check: bool = True  # run the built library on the sample inputs before the artifact is written
@@ -295,6 +295,10 @@ def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) ->
         from toolchain.tune.apply import unfuse_slower
 
         plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds), request.traffic)
+    elif request.partition.method == "ago" and request.untuned != "plain" and request.joins != "joined":
+        from toolchain.tune.untuned import split_untuned
+
+        plan, unfused = split_untuned(graph, plan)
     partition.check(graph, plan)
     return plan, {
         "method": plan.method,

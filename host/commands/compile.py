@@ -18,10 +18,11 @@ from host.console import console, err_console
 from host.options import FastMathOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
 from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
 
-JOINS_HELP = ("With --db: how a subgraph the reformer split is built: latency (the joined kernel unless it is slower "
-              "than its minis, timed together), joined, minis, or a cache geometry (a76, a55, small-slc: whichever "
-              "moves fewer simulated DRAM bytes in that phone cache, judged under valgrind on this machine, or as "
-              "the database keeps it judged: a compile never writes the database).")
+JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the joined kernel unless it is slower "
+              "than its minis, timed together; without --db, where nothing was timed, its minis), joined, minis, "
+              "or with --db a cache geometry (a76, a55, small-slc: whichever moves fewer simulated DRAM bytes in "
+              "that phone cache, judged under valgrind on this machine, or as the database keeps it judged: a "
+              "compile never writes the database).")
 
 
 def compile(
@@ -183,7 +184,11 @@ def _report(artifact, label: str, spec, rule: str) -> None:
                       f"({', '.join(f'{k} ×{n}' if n > 1 else k for k, n in padded.items())}; whole vectors; "
                       f"manifest partition_info.padded)")
     unfused = info.get("unfused") or []
-    if unfused:
+    if unfused and m.tuning is None:  # compiled without a database (toolchain.tune.untuned.split_untuned)
+        console.print(f"  {len(unfused)} AGO subgraph(s) built as their mini-subgraphs: without a tuning database a "
+                      "join gets a random sample of its space, its minis the record library's schedules (manifest "
+                      "partition_info.unfused; `agoc tune` measures the joins)")
+    elif unfused:
         why = ("the model moved no fewer simulated DRAM bytes with it joined" if rule.startswith("traffic:")
                else "the joined kernel measured slower than the minis together" if rule == "latency"
                else f"--joins {rule}")
@@ -301,8 +306,9 @@ def _join_rule(joins: str, db: Optional[Path]) -> str:
     """``compile --joins`` as a rule of pairing.JOIN_RULES; a geometry name becomes ``traffic:NAME``."""
     from host.bench import proxy
 
-    if joins != "latency" and db is None:
-        raise UnsupportedModelError("--joins decides between a tuned join and its tuned minis: it needs --db")
+    if joins not in ("latency", "joined", "minis") and db is None:
+        raise UnsupportedModelError(f"--joins {joins} judges a tuned join against its tuned minis: it needs --db "
+                                    "(without one: latency, joined or minis)")
     from toolchain.tune.pairing import TRAFFIC, rule_for
 
     rule, names = rule_for(joins), [g.name for g in proxy.GEOMETRIES]

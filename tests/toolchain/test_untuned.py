@@ -105,3 +105,24 @@ def test_a_compile_records_each_kernels_schedule_and_builds_plain_when_the_self_
     assert {k["schedule"] for k in artifact.manifest.kernels} == {"plain"}
     assert {g["detail"] for g in record["given"]} == {"--untuned plain"}
     assert artifact.manifest.check["status"] == "passed"
+
+
+def test_without_a_database_an_ago_join_is_built_as_its_minis_unless_asked_for_joined(tmp_path):
+    """A join's untuned schedule is a random sample of its space; its minis' are the library's: compiled without
+    a database, each subgraph of several reducing ops is built as its minis (the manifest says why); ``joins=
+    "joined"`` keeps the joins, and ``--untuned plain`` builds what the partition says."""
+    import toolchain.pipeline as pipeline
+
+    model = models.build("tiny-dwsep")  # one AGO subgraph: pw → dw → pw
+    ago = pipeline.PartitionSettings(method="ago", threshold=1e9)
+    minis = compile_model(CompileRequest(model, "tiny-dwsep", SPEC, partition=ago, untuned="sampled"),
+                          find_compiler(SPEC), tmp_path / "minis")
+    (record,) = minis.manifest.partition_info["unfused"]
+    assert record["minis"] == 3 and "no tuning database" in record["reason"]
+    convs = [k for k in minis.manifest.kernels if "conv" in k["name"]]
+    assert len(convs) == 3 and minis.manifest.check["status"] == "passed"
+    for name, untuned_rule, joins in (("joined", "sampled", "joined"), ("plain", "plain", "latency")):
+        kept = compile_model(CompileRequest(model, "tiny-dwsep", SPEC, partition=ago, untuned=untuned_rule,
+                                            joins=joins), find_compiler(SPEC), tmp_path / name)
+        assert kept.manifest.partition_info["unfused"] == []
+        assert len([k for k in kept.manifest.kernels if "conv" in k["name"]]) == 1, name

@@ -102,6 +102,38 @@ def sampled(func, spec, seed: int):
     return None
 
 
+#: reducing ops a subgraph compiled without a tuning database may hold and still be built as one kernel: a join's
+#: untuned schedule is a random sample of its space, its minis' are the record library's (tuned) schedules
+#: (docs/tuning.md, Untuned kernels)
+MAX_UNTUNED_REDUCTIONS = 1
+
+
+def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS) -> tuple[object, list[dict]]:
+    """``plan`` with every subgraph of more than ``limit`` reducing ops split into its mini-subgraphs as the tuner
+    splits it (toolchain/reform.py), each scheduled on its own; (plan, one record per subgraph split)."""
+    from dataclasses import replace
+
+    from toolchain import reform
+
+    reducing = graph.reducing_ids
+    large = {i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit}
+    if not large:
+        return plan, []
+    split = reform.split_plan(graph, plan)
+    groups: list = []
+    records: list[dict] = []
+    for index, group in enumerate(plan.groups):
+        minis = [m for m, parent in zip(split.plan.groups, split.parent_of) if parent == index]
+        if index not in large or len(minis) < 2:
+            groups.append(group)
+            continue
+        groups.extend(minis)
+        records.append({"ops": list(group), "minis": len(minis), "reason": (
+            f"{len(reducing.intersection(group))} reducing ops and no tuning database: built as its minis, "
+            "each scheduled from the record library (`agoc tune` measures the join)")})
+    return replace(plan, groups=tuple(groups)), records
+
+
 def reductions(func) -> int:
     """How many blocks of ``func`` reduce (its convs, matmuls, pools, means)."""
     return sum(1 for b in block_nests(func) if b.reduce_extents)
