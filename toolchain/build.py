@@ -261,7 +261,7 @@ def _work(func) -> dict:
         flops = int(estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # noqa: BLE001 - a kernel TVM's counter does not follow (e.g. data-dependent loops)
         flops = 0
-    return {"flops": flops, "arg_bytes": roofline.cost(func).bytes}
+    return {"flops": flops, "arg_bytes": roofline.arg_bytes(func)}
 
 
 def _bound_constants(func) -> dict:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from toolchain import (
@@ -128,9 +129,18 @@ def check_sizes(inputs: list[TensorInfo]) -> None:
                 "shape with --input-shape")
 
 
+def poisoned(feeds: dict) -> dict:
+    """``feeds`` with every floating-point input NaN: a run on them leaves NaN in whatever memory the model writes,
+    so that a later run reading memory it never wrote (a halo a tiled schedule skipped) gives NaN, not what the
+    last run happened to leave there."""
+    return {name: np.full_like(value, np.nan) if np.issubdtype(np.asarray(value).dtype, np.floating) else value
+            for name, value in feeds.items()}
+
+
 def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool, device=None) -> dict:
     """Run the staged ``artifact`` on its sample inputs and compare with onnxruntime's ``expected``
-    outputs (verify's tolerances): in this process for a host target, on ``device`` (a Device of
+    outputs (verify's tolerances): in this process for a host target (after a run on :func:`poisoned` inputs), on
+    ``device`` (a Device of
     toolchain.verify) otherwise, if one is given. The record for the manifest; :class:`SelfCheckError` naming every
     output over tolerance."""
     from toolchain.runtime import VMSession
@@ -141,7 +151,9 @@ def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool,
                 "device); check it with `agoc verify OUT --device qemu` or on the phone"}
     if device is None:
         names = [t.info.name for t in artifact.manifest.outputs]
-        actual = VMSession(artifact.library_path, [t.info for t in artifact.manifest.inputs], names).run(feeds)
+        session = VMSession(artifact.library_path, [t.info for t in artifact.manifest.inputs], names)
+        session.run(poisoned(feeds))  # its buffers and workspaces hold NaN: a read of one it never wrote shows
+        actual = session.run(feeds)
         where = "this machine"
     else:
         actual, where = device.run(artifact, feeds), device.name
@@ -169,7 +181,8 @@ def compile_model(
 ) -> Artifact:
     """Compile ``request.model`` into an artifact directory at ``out_dir``, self-checked against
     onnxruntime before it is written (on ``device`` for a target this machine does not run). A build
-    whose untuned kernels' schedules fail the self-check is built again with them plain."""
+    whose untuned kernels' schedules fail the self-check is built again: the library's re-fitted schedules replaced by
+    samples, then every untuned kernel plain."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     check_replaceable(out_dir)
@@ -180,19 +193,25 @@ def compile_model(
     plan, partition_record = _partition(request, mod, on_stage)
     fused = _fuse(request, mod, plan, on_stage)
     built = _schedule(request, fused, on_stage)
-    try:
-        return _assemble(request, compiler, out_dir, built, inputs, partition_record, started, on_stage, device)
-    except SelfCheckError as exc:
-        if not any(k.schedule in ("library", "sampled") for k in built[1]):
-            raise
-        log.warning("the self-check failed with the untuned kernels scheduled (--untuned %s): building them plain "
-                    "(%s)", request.untuned, first_line(exc))
-        on_stage("the self-check failed: building the untuned kernels plain")
-        mod, kernels, tuning_record, untuned_record = _schedule(dataclasses.replace(request, untuned="plain"),
-                                                                fused, on_stage)
-        untuned_record = {**untuned_record, "asked": request.untuned, "why_plain": first_line(exc)}
-        return _assemble(request, compiler, out_dir, (mod, kernels, tuning_record, untuned_record), inputs,
-                         partition_record, started, on_stage, device)
+    asked, fell_back = request.untuned, []
+    while True:
+        try:
+            return _assemble(request, compiler, out_dir, built, inputs, partition_record, started, on_stage, device)
+        except SelfCheckError as exc:
+            sources = {k.schedule for k in built[1]}
+            if not sources & {"library", "sampled"}:
+                raise
+            # the library's re-fitted schedules first give way to samples, then every untuned kernel goes plain
+            rule = "sampled" if "library" in sources and request.untuned == "library" else "plain"
+            log.warning("the self-check failed with the untuned kernels scheduled (--untuned %s): building them %s "
+                        "(%s)", request.untuned, rule, first_line(exc))
+            on_stage(f"the self-check failed: building the untuned kernels {rule}")
+            fell_back.append({"from": request.untuned, "why": first_line(exc)})
+            request = dataclasses.replace(request, untuned=rule)
+            mod, kernels, tuning_record, untuned_record = _schedule(request, fused, on_stage)
+            untuned_record = {**untuned_record, "asked": asked, "fell_back": fell_back,
+                              **({"why_plain": first_line(exc)} if rule == "plain" else {})}
+            built = (mod, kernels, tuning_record, untuned_record)
 
 
 def _assemble(request: CompileRequest, compiler: Compiler, out_dir: Path, built: tuple, inputs: list[TensorInfo],

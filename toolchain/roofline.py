@@ -35,19 +35,25 @@ class Peaks:
 
 def cost(func) -> Cost:
     """The work and the argument bytes of a PrimFunc."""
-    import tvm
-
     from toolchain.opgraph import block_nests
 
     work = sum(math.prod(e for _, e, _ in b.iters) for b in block_nests(func))
+    return Cost(work, arg_bytes(func))
+
+
+def arg_bytes(func) -> int:
+    """The bytes of a PrimFunc's arguments of static shape."""
+    import tvm
+
     nbytes = 0
     for param in func.params:  # in TVM 0.27 a PrimFunc param carries its buffer type
         ty = getattr(param, "ty", None)
-        if ty is None or not hasattr(ty, "shape"):
+        if ty is None or not hasattr(ty, "shape") or not all(hasattr(d, "value") or isinstance(d, int)
+                                                             for d in ty.shape):
             continue
         dtype = tvm.runtime.DataType(str(ty.dtype))
         nbytes += math.prod(int(d) for d in ty.shape) * dtype.bits * dtype.lanes // 8
-    return Cost(work, nbytes)
+    return nbytes
 
 
 def peaks(costs: dict[str, Cost], latency_ms: dict[str, float | None]) -> Peaks | None:

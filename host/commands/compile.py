@@ -207,9 +207,10 @@ def _report_untuned(record: dict | None) -> None:
     if counts:
         parts = ", ".join(f"{n} {UNTUNED_WORDS.get(k, k)}" for k, n in counts.items())
         console.print(f"  untuned kernels: {parts} (manifest untuned; `agoc tune` measures better ones)")
-    if (record or {}).get("why_plain"):
-        err_console.print(f"[yellow]the untuned kernels' schedules failed the self-check and were built plain:"
-                          f"[/yellow] {escape(record['why_plain'])}", soft_wrap=True)
+    for step in (record or {}).get("fell_back") or []:
+        then = "sampled instead" if step["from"] == "library" else "built plain"
+        err_console.print(f"[yellow]the untuned kernels' {step['from']} schedules failed the self-check and were "
+                          f"{then}:[/yellow] {escape(step['why'])}", soft_wrap=True)
 
 
 def _compile_cuda(model: str, output: Path, shapes: list[str], arch: str, training: bool) -> None:

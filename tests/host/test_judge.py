@@ -105,7 +105,7 @@ def test_a_join_is_judged_once_by_its_simulated_dram_bytes_and_built_as_judged(p
 
 def test_compile_refuses_a_join_rule_it_cannot_follow(cli, tmp_path):
     without_db = cli("compile", "zoo:tiny-dwsep", "--joins", "a76", "-o", tmp_path / "a")
-    assert without_db.exit_code == 1 and "--joins decides between a tuned join and its tuned minis" in without_db.stderr
+    assert without_db.exit_code == 1 and "against its tuned minis: it needs --db" in without_db.stderr
     unknown = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path, "--joins", "fastest", "-o", tmp_path / "b")
     assert unknown.exit_code == 1 and "unknown --joins 'fastest'" in unknown.stderr and "a76" in unknown.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -49,7 +49,7 @@ def test_ago_pair_fuses_into_one_kernel_and_matches_onnxruntime(kind, tmp_path):
     spec = resolve_target("host")
     name = f"pair-{kind}"
     request = CompileRequest(models.build(name, models.get(name).shapes[-1]), name, spec,
-                             partition=PartitionSettings(threshold=1e9))
+                             partition=PartitionSettings(threshold=1e9), joins="joined")  # (untuned: minis else)
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     convs = [k for k in artifact.manifest.kernels if "conv2d" in k["name"]]
     assert len(convs) == 1  # the pair is one kernel; in NHWC the input and output get a transpose each

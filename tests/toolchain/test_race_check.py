@@ -46,6 +46,32 @@ def parallel_reduction(A: T.Buffer((16, 8), "float32"), S: T.Buffer((8,), "float
                 S[vj] = S[vj] + A[vk, vj]
 
 
+@T.prim_func(s_tir=True)
+def overlapping_output(A: T.Buffer((2048,), "float32"), B: T.Buffer((2048,), "float32")):
+    # a library schedule re-fitted to a kernel ending in a reshape (seen on tiny-cnn): every iteration of the
+    # parallel loop writes B[p : p + 2033], the whole output nearly, while the others still compute theirs
+    for p in T.parallel(16):
+        for i in range(2033):
+            with T.sblock("reshape"):
+                v = T.axis.spatial(2048, p + i)
+                B[v] = A[v] * T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def tiled_output(A: T.Buffer((2048,), "float32"), B: T.Buffer((2048,), "float32")):
+    for p in T.parallel(16):
+        for i in range(128):
+            with T.sblock("scale"):
+                v = T.axis.spatial(2048, p * 128 + i)
+                B[v] = A[v] * T.float32(2)
+
+
+def test_parallel_iterations_writing_overlapping_parts_of_an_output_are_a_race():
+    (race,) = parallel_races(overlapping_output)
+    assert race.overlap and race.block == "reshape" and "overlap" in str(race)
+    assert parallel_races(tiled_output) == []
+
+
 def test_shared_intermediate_in_a_parallel_loop_is_a_race():
     (race,) = parallel_races(racy)
     assert (race.block, race.buffer, race.loop) == ("produce", "tmp", "i")
