@@ -81,9 +81,9 @@ def hottest(loops: list[Loop]) -> Loop | None:
     return max((loop for loop in loops if loop.fmas), key=lambda loop: loop.fmas, default=None)
 
 
-def assembly(mod, target) -> str:
-    """The assembly LLVM emits for the PrimFuncs of ``mod`` (an IRModule) built for ``target``."""
+def assembly(func, target, name: str = "kernel") -> str:
+    """The assembly LLVM emits for the PrimFunc ``func`` built alone for ``target``."""
     import tvm
 
-    built = tvm.tirx.build(mod, target=target)
-    return built.inspect_source("asm")
+    mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
+    return tvm.tirx.build(mod, target=target).inspect_source("asm")

@@ -1,0 +1,55 @@
+"""The hot loop of a kernel read from its assembly (toolchain/asm.py), on ARM without a phone: a register-blocked
+matmul (toolchain/tune/microkernel.py) keeps its accumulators in registers; one too large for them spills."""
+
+import pytest
+
+from toolchain import asm
+from toolchain.tune.microkernel import UNITS, VectorUnit, block_matmul, block_shape
+
+#: (architecture for the reader, its vector unit, a TVM target that emits it; compiled here, never run)
+TARGETS = {
+    "neon": ("aarch64", UNITS["aarch64"], {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
+                                          "mattr": ["+neon"]}),
+    "avx512": ("x86_64", UNITS["x86_64"], {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}),
+    "avx2": ("x86_64", UNITS["avx2"], {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}),
+}
+
+
+def matmul(rows: int, vectors: int, lanes: int, m: int = 48, k: int = 64):
+    from tvm import s_tir, te
+
+    n = 2 * vectors * lanes
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+    return block_matmul(sch, "C", rows, vectors, lanes).mod["main"]
+
+
+def hot_loop(func, target: dict, arch: str):
+    import tvm
+
+    return asm.hottest(asm.innermost_loops(asm.assembly(func, tvm.target.Target(target)), arch))
+
+
+def test_the_block_leaves_a_register_for_each_operand_vector_and_the_broadcast():
+    for unit in (*UNITS.values(), VectorUnit(8, 4)):
+        rows, vectors = block_shape(unit)
+        assert rows * vectors + vectors + 1 <= unit.registers
+    assert block_shape(UNITS["aarch64"]) == (8, 3)  # 24 accumulators of v0–v31
+    assert block_shape(UNITS["avx2"]) == (6, 2)  # 12 of ymm0–ymm15, as MLAS's 6×16 AVX2 kernel
+
+
+@pytest.mark.parametrize("isa", TARGETS)
+def test_the_register_block_compiles_to_fmas_without_spills(isa):
+    arch, unit, target = TARGETS[isa]
+    rows, vectors = block_shape(unit)
+    loop = hot_loop(matmul(rows, vectors, unit.lanes), target, arch)
+    assert loop is not None and loop.spills == 0, loop
+    assert loop.fmas >= rows * vectors and loop.fmas % (rows * vectors) == 0, loop  # (LLVM may unroll k)
+
+
+def test_a_block_larger_than_the_registers_spills_and_the_reader_sees_it():
+    arch, unit, target = TARGETS["neon"]
+    loop = hot_loop(matmul(8, 8, unit.lanes), target, arch)  # 64 accumulators for 32 registers
+    assert loop is not None and loop.spills > 0, loop
