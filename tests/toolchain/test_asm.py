@@ -53,3 +53,20 @@ def test_a_block_larger_than_the_registers_spills_and_the_reader_sees_it():
     arch, unit, target = TARGETS["neon"]
     loop = hot_loop(matmul(8, 8, unit.lanes), target, arch)  # 64 accumulators for 32 registers
     assert loop is not None and loop.spills > 0, loop
+
+
+def test_the_register_block_computes_the_matmul_in_parallel_without_a_race():
+    import numpy as np
+    import tvm
+
+    from toolchain.tune.race_check import parallel_races
+
+    func = matmul(8, 3, 8)  # 8-lane vectors: any x86-64 or AArch64 host runs them
+    assert parallel_races(func) == []
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target("llvm"))
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((48, 64)).astype("float32"), rng.standard_normal((64, 48)).astype("float32")
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((48, 48), "float32"), dev)
+    lib["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)

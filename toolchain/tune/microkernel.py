@@ -32,10 +32,10 @@ def block_shape(unit: VectorUnit) -> tuple[int, int]:
     return rows, vectors
 
 
-def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int):
+def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int, parallel: bool = True):
     """Schedule ``block`` (C[i, j] += A[i, k] · B[k, j], spatial loops i, j then the reduction k) with a ``rows`` ×
     ``vectors``·``lanes`` register block: accumulators written to a local buffer inside the (i, j) tile, the row and
-    vector loops unrolled around a vectorised lane loop, innermost under k. Returns ``sch``."""
+    vector loops unrolled around a vectorised lane loop, innermost under k; the tiles in parallel. Returns ``sch``."""
     c = sch.get_sblock(block)
     i, j, k = sch.get_loops(c)[-3:]
     io, ii = sch.split(i, [None, rows])
@@ -43,6 +43,8 @@ def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int):
     sch.reorder(io, jo, k, ii, jj, jv)
     acc = sch.cache_write(c, 0, "local")
     sch.reverse_compute_at(acc, jo)
+    if parallel:  # before the reduction is split into init and update: parallel needs one complete block
+        sch.parallel(sch.fuse(io, jo))
     sch.unroll(ii)
     sch.unroll(jj)
     sch.vectorize(jv)
