@@ -37,7 +37,10 @@ def test_without_a_pairing_the_recorded_latencies_decide():
     unverified = _verified(0.15, [0.1, 0.1])
     unverified["J"]["status"] = "unverified"
     assert pairing.choose("J", ["m0", "m1"], unverified).reason == "no verified schedule (unverified)"
-    unverified["m1"]["status"] = "unverified"  # nothing to compare: the subgraph as partitioned
+    unverified["m1"]["status"] = "unverified"  # neither verified: untuned, the minis get the library's schedules
+    neither = pairing.choose("J", ["m0", "m1"], unverified)
+    assert neither.build == "minis" and "neither it nor all its minis" in neither.reason
+    unverified["J"]["status"] = "verified"  # a verified join against minis not all verified: the join
     assert pairing.choose("J", ["m0", "m1"], unverified).build == "joined"
 
 

@@ -64,9 +64,14 @@ def current_pairing(joined: str, minis: list[str], verified: dict) -> dict | Non
 
 def choose(joined: str, minis: list[str], verified: dict) -> Choice:
     """Joined kernel or its minis: the minis when they are faster together (measured together when a
-    current pairing exists, else the recorded latencies), or when only they have verified schedules."""
+    current pairing exists, else the recorded latencies), when only they have verified schedules, or when neither
+    has (untuned, minis get better schedules than a join)."""
     joined_ms = _verified_ms(verified.get(joined, {}))
     together = minis_ms(minis, verified)
+    if together is None and joined_ms is None and minis:  # the budget reached neither: untuned, a join is a
+        # random sample of its space, its minis the record library's schedules (toolchain.tune.untuned.split_untuned)
+        status = verified.get(joined, {}).get("status", "untuned")
+        return Choice("minis", None, None, False, f"neither it nor all its minis have a verified schedule ({status})")
     if together is None:
         return Choice("joined", joined_ms, None, False)
     if joined_ms is None:
