@@ -261,14 +261,22 @@ def _load_samples(path: Path) -> dict:
 
 
 def _check_device(spec, compiler):
-    """Where compile's self-check runs a target this machine does not: qemu, when it and the linux-arm64
-    runner are here and the library is glibc-linked (not the NDK's bionic); None otherwise (in-process for
-    host targets; recorded as unchecked for the rest)."""
+    """Where compile's self-check runs: a host target with the host runner in a process of its own (in-process
+    when it is not built); others on qemu, when it and the linux-arm64 runner are here and the library is
+    glibc-linked (not the NDK's bionic); None otherwise (recorded as unchecked)."""
     import shutil
 
     from toolchain.errors import DeviceError
 
-    if spec.runs_on_host or compiler.kind == "ndk" or not shutil.which("qemu-aarch64"):
+    if spec.runs_on_host:  # the host runner when it is built (a fresh process, as bench runs it), else in-process
+        from host.devices import LocalRunner, runner_build
+
+        try:
+            runner_build("host")
+        except DeviceError:
+            return None
+        return LocalRunner()
+    if compiler.kind == "ndk" or not shutil.which("qemu-aarch64"):
         return None
     if not spec.tvm_target.get("mtriple", "").startswith("aarch64"):
         return None

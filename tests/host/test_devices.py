@@ -58,6 +58,7 @@ def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
     data = json.loads(result.stdout)
     assert data["device_kind"] == "local" and len(data["samples_ms"]) == 3
     manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert manifest["check"]["device"] == "this machine (agoc-runner)"  # compile's self-check ran the runner too
     assert {k["name"] for k in data["kernels"]} == {k["name"] for k in manifest["kernels"]}
     # each kernel's work from its PrimFunc, its rate and its share of the peak the runner measured
     convs = [k for k in data["kernels"] if "conv" in k["name"]]
