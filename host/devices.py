@@ -1,19 +1,5 @@
-"""Devices that run artifacts, behind one interface (:class:`toolchain.verify.Device` plus
-``bench``, ``deploy`` and ``describe``).
-
-``local``  this machine. ``run`` (verify) uses TVM's Relax VM in-process; ``bench`` runs the
-           host build of the C++ runner.
-``qemu``   aarch64 Linux under ``qemu-aarch64`` in a sandbox directory: the CI stand-in for a
-           phone. Outputs are real; times are not (≈25× slower).
-``adb``    a phone (or anything speaking the adb server protocol) through adbutils: the runner,
-           the TVM runtime libraries and the artifact are pushed to a fresh
-           ``/data/local/tmp/agoc/<hash>`` directory and run with ``LD_LIBRARY_PATH``.
-
-qemu and adb share one implementation (:class:`RunnerDevice`) over a transport that can put
-files, get files and execute an argument vector. Every command that reaches a device shell is
-built with :func:`shlex.quote` from an argument list: nothing from a model or a device is ever
-interpolated unquoted.
-"""
+"""Devices that run artifacts behind one interface (local, qemu, adb phones; qemu and adb share
+:class:`RunnerDevice` over a transport). Every device command is built with shlex quoting: docs/devices.md."""
 
 from __future__ import annotations
 
@@ -427,10 +413,17 @@ class LocalDevice:
         return {"abi": platform.machine(), "cores": os.cpu_count(), "model": platform.node() or "host"}
 
 
+def _outputs(artifact: Artifact, result: dict, fetch) -> dict[str, np.ndarray]:
+    """The outputs the runner wrote (``result``'s records) as the manifest names them; ``fetch(file name)``: a
+    local path to that file."""
+    return {tf.info.name: read_tensor(fetch(Path(rec["file"]).name),
+                                      TensorInfo(tf.info.name, tuple(rec["shape"]), rec["dtype"]))
+            for tf, rec in zip(artifact.manifest.outputs, result.get("outputs", []))}
+
+
 class LocalRunner(LocalDevice):
-    """This machine's C++ runner in a process of its own: compile's self-check of a host artifact runs the code as
-    `agoc bench` and a phone do (their threads, a fresh process), not inside the compiling process, where a data
-    race of a schedule passed by luck (docs/tuning-internals.md, Data races)."""
+    """This machine's C++ runner in a process of its own, as `agoc bench` runs it: compile's self-check of a host
+    artifact (in the compiling process a schedule's data race passed by luck: docs/tuning-internals.md)."""
 
     name = "this machine (agoc-runner)"
 
@@ -445,9 +438,7 @@ class LocalRunner(LocalDevice):
                    "--outputs-dir", out]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             result = _parse_runner_json(done.stdout, done.stderr, done.returncode, "local")
-            return {tf.info.name: read_tensor(Path(out) / Path(rec["file"]).name,
-                                              TensorInfo(tf.info.name, tuple(rec["shape"]), rec["dtype"]))
-                    for tf, rec in zip(artifact.manifest.outputs, result.get("outputs", []))}
+            return _outputs(artifact, result, lambda name: Path(out) / name)
 
 
 class RunnerDevice:
@@ -530,14 +521,12 @@ class RunnerDevice:
             ["bench", "--artifact", f"{remote}/artifact", "--warmup", "0", "--repeat", "1", "--outputs-dir", out_dir],
             1800,
         )
-        outputs = {}
         with tempfile.TemporaryDirectory() as tmp:
-            for tf, rec in zip(artifact.manifest.outputs, result.get("outputs", [])):
-                local = Path(tmp) / f"out_{len(outputs)}.bin"
-                # the runner names the file; where it lives is out_dir on the device (qemu shows host paths)
-                self.transport.get(f"{out_dir}/{Path(rec['file']).name}", local)
-                outputs[tf.info.name] = read_tensor(local, TensorInfo(tf.info.name, tuple(rec["shape"]), rec["dtype"]))
-        return outputs
+            def fetch(name: str) -> Path:  # the runner names the file; it lives in out_dir on the device
+                self.transport.get(f"{out_dir}/{name}", Path(tmp) / name)
+                return Path(tmp) / name
+
+            return _outputs(artifact, result, fetch)
 
     def describe(self) -> dict:
         return self.transport.describe()
