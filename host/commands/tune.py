@@ -45,32 +45,44 @@ LibraryOpt = Annotated[Optional[Path], typer.Option(
 NoLibraryOpt = Annotated[bool, typer.Option("--no-library", help="Use no record library.")]
 
 
+#: the options of `agoc tune` declared here, once, so that its signature stays readable
+TuneDbOpt = Annotated[Optional[Path], typer.Option(
+    "--db", help="Tuning database directory (created; re-running resumes).")]
+StatusOpt = Annotated[Optional[Path], typer.Option(
+    "--status", help="Show a database's per-kernel progress and exit.")]
+TrackerOpt = Annotated[Optional[str], typer.Option(
+    help="HOST:PORT of a TVM RPC tracker (a farm; default: a private one).")]
+KeyOpt = Annotated[Optional[str], typer.Option(
+    help="Tracker key of the devices to use (default: their target, e.g. linux-arm64).")]
+TrialsOpt = Annotated[Optional[int], typer.Option(
+    help="Trial budget for the whole model, never exceeded (split over kernels by AGO weight) "
+    "[default: 256; with --time: as many as the time is expected to fit].")]
+TimeOpt = Annotated[Optional[str], typer.Option(
+    "--time", metavar="DURATION", help="Wall-clock limit for the whole command, e.g. 90s, 10m, 1h30m: the search "
+    "stops in time to verify what it found (the database is usable at once).")]
+SearchThreadsOpt = Annotated[int, typer.Option(
+    help="Threads of the evolutionary search: 1 makes a session reproducible (the same seed, budget and "
+    "library give the same candidates); 0: all cores (faster search, candidates depend on thread timing).")]
+
+
 def tune(
     model: Annotated[Optional[str], typer.Argument(help="An ONNX file or zoo:NAME[@SHAPE].")] = None,
-    db: Annotated[Optional[Path], typer.Option(
-        "--db", help="Tuning database directory (created; re-running resumes).")] = None,
-    status_dir: Annotated[Optional[Path], typer.Option(
-        "--status", help="Show a database's per-kernel progress and exit.")] = None,
+    db: TuneDbOpt = None,
+    status_dir: StatusOpt = None,
     against: AgainstOpt = None,
     target: Annotated[Optional[str], typer.Option(
         "--target", "-t", help="Target preset (default: what the device runs).")] = None,
     device: DevicesOpt = None,
     rpc: Annotated[bool, typer.Option(
         "--rpc", help="Measure on this machine through the runner's RPC server too.")] = False,
-    tracker: Annotated[Optional[str], typer.Option(
-        help="HOST:PORT of a TVM RPC tracker (a farm; default: a private one).")] = None,
-    key: Annotated[Optional[str], typer.Option(
-        help="Tracker key of the devices to use (default: their target, e.g. linux-arm64).")] = None,
+    tracker: TrackerOpt = None,
+    key: KeyOpt = None,
     cooldown: Annotated[float, typer.Option(help="Seconds to pause before each candidate (RPC measurements).")] = 0.0,
     max_spread: Annotated[float, typer.Option(
         help="Re-measure a candidate whose repeats spread more than this.")] = 0.15,
     input_shape: InputShapeOpt = None,
-    trials: Annotated[Optional[int], typer.Option(
-        help="Trial budget for the whole model, never exceeded (split over kernels by AGO weight) "
-        "[default: 256; with --time: as many as the time is expected to fit].")] = None,
-    time_limit: Annotated[Optional[str], typer.Option(
-        "--time", metavar="DURATION", help="Wall-clock limit for the whole command, e.g. 90s, 10m, 1h30m: the search "
-        "stops in time to verify what it found (the database is usable at once).")] = None,
+    trials: TrialsOpt = None,
+    time_limit: TimeOpt = None,
     partition: Annotated[str, typer.Option(
         help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline).")] = "ago",
     threshold: ThresholdOpt = None,
@@ -92,9 +104,7 @@ def tune(
     warm_weights: WarmWeightsOpt = False,
     transfer: TransferOpt = 2,
     seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
-    search_threads: Annotated[int, typer.Option(
-        help="Threads of the evolutionary search: 1 makes a session reproducible (the same seed, budget and "
-        "library give the same candidates); 0: all cores (faster search, candidates depend on thread timing).")] = 1,
+    search_threads: SearchThreadsOpt = 1,
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
