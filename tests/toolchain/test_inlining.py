@@ -20,7 +20,8 @@ def test_a_chain_of_fast_math_polynomials_keeps_the_blocks_that_would_blow_up_as
     func = next(f for name, f in _kernels(every_op_model()).items() if "fast_erf" in name)
     heavy = inlining.heavy_blocks(func)
     assert heavy and all(name.startswith("T_fast_") for name in heavy), heavy
-    # with them kept, no block's inlined value exceeds the limit (each counts as one load)
+    # the limit decides: a lower one keeps more blocks as buffers (erf's ~200 nodes too), a huge one none
+    assert set(heavy) < set(inlining.heavy_blocks(func, limit=100))
     assert inlining.heavy_blocks(func, limit=10**9) == []
     annotated = workload_module(func)["main"]
     assert str(annotated).count(inlining.ANNOTATION) == len(heavy)
