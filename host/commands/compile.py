@@ -197,7 +197,8 @@ def _report(artifact, label: str, spec, rule: str) -> None:
 
 
 #: how the report names each source of an untuned kernel's schedule (toolchain.tune.untuned.RULES)
-UNTUNED_WORDS = {"library": "from the record library", "sampled": "sampled from the search space",
+UNTUNED_WORDS = {"library": "from the record library", "block": "register-blocked",
+                 "sampled": "sampled from the search space",
                  "plain": "plain (unscheduled)"}
 
 

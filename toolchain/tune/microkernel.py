@@ -1,6 +1,6 @@
-"""A register-blocked inner block for a matmul-like reduction: rows × vectors of accumulators held in registers
-across the reduction loop, its shape chosen from the target's vector registers (the MLAS / XNNPACK micro-kernel).
-Not yet in the search space: toolchain/asm.py checks what it compiles to (docs/tuning-internals.md)."""
+"""A register-blocked inner block for matmul-like kernels (pointwise convs, matmuls): rows × vectors of accumulators
+held in registers across the reduction, shaped from the target's vector registers (the MLAS / XNNPACK micro-kernel),
+the epilogue fused into their write-back. Why and the figures: docs/tuning-internals.md (Register blocks)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,193 @@ def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int, parallel:
     sch.decompose_reduction(c, k)
     sch.vectorize(sch.get_loops(acc)[-1])
     return sch
+
+
+# ----------------------------------------------------------------------------- a kernel's matmul-like block
+
+
+@dataclass(frozen=True)
+class MatmulLike:
+    """A kernel whose one reduction is C[s…, j] += A[s…, r…] · W[j | r…] (a pointwise or spatial conv in NHWC, a
+    matmul): ``j`` the output's innermost axis, read by the weight only, so a vector of outputs shares one broadcast
+    value of A. Block names are the unscheduled function's."""
+
+    block: str
+    spatial: tuple[int, ...]  # extents of C's spatial loops, the channel loop last
+    reduce: tuple[int, ...]  # extents of its reduction loops
+    producers: tuple[str, ...]  # blocks before it (padding, copies): inlined into its reads
+    epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
+
+    @property
+    def channels(self) -> int:
+        return self.spatial[-1]
+
+    @property
+    def pointwise(self) -> bool:
+        """No reduction but the channels' (a 1×1 conv, a matmul): no padding to inline into the block's loads."""
+        return all(e == 1 for e in self.reduce[:-1])
+
+    @property
+    def width(self) -> int:
+        """The extent of the loop the block's rows run over (the one before the channels; 1 when none)."""
+        return self.spatial[-2] if len(self.spatial) > 1 else 1
+
+
+#: TIR node kinds by class name (TVM 0.27 exposes some node constructors as functions, not classes)
+LOADS, STORES = ("TensorLoad", "BufferLoad"), ("TensorStore", "BufferStore")
+
+
+def _is(node, kinds) -> bool:
+    return type(node).__name__ in ((kinds,) if isinstance(kinds, str) else kinds)
+
+
+def _vars(expr) -> set[str]:
+    from toolchain.tune.schedule_check import free_vars
+
+    return {v.name for v in free_vars(expr).values()}
+
+
+def _loads(expr) -> list:
+    """The loads in ``expr`` (not inside their own indices)."""
+    found, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        if _is(e, LOADS):
+            found.append(e)
+            continue
+        stack.extend(c for c in (getattr(e, a, None) for a in ("a", "b", "value", "condition", "true_value",
+                                                               "false_value")) if c is not None)
+        stack.extend(getattr(e, "args", None) or [])
+    return found
+
+
+def matmul_like(func) -> MatmulLike | None:
+    """``func``'s matmul-like block (:class:`MatmulLike`), or None: not exactly one reduction, or its output channel
+    read by the data operand too (a depthwise conv), or blocks other than copies before it and elementwise ones
+    after it."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+    if len(reducing) != 1 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
+        return None
+    at = reducing[0]
+    block = blocks[at]
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if kinds != sorted(kinds) or kinds.count(0) < 1 or not _is(block.body, STORES):
+        return None  # spatial then reduction iter vars, one store
+    names = [iv.var.name for iv in block.iter_vars]
+    spatial, reduce = names[:kinds.count(0)], set(names[kinds.count(0):])
+    store = block.body
+    if [getattr(i, "name", None) for i in store.indices] != spatial:
+        return None
+    value = store.value
+    if not (_is(value, "Add") and _is(value.b, "Mul")):
+        return None
+    operands = [value.b.a, value.b.b]
+    if not all(_is(o, LOADS) for o in operands):
+        return None
+    channel = spatial[-1]
+    uses = [set().union(*(_vars(i) for i in o.indices)) for o in operands]
+    weight = [u for u in uses if channel in u]
+    data = [u for u in uses if channel not in u]
+    if len(weight) != 1 or len(data) != 1 or not weight[0] <= reduce | {channel}:
+        return None
+    if not all(_is_copy(b) for b in blocks[:at]) or not all(_is_elementwise(b) for b in blocks[at + 1:]):
+        return None
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    return MatmulLike(block.name_hint, tuple(extents[:len(spatial)]), tuple(extents[len(spatial):]),
+                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:]))
+
+
+def _is_copy(block) -> bool:
+    """A block that only moves values (a padding: a select of a load and a constant)."""
+    return (not any(int(iv.iter_type) == 2 for iv in block.iter_vars) and _is(block.body, STORES)
+            and len(_loads(block.body.value)) == 1)
+
+
+def _is_elementwise(block) -> bool:
+    """A spatial block whose store is indexed by its iter vars in order (bias, activation, residual add)."""
+    if any(int(iv.iter_type) == 2 for iv in block.iter_vars) or not _is(block.body, STORES):
+        return False
+    return [getattr(i, "name", None) for i in block.body.indices] == [iv.var.name for iv in block.iter_vars]
+
+
+def choose_block(kernel: MatmulLike, unit: VectorUnit) -> tuple[int, int, int] | None:
+    """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
+    channels (at least 4); vectors dividing the channels' vectors and rows the width, the most accumulators that
+    fit (:func:`block_shape`'s bound); None when no vector divides the channels."""
+    lanes = unit.lanes
+    while lanes >= 4 and kernel.channels % lanes:
+        lanes //= 2
+    if lanes < 4:
+        return None
+    fits = [(r * v, v, r) for r in range(1, MAX_ROWS + 1) for v in range(1, MAX_VECTORS + 1)
+            if r * v + v + 1 <= unit.registers and kernel.width % r == 0 and (kernel.channels // lanes) % v == 0]
+    _, vectors, rows = max(fits)
+    return rows, vectors, lanes
+
+
+def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int):
+    """Schedule a :class:`MatmulLike` kernel with a ``rows`` × ``vectors``·``lanes`` register block: its producers
+    inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
+    loop outside the block) in parallel. Returns ``sch``."""
+    for name in kernel.producers:
+        sch.compute_inline(sch.get_sblock(name))
+    for name in kernel.epilogue[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    c = sch.get_sblock(kernel.block)
+    loops = sch.get_loops(c)
+    spatial, reduce = loops[:len(kernel.spatial)], loops[len(kernel.spatial):]
+    outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
+    tiles = outer
+    if w is not None:
+        wo, wi = sch.split(w, [None, rows])
+        tiles = [*outer, wo]
+    jo, jj, jv = sch.split(j, [None, vectors, lanes])
+    inner = [wi] if w is not None else []
+    sch.reorder(*tiles, jo, *reduce, *inner, jj, jv)
+    acc = sch.cache_write(c, 0, "local")
+    if kernel.epilogue:
+        sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
+    sch.reverse_compute_at(acc, jo)
+    sch.parallel(sch.fuse(*tiles, jo))
+    for loop in inner:
+        sch.unroll(loop)
+    sch.unroll(jj)
+    sch.vectorize(jv)
+    sch.decompose_reduction(c, reduce[0])
+    *_, last = sch.get_loops(acc)
+    _, lane = sch.split(last, [None, lanes])
+    sch.vectorize(lane)
+    return sch
+
+
+def unit_of(target) -> VectorUnit:
+    """The vector unit of ``target`` (a ``tvm.target.Target``): by its float32 lanes, AArch64 as NEON; a target with
+    4-lane vectors otherwise as SSE (16 registers)."""
+    from toolchain.tune.intensive import vector_lanes
+
+    lanes = vector_lanes(target)
+    if "aarch64" in str(target.attrs.get("mtriple", "")) or str(target.kind) != "llvm":
+        return UNITS["aarch64"]
+    return {16: UNITS["x86_64"], 8: UNITS["avx2"]}.get(lanes, VectorUnit(16, lanes))
+
+
+def register_block(func, target):
+    """``func``'s workload scheduled with its register block (:func:`block_kernel`, shape by :func:`choose_block`),
+    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not)."""
+    from tvm import s_tir
+
+    from toolchain.tune.adapter import workload_module
+
+    kernel = matmul_like(func)
+    if kernel is None:
+        return None, "not a matmul-like kernel"
+    if not kernel.pointwise:
+        return None, "a spatial conv (its padding would sit in the block's loads)"
+    shape = choose_block(kernel, unit_of(target))
+    if shape is None:
+        return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
+    return block_kernel(s_tir.Schedule(workload_module(func)), kernel, *shape), "×".join(map(str, shape))

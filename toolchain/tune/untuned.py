@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from toolchain import build
 from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
-from toolchain.tune import forked, intrinsics
-from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
+from toolchain.tune import forked, intrinsics, microkernel
+from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_hash, workload_module
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
 from toolchain.tune.space import make_space_generator
@@ -21,8 +21,8 @@ log = logging.getLogger("agoc.tuning")
 
 #: what a kernel without a tuned schedule gets (``--untuned``)
 RULES = {
-    "library": "the record library's schedule of the nearest kernel like it, re-fitted to its loops; else a sample "
-               "of the search space",
+    "library": "the record library's schedule of the same kernel; else a register block (pointwise convs, matmuls); "
+               "else the library's nearest kernel's, re-fitted to its loops; else a sample of the search space",
     "sampled": "a sample of the search space (parallel, vectorised loops; tiles drawn at random, seeded by the kernel)",
     "plain": "TVM's unscheduled loop nest: one core, no vectors (what a build without schedules runs)",
 }
@@ -44,7 +44,7 @@ class Fallback:
     """What one kernel without a tuned schedule was given."""
 
     kernel: str
-    source: str  # "library" | "sampled" | "plain"
+    source: str  # "library" | "block" | "sampled" | "plain"
     detail: str = ""  # the library record's name, or why plain
 
     def to_json(self) -> dict:
@@ -69,10 +69,10 @@ def _seed_of(func, seed: int) -> int:
     return (tvm_ffi.structural_hash(func) + seed) % (2**31 - 1) or 1
 
 
-def from_library(library, func, spec):
-    """The first of the library's nearest records that re-fits to ``func`` and passes the static checks:
-    (schedule, its name), or (None, "")."""
-    for entry in library.nearest(func, NEAREST):
+def from_library(library, func, spec, entries=None):
+    """The first of the library's nearest records (or of ``entries``) that re-fits to ``func`` and passes the static
+    checks: (schedule, its name), or (None, "")."""
+    for entry in library.nearest(func, NEAREST) if entries is None else entries:
         try:
             sch = library.fit(entry, func, spec)
         except Exception as exc:  # noqa: BLE001 - a record that does not carry over: the next one
@@ -170,6 +170,36 @@ def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: i
         return schedule_untuned(fused_mod, spec, rule, library, seed, prepack=False)
 
 
+def _own_record(func, spec, library):
+    """The library's record of this very kernel (a tuned, measured schedule), replayed."""
+    if library is None:
+        return None, ""
+    own = [e for e in library.nearest(func, 1) if e.workload_hash == workload_hash(func)]
+    return from_library(library, func, spec, own) if own else (None, "")
+
+
+def _block(func, spec, _library):
+    """The register block of a pointwise conv or matmul (toolchain/tune/microkernel.py), postprocessed."""
+    try:
+        sch, detail = microkernel.register_block(func, spec.tvm())
+    except Exception as exc:  # noqa: BLE001 - a kernel the block's schedule does not fit: the next finder
+        log.info("no register block for %s: %s", func, exc)
+        return None, ""
+    if sch is None:
+        return None, ""
+    sch = postprocess(sch, spec)
+    return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
+
+
+def _nearest(func, spec, library):
+    return from_library(library, func, spec) if library is not None else (None, "")
+
+
+#: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as)
+ORDER = {"library": (("own", "library"), ("block", "block"), ("nearest", "library")), "sampled": (), "plain": ()}
+FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest}
+
+
 def _bounded(func, spec, rule: str, library, seed: int):
     """(trace JSON or None, :class:`Fallback`) of one kernel, found in a forked child given
     :data:`TIMEOUT_S` (some kernels' spaces take TVM minutes to generate)."""
@@ -186,11 +216,11 @@ def _bounded(func, spec, rule: str, library, seed: int):
 
 
 def _one(func, spec, rule: str, library, seed: int):
-    """(schedule or None, :class:`Fallback`) of one kernel."""
-    if rule == "library" and library is not None:
-        sch, name = from_library(library, func, spec)
+    """(schedule or None, :class:`Fallback`) of one kernel: by ``rule``, in the order of :data:`ORDER`."""
+    for finder, source in ORDER[rule]:
+        sch, detail = FINDERS[finder](func, spec, library)
         if sch is not None:
-            return sch, Fallback("", "library", name)
+            return sch, Fallback("", source, detail)
     count = reductions(func)
     if count > MAX_SAMPLED_REDUCTIONS:
         return None, Fallback("", "plain", f"{count} reductions: too large to sample at compile time")
