@@ -166,15 +166,17 @@ def _is_elementwise(block) -> bool:
 
 def choose_block(kernel: MatmulLike, unit: VectorUnit) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
-    channels (at least 4); vectors dividing the channels' vectors and rows the width, the most accumulators that
-    fit (:func:`block_shape`'s bound); None when no vector divides the channels."""
+    channels (at least 4); rows dividing the width (at most :data:`MAX_ROWS`) and vectors the channels' vectors, the
+    most accumulators that fit (:func:`block_shape`'s bound; a kernel of one row, a GEMV, takes as many vectors as
+    fit: its only independent FMA chains); None when no vector divides the channels."""
     lanes = unit.lanes
     while lanes >= 4 and kernel.channels % lanes:
         lanes //= 2
     if lanes < 4:
         return None
-    fits = [(r * v, v, r) for r in range(1, MAX_ROWS + 1) for v in range(1, MAX_VECTORS + 1)
-            if r * v + v + 1 <= unit.registers and kernel.width % r == 0 and (kernel.channels // lanes) % v == 0]
+    fits = [(r * v, v, r) for r in range(1, MAX_ROWS + 1) for v in range(1, unit.registers)
+            if r * v + v + 1 <= unit.registers and kernel.width % r == 0 and (kernel.channels // lanes) % v == 0
+            and (v <= MAX_VECTORS or kernel.width == 1)]
     _, vectors, rows = max(fits)
     return rows, vectors, lanes
 

@@ -1,0 +1,118 @@
+"""Register blocks of real kernels (toolchain/tune/microkernel.py): which kernels are matmul-like, the block's shape
+per target, its numerics with the epilogue fused, and on ARM its hot loop read from the assembly (FMAs, no spills)."""
+
+import numpy as np
+import pytest
+
+import models
+from toolchain import build, onnx_import
+from toolchain.targets import resolve_target
+from toolchain.tune import microkernel as mk
+from toolchain.tune.adapter import as_built, postprocess
+from toolchain.tune.plan import group_kernels
+from toolchain.tune.race_check import parallel_races
+
+HOST = resolve_target("host")
+ARM = resolve_target("linux-arm64")
+PW = "fused_conv2d_add_maximum_minimum"  # tiny-dwsep's expanding pointwise conv (+ bias, ReLU6)
+DW = "fused_conv2d1_add_maximum_minimum"  # its depthwise conv
+
+
+def _kernels(name: str, shape, spec=HOST) -> dict:
+    model = models.build(name, shape)
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)
+    return dict(group_kernels(build.mark_weights(build.fuse_stock(mod, spec))))
+
+
+def _run(func, target, seed: int = 0) -> list[np.ndarray]:
+    """``func`` built for ``target`` and run here on random arguments; every argument after the call."""
+    import tvm
+
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    rng = np.random.default_rng(seed)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32"))
+            for p in func.params]
+    lib["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def test_pointwise_convs_and_matmuls_are_matmul_like_depthwise_and_multi_reduction_kernels_not():
+    kernels = _kernels("tiny-dwsep", (1, 8, 12, 12))
+    pw = mk.matmul_like(kernels[PW])
+    assert pw is not None and pw.pointwise and pw.channels == 32 and pw.width == 12
+    assert pw.epilogue and all(not name.startswith("conv") for name in pw.epilogue)
+    assert mk.matmul_like(kernels[DW]) is None  # its channel is read by the data too
+    cnn = _kernels("tiny-cnn", (1, 3, 16, 16))
+    stem = mk.matmul_like(cnn["fused_conv2d_add_relu_add1"])
+    assert stem is not None and not stem.pointwise  # a 3×3 conv: the block leaves it (its padding)
+    assert mk.register_block(cnn["fused_conv2d_add_relu_add1"], HOST.tvm())[0] is None
+    dense = mk.matmul_like(cnn["fused_matmul_add2"])
+    assert dense is not None and dense.pointwise and dense.width == 1
+
+
+def test_the_block_divides_the_kernel_and_fits_the_registers():
+    def kernel(width, channels):
+        return mk.MatmulLike("C", (1, 7, width, channels), (1, 1, 64), (), ())
+
+    avx512, neon = mk.UNITS["x86_64"], mk.UNITS["aarch64"]
+    assert mk.choose_block(kernel(28, 96), avx512) == (7, 3, 16)
+    assert mk.choose_block(kernel(28, 24), avx512) == (7, 3, 8)  # 24 channels: half vectors (ymm)
+    assert mk.choose_block(kernel(56, 96), neon) == (8, 3, 4)
+    assert mk.choose_block(kernel(7, 6), neon) is None  # no 4-lane vector divides 6 channels
+    rows, vectors, lanes = mk.choose_block(mk.MatmulLike("C", (1, 1000), (1280,), (), ()), avx512)
+    assert (rows, lanes) == (1, 8) and vectors == 5  # a GEMV: as many independent chains as fit and divide
+    for unit in (avx512, neon, mk.UNITS["avx2"]):
+        for width, channels in ((56, 32), (14, 144), (4, 960), (1, 1000), (3, 40)):
+            shape = mk.choose_block(kernel(width, channels), unit)
+            if shape is not None:
+                r, v, lanes_ = shape
+                assert r * v + v + 1 <= unit.registers and width % r == 0 and channels % (v * lanes_) == 0
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5)])
+def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shape):
+    """The pointwise conv with its bias and ReLU6 fused into the accumulators' write-back, its weight pre-packed
+    by the postprocessors (as a compile stores it), at a width the rows divide and one (5) they divide only as 5."""
+    func = _kernels("tiny-dwsep", shape)[PW]
+    sch, detail = mk.register_block(func, HOST.tvm())
+    assert sch is not None and detail.count("×") == 2
+    sch = postprocess(sch, HOST)
+    assert sch is not None and parallel_races(sch.mod) == []
+    assert "layout_rewrite_preproc" in sch.mod.script()  # the weight read as the block reads it
+    blocked, plain = _run(sch.mod["main"], HOST.tvm()), _run(func, HOST.tvm())
+    np.testing.assert_allclose(blocked[-1], plain[-1], rtol=1e-5, atol=1e-5)
+    assert np.isfinite(blocked[-1]).all() and blocked[-1].max() <= 6.0  # the epilogue ran
+
+
+def test_a_gemv_is_blocked_and_computes_the_same():
+    """A classifier's shape: one row, the reduction long, few outputs."""
+    from tvm import te
+
+    a, w = te.placeholder((1, 256), name="A"), te.placeholder((256, 40), name="W")
+    k = te.reduce_axis((0, 256), name="k")
+    c = te.compute((1, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")
+    func = te.create_prim_func([a, w, c])
+    assert mk.matmul_like(func) is not None
+    sch, detail = mk.register_block(func, HOST.tvm())
+    assert detail.startswith("1×")
+    blocked = _run(sch.mod["main"], HOST.tvm())
+    np.testing.assert_allclose(blocked[-1], blocked[0] @ blocked[1], rtol=1e-4, atol=1e-4)
+
+
+def test_on_arm_the_blocked_pointwise_conv_is_fmas_without_spills():
+    """An expanding 1×1 conv of MobileNet-V2's shapes (24 → 96 channels at 28×28), built for linux-arm64 (never run
+    here): its hottest innermost loop holds the block's vector FMAs and no stack traffic."""
+    import tvm
+
+    from toolchain import asm
+
+    model_kernels = _kernels("tiny-dwsep", (1, 24, 28, 28), ARM)
+    func = model_kernels[PW]
+    kernel = mk.matmul_like(func)
+    rows, vectors, lanes = mk.choose_block(kernel, mk.unit_of(ARM.tvm()))
+    assert lanes == 4 and rows * vectors >= 12
+    sch = postprocess(mk.register_block(func, ARM.tvm())[0], ARM)
+    loop = asm.hottest(asm.innermost_loops(asm.assembly(as_built(sch.mod)["main"], ARM.tvm(), "main"), "aarch64"))
+    assert loop is not None and loop.spills == 0, loop
+    assert loop.fmas >= rows * vectors, loop
+    assert tvm.target.Target(ARM.tvm()).attrs["mtriple"].startswith("aarch64")
