@@ -117,6 +117,7 @@ def _join_yields(view: TuneProgress, e: ev.JoinYields) -> None:
 
 def _seeded(view: TuneProgress, e: ev.Seeded) -> None:
     parts = (["the composed mini schedules"] if e.composed else []) + (
+        [f"its {e.block} register block"] if e.block else []) + (
         [f"the schedules of {len(e.siblings)} kernel(s) like it"] if e.siblings else []) + (
         [f"{len(e.library)} schedule(s) from the record library"] if e.library else [])
     best = f" (best {e.best_ms:.4f} ms)" if e.best_ms is not None else ""

@@ -116,3 +116,31 @@ def test_on_arm_the_blocked_pointwise_conv_is_fmas_without_spills():
     assert loop is not None and loop.spills == 0, loop
     assert loop.fmas >= rows * vectors, loop
     assert tvm.target.Target(ARM.tvm()).attrs["mtriple"].startswith("aarch64")
+
+
+def test_the_search_space_of_a_pointwise_conv_holds_its_block_whose_tiles_a_search_varies():
+    """The block beside the stock space; its trace replays with other rows and vectors (as the search's mutator
+    draws them: a row tile of 1 too) and computes the same."""
+    from tvm import s_tir
+
+    from toolchain.tune import intrinsics
+    from toolchain.tune.adapter import workload_module
+    from toolchain.tune.space import make_space_generator
+
+    func = _kernels("tiny-dwsep", (1, 8, 12, 12))[PW]
+    choice = make_space_generator(func, HOST.tvm())
+    assert choice.kind == "block+default" and "register block" in choice.reason
+    ctx = intrinsics.tune_context(mod=workload_module(func), target=HOST.tvm(), space_generator=choice.generator,
+                                  rand_state=1, num_threads=1)
+    designs = ctx.generate_design_space()
+    assert len(designs) >= 2
+    trace = designs[0].trace
+    tiles = [inst for inst in trace.insts if inst.kind.name == "SamplePerfectTile"]
+    assert len(tiles) == 2  # the rows and the vectors
+    plain = _run(func, HOST.tvm())[-1]
+    for rows, vectors in ((1, 1), (12, 2), (3, 1)):
+        other = trace.with_decision(tiles[0], [12 // rows, rows], True).with_decision(tiles[1], [2 // vectors, vectors],
+                                                                                      True)
+        sch = s_tir.Schedule(workload_module(func))
+        other.apply_to_schedule(sch, remove_postproc=True)
+        np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], plain, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import logging
 import math
 
 from toolchain.tune import intensive, intensive_seed, transfer
-from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
+from toolchain.tune.adapter import Measure, commit_seed, passes_static_checks, postprocess, workload_module
 from toolchain.tune.plan import TaskPlan
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.space import dry_run
@@ -138,6 +138,26 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
         if commit_seed(sch, func, database, spec, settings, measure):
             seeded.append(name)
     return seeded
+
+
+def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
+                    measure: "Measure | None" = None) -> str:
+    """Start ``task`` from its register block (a pointwise conv or matmul: toolchain/tune/microkernel.py), measured
+    and committed as a record when it passes the static checks; the block's shape, or "" (none, or it failed)."""
+    from toolchain.tune import microkernel
+
+    func = plan.funcs[task.name]
+    if settings.transfer <= 0:
+        return ""
+    try:
+        sch, shape = microkernel.register_block(func, spec.tvm())
+    except Exception as exc:  # noqa: BLE001 - a kernel the block does not fit: the search's own space
+        log.info("no register block for %s: %s", task.name, exc)
+        return ""
+    sch = postprocess(sch, spec) if sch is not None else None
+    if sch is None or not passes_static_checks(sch, func):
+        return ""
+    return shape if commit_seed(sch, func, database, spec, settings, measure) else ""
 
 
 def seed_from_library(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,

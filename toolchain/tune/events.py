@@ -48,9 +48,9 @@ class TaskStarted:
 
 @dataclass(frozen=True)
 class Seeded:
-    """A new task's first records: composed from its minis and/or from ``siblings`` and/or from the record
-    ``library`` (the library's names of the kernels whose schedules were committed), or ``again``: a join
-    composed once more from its minis' better schedules."""
+    """A new task's first records: composed from its minis and/or its register ``block`` (its shape) and/or from
+    ``siblings`` and/or from the record ``library`` (the library's names of the kernels whose schedules were
+    committed), or ``again``: a join composed once more from its minis' better schedules."""
 
     kind: ClassVar[str] = "seeded"
     task: str
@@ -59,6 +59,7 @@ class Seeded:
     library: list[str] = field(default_factory=list)
     best_ms: Optional[float] = None
     again: bool = False
+    block: str = ""
 
 
 @dataclass(frozen=True)

@@ -181,10 +181,11 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit) -> tuple[int, int, int] |
     return rows, vectors, lanes
 
 
-def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int):
+def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, sampled: bool = False):
     """Schedule a :class:`MatmulLike` kernel with a ``rows`` × ``vectors``·``lanes`` register block: its producers
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
-    loop outside the block) in parallel. Returns ``sch``."""
+    loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
+    given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
     for name in kernel.producers:
         sch.compute_inline(sch.get_sblock(name))
     for name in kernel.epilogue[:-1]:
@@ -193,17 +194,17 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int):
     loops = sch.get_loops(c)
     spatial, reduce = loops[:len(kernel.spatial)], loops[len(kernel.spatial):]
     outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
-    tiles = outer
+    tiles, inner = outer, []
     if w is not None:
-        wo, wi = sch.split(w, [None, rows])
-        tiles = [*outer, wo]
-    jo, jj, jv = sch.split(j, [None, vectors, lanes])
-    inner = [wi] if w is not None else []
+        wo, wi = sch.split(w, _factors(sch, w, [kernel.width // rows, rows], MAX_ROWS, sampled))
+        tiles, inner = [*outer, wo], [wi]
+    j, jv = sch.split(j, [None, lanes])
+    jo, jj = sch.split(j, _factors(sch, j, [kernel.channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
     sch.reorder(*tiles, jo, *reduce, *inner, jj, jv)
     acc = sch.cache_write(c, 0, "local")
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
-    sch.reverse_compute_at(acc, jo)
+    sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
     sch.parallel(sch.fuse(*tiles, jo))
     for loop in inner:
         sch.unroll(loop)
@@ -214,6 +215,24 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int):
     _, lane = sch.split(last, [None, lanes])
     sch.vectorize(lane)
     return sch
+
+
+def _factors(sch, loop, decision: list[int], most: int, sampled: bool) -> list:
+    """A two-way split's factors: ``decision`` as it is, or as a tile sample that starts from it."""
+    if not sampled:
+        return [None, decision[1]]
+    return list(sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max(most, decision[1]), decision=decision))
+
+
+def block_space_fn(kernel: MatmulLike, unit: VectorUnit):
+    """The function a MetaSchedule ``ScheduleFn`` calls: the register block of :func:`choose_block` with its rows and
+    vectors as tile samples (a search varies them; the lanes and the structure stay)."""
+    shape = choose_block(kernel, unit)
+
+    def apply(sch):
+        return [block_kernel(sch, kernel, *shape, sampled=True)]
+
+    return apply
 
 
 def unit_of(target) -> VectorUnit:

@@ -252,9 +252,10 @@ class Run:
             left = self.allowance()  # read once: each source below reads it again after the seeds before it
             composed = task.phase == "joined" and left > 0 and compose.seed_joined(
                 *self.seed_args(task, cap), limit=min(left, cap) if budget <= 0 else left)
+            block = compose.seed_from_block(*self.seed_args(task, cap)) if self.settings.transfer else ""
             seeded = compose.seed_from_siblings(*self.seed_args(task, cap)) if self.settings.transfer else []
             listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
-        lat = self.latencies(task.name) if composed or seeded or listed else []
+        lat = self.latencies(task.name) if composed or block or seeded or listed else []
         if lat:
             self.clock.searched(len(lat), self.clock.now() - started)
             seed = min(lat)
@@ -263,7 +264,7 @@ class Run:
                                         **({"siblings": seeded} if seeded else {})}
             self.db.save_progress(self.progress)
             self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), library=list(listed),
-                                 best_ms=seed_ms))
+                                 best_ms=seed_ms, block=block))
         if task.phase == "joined" and not composed and budget > 0:  # nothing composed: a batch of its own
             budget = max(budget, self.settings.unit)
         return lat, budget

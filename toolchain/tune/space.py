@@ -186,13 +186,41 @@ def space(pair: IntensivePair | None, target, num_cores: int | None = None, chec
         mutator_probs="llvm")
 
 
+def block_space(func, target, check: bool = True):
+    """(the register block's ``ScheduleFn``, its shape) for a pointwise conv or matmul (toolchain/tune/microkernel.py)
+    whose block schedules here; None otherwise."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain.tune import microkernel
+
+    kernel = microkernel.matmul_like(func)
+    shape = microkernel.choose_block(kernel, microkernel.unit_of(target)) if kernel and kernel.pointwise else None
+    if shape is None:
+        return None
+    fn = microkernel.block_space_fn(kernel, microkernel.unit_of(target))
+    try:
+        fn(s_tir.Schedule(tvm_module(func)))
+    except Exception:  # noqa: BLE001 - a kernel the block's primitives refuse: the other spaces
+        return None
+    gen = ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
+    return gen, "×".join(map(str, shape))
+
+
+def tvm_module(func):
+    """``func`` alone in a module of its own copy (a schedule edits a module nothing else holds in place)."""
+    import tvm
+
+    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+
+
 @dataclass(frozen=True)
 class SpaceChoice:
     """What :func:`make_space_generator` chose, and why."""
 
     generator: object  # tvm.s_tir.meta_schedule.SpaceGenerator
     pair: IntensivePair | None
-    kind: str  # "intensive" | "intensive+default" | "default" | "default-no-write-fusion"
+    kind: str  # "intensive" | "intensive+default" | "block+default" | "default" | "default-no-write-fusion"
     reason: str
 
 
@@ -234,6 +262,11 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
             return SpaceChoice(gen, pair, "default", reason)
         return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
+    blocked = block_space(func, target, check)
+    if blocked is not None:  # a pointwise conv or matmul: its register block, the stock space beside it
+        union = ms.space_generator.SpaceGeneratorUnion(
+            [blocked[0], stock(None, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
+        return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")
     if not intensive:
         return stock(None, "intensive fusion disabled")
     pair = find_pair(func)
