@@ -251,8 +251,6 @@ def register_block(func, target):
     not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not)."""
     from tvm import s_tir
 
-    from toolchain.tune.adapter import workload_module
-
     kernel = matmul_like(func)
     if kernel is None:
         return None, "not a matmul-like kernel"
@@ -261,4 +259,11 @@ def register_block(func, target):
     shape = choose_block(kernel, unit_of(target))
     if shape is None:
         return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
-    return block_kernel(s_tir.Schedule(workload_module(func)), kernel, *shape), "×".join(map(str, shape))
+    return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape), "×".join(map(str, shape))
+
+
+def own_module(func):
+    """``func`` alone in a module of its own copy (a schedule edits a module nothing else holds in place)."""
+    import tvm
+
+    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})

@@ -200,18 +200,11 @@ def block_space(func, target, check: bool = True):
         return None
     fn = microkernel.block_space_fn(kernel, microkernel.unit_of(target))
     try:
-        fn(s_tir.Schedule(tvm_module(func)))
+        fn(s_tir.Schedule(microkernel.own_module(func)))
     except Exception:  # noqa: BLE001 - a kernel the block's primitives refuse: the other spaces
         return None
     gen = ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
     return gen, "×".join(map(str, shape))
-
-
-def tvm_module(func):
-    """``func`` alone in a module of its own copy (a schedule edits a module nothing else holds in place)."""
-    import tvm
-
-    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
 
 
 @dataclass(frozen=True)
