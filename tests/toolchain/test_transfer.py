@@ -11,12 +11,13 @@ from toolchain import build, onnx_import
 from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
 from toolchain.tune import transfer
-from toolchain.tune.adapter import postprocess, space_for, trial_latencies, workload_module
+from toolchain.tune.adapter import postprocess, trial_latencies, workload_module
 from toolchain.tune.candidates import check_candidate
 from toolchain.tune.compose import seed_from_siblings
 from toolchain.tune.db import TuneDB
 from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.plan import TaskPlan, group_kernels
+from toolchain.tune.space import make_space_generator
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.traces import plain, rename_blocks
 
@@ -99,10 +100,11 @@ def test_a_1x1_conv_is_no_sibling_of_a_kxk_conv_of_the_same_blocks():
 
 
 def _spaces(func, intensive: bool = False):
-    """MetaSchedule's design spaces of the kernel ``func``, as a session generates them."""
+    """MetaSchedule's design spaces of the kernel ``func``, as a session generates them without a register block
+    (a block's trace is not carried to other kernels: each pointwise conv starts from its own block)."""
 
-    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(),
-                       space_generator=space_for(func, SPEC, intensive).generator, num_threads=1)
+    ctx = tune_context(mod=workload_module(func), target=SPEC.tvm(), space_generator=make_space_generator(
+        func, SPEC.tvm(), intensive, num_cores=SPEC.num_cores, block=False).generator, num_threads=1)
     return ctx.generate_design_space()
 
 

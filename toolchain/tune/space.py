@@ -242,10 +242,12 @@ def dry_run(func, pair: IntensivePair, target, seeds=(1, 2, 3), num_cores: int |
 
 
 def make_space_generator(func, target, intensive: bool = True, include_default: bool = False,
-                         num_cores: int | None = None, check: bool = True, tile_cache: int = 0) -> SpaceChoice:
+                         num_cores: int | None = None, check: bool = True, tile_cache: int = 0,
+                         block: bool = True) -> SpaceChoice:
     """The search space for one fused PrimFunc on ``target`` (a ``tvm.target.Target``; see the module doc
     for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
-    initialised for it. ``tile_cache``: see :func:`intensive_schedule`."""
+    initialised for it. ``tile_cache``: see :func:`intensive_schedule`; ``block``: a pointwise conv's or matmul's
+    register block beside the stock space (:func:`block_space`)."""
     from tvm.s_tir import meta_schedule as ms
 
     def stock(pair, reason: str) -> SpaceChoice:
@@ -255,7 +257,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
             return SpaceChoice(gen, pair, "default", reason)
         return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
-    blocked = block_space(func, target, check)
+    blocked = block_space(func, target, check) if block else None
     if blocked is not None:  # a pointwise conv or matmul: its register block, the stock space beside it
         union = ms.space_generator.SpaceGeneratorUnion(
             [blocked[0], stock(None, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
