@@ -17,8 +17,8 @@ from toolchain.tune.compose import seed_from_siblings
 from toolchain.tune.db import TuneDB
 from toolchain.tune.intrinsics import tune_context
 from toolchain.tune.plan import TaskPlan, group_kernels
-from toolchain.tune.space import make_space_generator
 from toolchain.tune.settings import Task, TuneSettings
+from toolchain.tune.space import make_space_generator
 from toolchain.tune.traces import plain, rename_blocks
 
 SPEC = resolve_target("host")
