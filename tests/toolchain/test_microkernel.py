@@ -36,12 +36,13 @@ def _run(func, target, seed: int = 0) -> list[np.ndarray]:
     return [a.numpy() for a in args]
 
 
-def test_pointwise_convs_and_matmuls_are_matmul_like_depthwise_and_multi_reduction_kernels_not():
+def test_pointwise_and_depthwise_convs_and_matmuls_are_blocked_spatial_convs_not():
     kernels = _kernels("tiny-dwsep", (1, 8, 12, 12))
     pw = mk.matmul_like(kernels[PW])
-    assert pw is not None and pw.pointwise and pw.channels == 32 and pw.width == 12
+    assert pw is not None and pw.pointwise and pw.blocked and pw.channels == 32 and pw.width == 12
     assert pw.epilogue and all(not name.startswith("conv") for name in pw.epilogue)
-    assert mk.matmul_like(kernels[DW]) is None  # its channel is read by the data too
+    dw = mk.matmul_like(kernels[DW])  # its channel read by the data too, as its channel index alone
+    assert dw is not None and dw.depthwise and dw.blocked and not dw.pointwise and dw.reduce[:2] == (3, 3)
     cnn = _kernels("tiny-cnn", (1, 3, 16, 16))
     stem = mk.matmul_like(cnn["fused_conv2d_add_relu_add1"])
     assert stem is not None and not stem.pointwise  # a 3×3 conv: the block leaves it (its padding)
@@ -70,10 +71,12 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5)])
-def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shape):
-    """The pointwise conv with its bias and ReLU6 fused into the accumulators' write-back, its weight pre-packed
-    by the postprocessors (as a compile stores it), at a width the rows divide and one (5) they divide only as 5."""
-    func = _kernels("tiny-dwsep", shape)[PW]
+@pytest.mark.parametrize("name", [PW, DW])
+def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shape, name):
+    """The pointwise and the depthwise conv (its padding inlined) with bias and ReLU6 fused into the accumulators'
+    write-back, the weight pre-packed by the postprocessors (as a compile stores it), at a width the rows divide
+    and one (5) they divide only as 5."""
+    func = _kernels("tiny-dwsep", shape)[name]
     sch, detail = mk.register_block(func, HOST.tvm())
     assert sch is not None and detail.count("×") == 2
     sch = postprocess(sch, HOST)

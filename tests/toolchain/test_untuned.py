@@ -41,21 +41,29 @@ def lib(tmp_path_factory):
     return library.build([_database(root / "db", _kernels((1, 8, 8, 8)), {PW: 0.05, DW: 0.02})], root / "lib")
 
 
-def test_untuned_kernels_get_the_librarys_schedule_refitted_else_a_sample_and_compute_the_same(lib, tmp_path):
-    """At 12×12 with 16 channels (no record of it anywhere) the pointwise conv gets its register block, the
-    depthwise conv the library's schedule re-fitted; the other kernels a block or a sample of the space; every
-    kernel is scheduled (parallel loops) and the model computes what the unscheduled one does. At 8×8 the library's
-    own record of the pointwise conv comes before the block."""
+def test_untuned_kernels_get_the_librarys_schedule_refitted_else_a_sample_and_compute_the_same(lib, tmp_path,
+                                                                                               monkeypatch):
+    """At 12×12 with 16 channels (no record of it anywhere) the pointwise and depthwise convs get their register
+    blocks, the other kernels a block or a sample of the space; without blocks, the library's schedules re-fitted.
+    Every kernel is scheduled (parallel loops) and the model computes what the unscheduled one does either way. At
+    8×8 the library's own records of the convs come before the blocks."""
     _, mod = _fused((1, 16, 12, 12))
+    x = np.random.default_rng(0).standard_normal((1, 16, 12, 12)).astype("float32")
     out, given = untuned.schedule_untuned(mod, SPEC, "library", lib)
     sources = {f.kernel: f.source for f in given}
-    assert sources[PW] == "block" and sources[DW] == "library"
-    assert {f.detail for f in given if f.source == "library"} == {f"{'a' * 8}/{DW}-0"}
+    assert sources[PW] == "block" and sources[DW] == "block"
     assert set(sources.values()) <= {"library", "block", "sampled"} and len(sources) == len(group_kernels(mod))
+    np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)
+    monkeypatch.setitem(untuned.ORDER, "library", tuple(o for o in untuned.ORDER["library"] if o[0] != "block"))
+    out, given = untuned.schedule_untuned(mod, SPEC, "library", lib)
+    sources = {f.kernel: f.source for f in given}
+    assert sources[PW] == "library" and sources[DW] == "library"
+    assert {f.detail for f in given if f.source == "library"} == {f"{'a' * 8}/{PW}-0", f"{'a' * 8}/{DW}-0"}
+    assert set(sources.values()) <= {"library", "sampled"}
     assert all(untuned._is_scheduled(f) for _, f in group_kernels(out))
     assert "parallel" in out.script()
-    x = np.random.default_rng(0).standard_normal((1, 16, 12, 12)).astype("float32")
     np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)
+    monkeypatch.undo()
     _, mod = _fused((1, 8, 8, 8))  # the library's kernels as a tune leaves them: weights marked for pre-packing
     marked = {name: f for name, f in group_kernels(build.mark_weights(mod)) if name in (PW, DW)}
     own = library.build([_database(tmp_path / "db", marked, {PW: 0.05, DW: 0.02})], tmp_path / "lib")

@@ -60,13 +60,15 @@ def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int, parallel:
 class MatmulLike:
     """A kernel whose one reduction is C[s…, j] += A[s…, r…] · W[j | r…] (a pointwise or spatial conv in NHWC, a
     matmul): ``j`` the output's innermost axis, read by the weight only, so a vector of outputs shares one broadcast
-    value of A. Block names are the unscheduled function's."""
+    value of A; or, ``depthwise``, C[s…, j] += A[s…(r), j] · W[j | r…] (a depthwise conv: a vector of outputs reads a
+    vector of A). Block names are the unscheduled function's."""
 
     block: str
     spatial: tuple[int, ...]  # extents of C's spatial loops, the channel loop last
     reduce: tuple[int, ...]  # extents of its reduction loops
     producers: tuple[str, ...]  # blocks before it (padding, copies): inlined into its reads
     epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
+    depthwise: bool = False
 
     @property
     def channels(self) -> int:
@@ -75,7 +77,13 @@ class MatmulLike:
     @property
     def pointwise(self) -> bool:
         """No reduction but the channels' (a 1×1 conv, a matmul): no padding to inline into the block's loads."""
-        return all(e == 1 for e in self.reduce[:-1])
+        return not self.depthwise and all(e == 1 for e in self.reduce[:-1])
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the register block takes it: pointwise, or depthwise (its padding inlined into the block's loads
+        costs less than a padded copy: docs/tuning-internals.md); not a spatial conv."""
+        return self.pointwise or self.depthwise
 
     @property
     def width(self) -> int:
@@ -113,8 +121,8 @@ def _loads(expr) -> list:
 
 def matmul_like(func) -> MatmulLike | None:
     """``func``'s matmul-like block (:class:`MatmulLike`), or None: not exactly one reduction, or its output channel
-    read by the data operand too (a depthwise conv), or blocks other than copies before it and elementwise ones
-    after it."""
+    read by the data operand other than as a depthwise conv reads it (its channel index alone), or blocks other than
+    copies before it and elementwise ones after it."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
@@ -139,16 +147,21 @@ def matmul_like(func) -> MatmulLike | None:
     if not all(_is(o, LOADS) for o in operands):
         return None
     channel = spatial[-1]
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    units = {n for n, e in zip(names, extents) if n in reduce and e == 1}
     uses = [set().union(*(_vars(i) for i in o.indices)) for o in operands]
-    weight = [u for u in uses if channel in u]
-    data = [u for u in uses if channel not in u]
-    if len(weight) != 1 or len(data) != 1 or not weight[0] <= reduce | {channel}:
+    weight = [i for i, u in enumerate(uses) if u <= reduce | {channel} and channel in u]
+    if len(weight) != 1:
+        return None
+    data = operands[1 - weight[0]]
+    depthwise = channel in uses[1 - weight[0]]
+    if depthwise and (any(channel in _vars(i) for i in data.indices[:-1])
+                      or not _vars(data.indices[-1]) <= {channel} | units):
         return None
     if not all(_is_copy(b) for b in blocks[:at]) or not all(_is_elementwise(b) for b in blocks[at + 1:]):
         return None
-    extents = [int(iv.dom.extent) for iv in block.iter_vars]
     return MatmulLike(block.name_hint, tuple(extents[:len(spatial)]), tuple(extents[len(spatial):]),
-                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:]))
+                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:]), depthwise)
 
 
 def _is_copy(block) -> bool:
@@ -206,7 +219,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
     sch.parallel(sch.fuse(*tiles, jo))
-    for loop in inner:
+    for loop in inner + (reduce if kernel.depthwise else []):  # a depthwise window unrolled: rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
     sch.vectorize(jv)
@@ -254,7 +267,7 @@ def register_block(func, target):
     kernel = matmul_like(func)
     if kernel is None:
         return None, "not a matmul-like kernel"
-    if not kernel.pointwise:
+    if not kernel.blocked:
         return None, "a spatial conv (its padding would sit in the block's loads)"
     shape = choose_block(kernel, unit_of(target))
     if shape is None:

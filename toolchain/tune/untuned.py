@@ -84,12 +84,13 @@ def from_library(library, func, spec, entries=None):
 
 
 def sampled(func, spec, seed: int):
-    """A sample of the space the search starts from (the intensive space where it applies), its unroll at most
-    :data:`MAX_SAMPLED_UNROLL`, postprocessed and statically checked; None if no design of it is."""
+    """A sample of the space the search starts from (the intensive space where it applies; not the register block,
+    which a sample falls back from), its unroll at most :data:`MAX_SAMPLED_UNROLL`, postprocessed and statically
+    checked; None if no design of it is."""
     from tvm import s_tir
 
     target = spec.tvm()
-    generator = make_space_generator(func, target, intensive=True).generator
+    generator = make_space_generator(func, target, intensive=True, block=False).generator
     ctx = intrinsics.tune_context(mod=workload_module(func), target=target, space_generator=generator,
                                   rand_state=_seed_of(func, seed), num_threads=1)
     for design in ctx.generate_design_space():
