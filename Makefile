@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning library bench-library clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning library bench-library clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -42,6 +42,7 @@ help:
 	@echo "make bench-pairs  AGO micro-benchmarks: dw-dw, dw-pw, pw-dw, pw-pw; AGO vs AGO-NI vs AGO-NR (tuned, long)"
 	@echo "make bench-rpc    tuning throughput measured through the RPC path vs the local runner (DEVICE=local)"
 	@echo "make bench-cuda   CUDA path: fused (APOLLO/FusionStitching) vs stock TVM training steps; kernel counts, GPU times when a GPU exists"
+	@echo "make bench-untuned zoo CNNs @112/224 as compile builds them untuned (register blocks) vs onnxruntime"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
 	@echo "make bench-tuning where a short tuning session's time goes, per phase (MODEL=zoo:mobilenet-v2@1x3x56x56 TRIALS=64;"
@@ -178,6 +179,10 @@ bench-library: setup
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)
+
+# what `agoc compile` builds without tuning (register blocks, record library), AGO and stock partitions, vs onnxruntime
+bench-untuned: setup
+	$(AGOC) bench-suite untuned $(BENCH_ARGS)
 
 bench-quick: setup
 	$(AGOC) bench-suite host --quick $(if $(MODELS),--models "$(MODELS)") $(if $(THREADS),--threads $(THREADS))

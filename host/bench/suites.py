@@ -28,6 +28,7 @@ class Variant:
     keep_inside: int = 0  # bytes, as --keep-inside: the locality unit and the tile cache cap (variants.partition_of)
     db_of: str | None = None  # tuned: built from this variant's tuning database (made first in the same run), not tuned
     joins: str = "latency"  # ago tuned: how a split subgraph is built (compile --joins: latency, or a cache geometry)
+    untuned: str = "plain"  # what a kernel without a tuned schedule gets (compile --untuned; plain: partitions alone)
 
 
 #: Every pipeline variant the suites know.
@@ -36,6 +37,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
     Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning",
             partition="ago"),
+    Variant("agoc", "tvm", "what `agoc compile` builds without tuning: AGO partition (its joins as their minis), "
+            "each kernel's register block or the record library's schedule", partition="ago", untuned="library"),
+    Variant("agoc-stock", "tvm", "the same kernel schedules (register blocks, record library) on the stock FuseOps "
+            "partition, no tuning", partition="stock", untuned="library"),
     Variant("tvm-stock-tuned", "tvm", "FuseOps partition + MetaSchedule default space (the Ansor-like baseline)",
             partition="stock", tuned=True),
     Variant("tvm-ago-tuned", "tvm", "AGO: partition + intensive fusion + divide-and-conquer tuning",
@@ -136,6 +141,15 @@ SUITES: dict[str, Suite] = {
         families=("cnn", "transformer"),
         variants=("tvm-stock", "tvm-ago", "onnxruntime"),
         baselines=("tvm-stock", "onnxruntime"),
+    ),
+    "untuned": Suite(
+        "untuned",
+        "zoo CNNs at 112 and 224 as `agoc compile` builds them without tuning (register blocks, the record "
+        "library) on AGO's and the stock partition, beside onnxruntime",
+        families=("cnn",),
+        variants=("agoc-stock", "agoc", "onnxruntime"),
+        baselines=("agoc-stock", "onnxruntime"),
+        sizes=(112, 224),
     ),
     "e2e": Suite(
         "e2e",

@@ -203,7 +203,7 @@ def compile_variant(case: Case, variant: Variant, suite: Suite, settings: Settin
         elif variant.tuned:
             record["tuning"] = _tune(case, variant, suite, settings, model, spec, db, base, on_event)
         request = CompileRequest(model, case.label, spec, partition=partition_of(variant, suite)[0], db=db,
-                                 joins=join_rule(variant), untuned="plain")
+                                 joins=join_rule(variant), untuned=variant.untuned)
         artifact = compile_model(request, find_compiler(spec), out)
         if "joins" in record:  # the judged joins built as their minis
             record["joins"]["minis"] = len((artifact.manifest.partition_info or {}).get("unfused") or [])
@@ -250,7 +250,7 @@ def proxy_variant(case: Case, variant: Variant, suite: Suite, settings: Settings
             db = variant_db(case, variant, work_dir) if variant.tuned else None
             request = CompileRequest(zoo.build(case.model, case.shape), case.label, spec,
                                      partition=partition_of(variant, suite)[0], db=db, joins=join_rule(variant),
-                                     untuned="plain")
+                                     untuned=variant.untuned)
             out_dir = work_dir / case.label / f"{variant.name}@{spec.preset}"
             artifact = compile_model(request, find_compiler(spec), out_dir)
             if not verify_artifact(artifact, LocalDevice()).passed:

@@ -20,7 +20,8 @@ from toolchain.errors import AgocError, InputShapeError, UnsupportedModelError
 
 RESULTS = Path("bench/results")
 SuiteArg = Annotated[str, typer.Argument(
-    help="Suite: host (zoo, untuned), e2e (zoo @112, tuned), pairs (AGO micro-benchmarks), tiny.")]
+    help="Suite: host (zoo, unscheduled), untuned (zoo CNNs as compile builds them untuned), e2e (zoo @112, "
+         "tuned), pairs (AGO micro-benchmarks), tiny.")]
 OrderSeedOpt = Annotated[Optional[int], typer.Option(
     "--order-seed", help="Seed of the per-round engine order alone (default: --seed): time a work dir again in "
     "another order without re-tuning.")]
