@@ -147,3 +147,25 @@ def test_the_search_space_of_a_pointwise_conv_holds_its_block_whose_tiles_a_sear
         sch = s_tir.Schedule(workload_module(func))
         other.apply_to_schedule(sch, remove_postproc=True)
         np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], plain, rtol=1e-5, atol=1e-5)
+
+
+def test_an_epilogue_over_another_domain_is_not_fused_and_the_static_check_sees_what_fusing_it_would_write():
+    """SqueezeNet's classifier: a conv padded to 1008 output channels, sliced to 1000, then ReLU. TVM lets the
+    ReLU be inlined into the accumulators' write-back over the padded tile and writes past the output's end (the
+    model then gave 1e23); the slice is not an elementwise epilogue, and the static check reports such writes."""
+    from tvm import s_tir, te
+
+    from toolchain.tune.schedule_check import out_of_bounds_writes
+
+    a, w = te.placeholder((4, 8), name="A"), te.placeholder((8, 16), name="W")
+    k = te.reduce_axis((0, 8), name="k")
+    c = te.compute((4, 16), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")
+    sliced = te.compute((4, 12), lambda i, j: c[i, j], name="S")
+    relu = te.compute((4, 12), lambda i, j: te.max(sliced[i, j], 0.0), name="R")
+    func = te.create_prim_func([a, w, relu])
+    assert mk.matmul_like(func) is None
+    forced = mk.MatmulLike("C", (4, 16), (8,), (), ("S", "R"))
+    sch = mk.block_kernel(s_tir.Schedule(mk.own_module(func)), forced, 4, 1, 4)
+    (bad,) = out_of_bounds_writes(sch.mod)
+    assert bad.buffer == "R" and bad.written[1] == (0, 15) and bad.shape == (4, 12)
+    assert out_of_bounds_writes(mk.register_block(_kernels("tiny-dwsep", (1, 8, 12, 12))[PW], HOST.tvm())[0].mod) == []

@@ -21,7 +21,7 @@ from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
 from toolchain.tune import costmodel, forked, inlining, intrinsics, phases, workers
 from toolchain.tune.race_check import parallel_races
-from toolchain.tune.schedule_check import dropped_blocks, partial_weight_reads
+from toolchain.tune.schedule_check import dropped_blocks, out_of_bounds_writes, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
 from toolchain.tune.space import make_space_generator, postprocs
 
@@ -452,10 +452,11 @@ def postprocess(sch, spec):
 
 
 def passes_static_checks(sch, func) -> bool:
-    """Whether a schedule of ``func`` drops no iteration, reads every weight whole and writes no buffer from
-    two parallel iterations (a schedule they cannot analyse passes: the numeric check follows)."""
+    """Whether a schedule of ``func`` drops no iteration, reads every weight whole, writes within its buffers and
+    writes no buffer from two parallel iterations (a schedule they cannot analyse passes: the numeric check follows)."""
     try:
-        return not (dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, func) or parallel_races(sch.mod))
+        return not (dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, func) or out_of_bounds_writes(sch.mod)
+                    or parallel_races(sch.mod))
     except Exception as exc:  # noqa: BLE001 - as the search's RejectDroppedIterations: unanalysable, kept
         log.info("static checks cannot analyse a schedule (kept for the numeric check): %s", first_line(exc))
         return True

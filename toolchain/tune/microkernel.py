@@ -158,9 +158,11 @@ def matmul_like(func) -> MatmulLike | None:
     if depthwise and (any(channel in _vars(i) for i in data.indices[:-1])
                       or not _vars(data.indices[-1]) <= {channel} | units):
         return None
-    if not all(_is_copy(b) for b in blocks[:at]) or not all(_is_elementwise(b) for b in blocks[at + 1:]):
+    spatial_extents = tuple(extents[:len(spatial)])
+    if not all(_is_copy(b) for b in blocks[:at]) or not all(_is_elementwise(b, spatial_extents, blocks[at:])
+                                                             for b in blocks[at + 1:]):
         return None
-    return MatmulLike(block.name_hint, tuple(extents[:len(spatial)]), tuple(extents[len(spatial):]),
+    return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]),
                       tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:]), depthwise)
 
 
@@ -170,11 +172,21 @@ def _is_copy(block) -> bool:
             and len(_loads(block.body.value)) == 1)
 
 
-def _is_elementwise(block) -> bool:
-    """A spatial block whose store is indexed by its iter vars in order (bias, activation, residual add)."""
+def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
+    """A spatial block over the reduction's output domain (``extents``) whose store, and every load of a buffer the
+    ``chain`` before it writes, is indexed by its iter vars in order (bias, activation, residual add; not a slice,
+    a concatenation or a transpose, whose domain or indices differ)."""
     if any(int(iv.iter_type) == 2 for iv in block.iter_vars) or not _is(block.body, STORES):
         return False
-    return [getattr(i, "name", None) for i in block.body.indices] == [iv.var.name for iv in block.iter_vars]
+    if tuple(int(iv.dom.extent) for iv in block.iter_vars) != extents:
+        return False
+    order = [iv.var.name for iv in block.iter_vars]
+    written = {w.source.__chandle__() for b in chain for w in b.writes}
+    for load in _loads(block.body.value):
+        source = getattr(load, "buffer", None) or getattr(load, "source", None)
+        if source.__chandle__() in written and [getattr(i, "name", None) for i in load.indices] != order:
+            return False
+    return [getattr(i, "name", None) for i in block.body.indices] == order
 
 
 def choose_block(kernel: MatmulLike, unit: VectorUnit) -> tuple[int, int, int] | None:

@@ -531,6 +531,32 @@ def weights_read_whole(original) -> frozenset[int]:
                      if _covers(_read_hull(blocks, _handle(p)), [(0, _int(d) - 1) for d in p.ty.shape]))
 
 
+@dataclass(frozen=True)
+class OutOfBounds:
+    """A block that writes outside its buffer: per dimension the hull it writes and the buffer's extent."""
+
+    block: str
+    buffer: str
+    written: tuple[tuple[int, int], ...]
+    shape: tuple[int, ...]
+
+
+def out_of_bounds_writes(func) -> list[OutOfBounds]:
+    """Blocks whose write region, over their iteration domains, leaves the buffer's shape. TVM inlined a slice's
+    consumer into a padded conv's write-back (1008 channels) and let it write the 1000-channel output past its end
+    (tests/toolchain/test_microkernel.py); nothing else checks a write's bounds before the numbers go wrong."""
+    func = _primfunc(func)
+    out = []
+    for b in _blocks(func):
+        for w in b.writes:
+            shape = tuple(_int(d) for d in w.source.shape)
+            hull = _region_hull(w, _full_box(b))
+            if any(lo < 0 or hi > n - 1 for (lo, hi), n in zip(hull, shape)):
+                out.append(OutOfBounds(b.name_hint, w.source.name, tuple((int(lo), int(hi)) for lo, hi in hull),
+                                       shape))
+    return out
+
+
 def _whole_set(original) -> frozenset[int] | None:
     """``original`` as :func:`weights_read_whole` gives it: None (judge every weight), already the
     set, or the unscheduled kernel to compute it from."""

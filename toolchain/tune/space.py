@@ -20,6 +20,7 @@ from toolchain.tune.schedule_check import (
     _whole_set,
     dropped_blocks,
     execution_counts,
+    out_of_bounds_writes,
     partial_weight_reads,
     weights_read_whole,
 )
@@ -299,7 +300,8 @@ def _make_postproc_class():
     @derived_object
     class RejectDroppedIterations(PyPostproc):
         """Reject a candidate in which some block runs fewer instances than its consumers read, in
-        which a weight's rewritten copy is read only in part (:func:`partial_weight_reads`), or in
+        which a weight's rewritten copy is read only in part (:func:`partial_weight_reads`), in which a block
+        writes outside its buffer (:func:`out_of_bounds_writes`), or in
         which a parallel loop writes a shared buffer independently of its variable (a data race,
         see :mod:`toolchain.tune.race_check`).
 
@@ -322,7 +324,8 @@ def _make_postproc_class():
         def apply(self, sch) -> bool:
             _tally("applied")
             try:
-                bad = dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, self.whole)
+                bad = (dropped_blocks(sch.mod) or partial_weight_reads(sch.mod, self.whole)
+                       or out_of_bounds_writes(sch.mod))
                 races = [] if bad else parallel_races(sch.mod)  # after the llvm postprocs: real parallel loops
             except Exception:  # noqa: BLE001 - unanalysable structure: keep the candidate
                 _tally("errors")
