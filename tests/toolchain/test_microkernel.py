@@ -60,6 +60,8 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
     assert mk.choose_block(kernel(28, 24), avx512) == (7, 3, 8)  # 24 channels: half vectors (ymm)
     assert mk.choose_block(kernel(56, 96), neon) == (8, 3, 4)
     assert mk.choose_block(kernel(7, 6), neon) is None  # no 4-lane vector divides 6 channels
+    assert mk.choose_block(kernel(13, 1024), avx512) == (1, 4, 16)  # a search's tiles divide: 13 is prime
+    assert mk.choose_block(kernel(13, 1024), avx512, perfect=False) == (5, 4, 16)  # 13 of 15 rows used
     rows, vectors, lanes = mk.choose_block(mk.MatmulLike("C", (1, 1000), (1280,), (), ()), avx512)
     assert (rows, lanes) == (1, 8) and vectors == 5  # a GEMV: as many independent chains as fit and divide
     for unit in (avx512, neon, mk.UNITS["avx2"]):
@@ -70,12 +72,12 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
                 assert r * v + v + 1 <= unit.registers and width % r == 0 and channels % (v * lanes_) == 0
 
 
-@pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5)])
+@pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5), (1, 8, 3, 13)])
 @pytest.mark.parametrize("name", [PW, DW])
 def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shape, name):
     """The pointwise and the depthwise conv (its padding inlined) with bias and ReLU6 fused into the accumulators'
-    write-back, the weight pre-packed by the postprocessors (as a compile stores it), at a width the rows divide
-    and one (5) they divide only as 5."""
+    write-back, the weight pre-packed by the postprocessors (as a compile stores it), at a width the rows divide,
+    one (5) they divide only as 5 and one (13) whose last tile of rows is masked."""
     func = _kernels("tiny-dwsep", shape)[name]
     sch, detail = mk.register_block(func, HOST.tvm())
     assert sch is not None and detail.count("×") == 2
@@ -149,10 +151,11 @@ def test_the_search_space_of_a_pointwise_conv_holds_its_block_whose_tiles_a_sear
         np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], plain, rtol=1e-5, atol=1e-5)
 
 
-def test_an_epilogue_over_another_domain_is_not_fused_and_the_static_check_sees_what_fusing_it_would_write():
+def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_check_sees_what_fusing_it_would_write():
     """SqueezeNet's classifier: a conv padded to 1008 output channels, sliced to 1000, then ReLU. TVM lets the
     ReLU be inlined into the accumulators' write-back over the padded tile and writes past the output's end (the
-    model then gave 1e23); the slice is not an elementwise epilogue, and the static check reports such writes."""
+    model then gave 1e23): the static check reports such writes; the block runs the slice and what follows it as a
+    pass of its own after the block, within bounds, and computes the same."""
     from tvm import s_tir, te
 
     from toolchain.tune.schedule_check import out_of_bounds_writes
@@ -163,9 +166,34 @@ def test_an_epilogue_over_another_domain_is_not_fused_and_the_static_check_sees_
     sliced = te.compute((4, 12), lambda i, j: c[i, j], name="S")
     relu = te.compute((4, 12), lambda i, j: te.max(sliced[i, j], 0.0), name="R")
     func = te.create_prim_func([a, w, relu])
-    assert mk.matmul_like(func) is None
     forced = mk.MatmulLike("C", (4, 16), (8,), (), ("S", "R"))
     sch = mk.block_kernel(s_tir.Schedule(mk.own_module(func)), forced, 4, 1, 4)
     (bad,) = out_of_bounds_writes(sch.mod)
     assert bad.buffer == "R" and bad.written[1] == (0, 15) and bad.shape == (4, 12)
+    kernel = mk.matmul_like(func)
+    assert kernel.epilogue == () and kernel.rest == ("S", "R")
+    sch, _ = mk.register_block(func, HOST.tvm())
+    assert out_of_bounds_writes(sch.mod) == [] and parallel_races(sch.mod) == []
+    blocked = _run(sch.mod["main"], HOST.tvm())
+    np.testing.assert_allclose(blocked[-1], np.maximum(blocked[0] @ blocked[1], 0)[:, :12], rtol=1e-5, atol=1e-5)
     assert out_of_bounds_writes(mk.register_block(_kernels("tiny-dwsep", (1, 8, 12, 12))[PW], HOST.tvm())[0].mod) == []
+
+
+def test_a_concatenation_feeding_a_pointwise_conv_is_copied_once_before_the_block():
+    """A concatenation (two loads selected by the channel) moves values only: a parallel pass of its own before
+    the block (inlined, its select would sit in every load of the block: a third of the speed)."""
+    from tvm import te
+
+    x, y = te.placeholder((1, 4, 4, 8), name="X"), te.placeholder((1, 4, 4, 8), name="Y")
+    cat = te.compute((1, 4, 4, 16), lambda n, h, w, c: te.if_then_else(c < 8, x[n, h, w, c],
+                                                                        y[n, h, w, te.max(c - 8, 0)]), name="cat")
+    weight = te.placeholder((16, 32), name="Wt")
+    r = te.reduce_axis((0, 16), name="r")
+    conv = te.compute((1, 4, 4, 32), lambda n, h, w, f: te.sum(cat[n, h, w, r] * weight[r, f], axis=r), name="conv")
+    func = te.create_prim_func([x, y, weight, conv])
+    kernel = mk.matmul_like(func)
+    assert kernel is not None and kernel.producers == kernel.gathers == ("cat",) and kernel.pointwise
+    sch, _ = mk.register_block(func, HOST.tvm())
+    out = _run(sch.mod["main"], HOST.tvm())
+    expect = np.concatenate([out[0], out[1]], axis=-1) @ out[2]
+    np.testing.assert_allclose(out[-1], expect, rtol=1e-4, atol=1e-4)

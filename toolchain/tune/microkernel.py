@@ -69,6 +69,8 @@ class MatmulLike:
     producers: tuple[str, ...]  # blocks before it (padding, copies): inlined into its reads
     epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
     depthwise: bool = False
+    rest: tuple[str, ...] = ()  # spatial blocks after the epilogue over another domain (a slice): one pass after it
+    gathers: tuple[str, ...] = ()  # producers that select among several loads (a concatenation): copied, not inlined
 
     @property
     def channels(self) -> int:
@@ -159,17 +161,33 @@ def matmul_like(func) -> MatmulLike | None:
                       or not _vars(data.indices[-1]) <= {channel} | units):
         return None
     spatial_extents = tuple(extents[:len(spatial)])
-    if not all(_is_copy(b) for b in blocks[:at]) or not all(_is_elementwise(b, spatial_extents, blocks[at:])
-                                                             for b in blocks[at + 1:]):
+    if not all(_is_copy(b) for b in blocks[:at]):
+        return None
+    end = at + 1
+    while end < len(blocks) and _is_elementwise(blocks[end], spatial_extents, blocks[at:end]):
+        end += 1
+    if any(int(iv.iter_type) == 2 for b in blocks[end:] for iv in b.iter_vars):
         return None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]),
-                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:]), depthwise)
+                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:end]), depthwise,
+                      tuple(b.name_hint for b in blocks[end:]),
+                      tuple(b.name_hint for b in blocks[:at] if len(_loads(b.body.value)) > 1))
 
 
 def _is_copy(block) -> bool:
-    """A block that only moves values (a padding: a select of a load and a constant)."""
+    """A block that only moves values (a padding: a select of a load and a constant; a concatenation: of loads)."""
     return (not any(int(iv.iter_type) == 2 for iv in block.iter_vars) and _is(block.body, STORES)
-            and len(_loads(block.body.value)) == 1)
+            and _moves(block.body.value))
+
+
+def _moves(value) -> bool:
+    """Whether ``value`` is a load or a constant, or a select between such (no arithmetic on the values)."""
+    if _is(value, LOADS) or _is(value, ("FloatImm", "IntImm")):
+        return True
+    if _is(value, "Select"):
+        return _moves(value.true_value) and _moves(value.false_value)
+    op = getattr(getattr(value, "op", None), "name", "")
+    return _is(value, "Call") and op.endswith("if_then_else") and all(_moves(a) for a in value.args[1:])
 
 
 def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
@@ -189,20 +207,28 @@ def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
     return [getattr(i, "name", None) for i in block.body.indices] == order
 
 
-def choose_block(kernel: MatmulLike, unit: VectorUnit) -> tuple[int, int, int] | None:
+def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
-    channels (at least 4); rows dividing the width (at most :data:`MAX_ROWS`) and vectors the channels' vectors, the
-    most accumulators that fit (:func:`block_shape`'s bound; a kernel of one row, a GEMV, takes as many vectors as
-    fit: its only independent FMA chains); None when no vector divides the channels."""
+    channels (at least 4); vectors dividing the channels' vectors, rows at most :data:`MAX_ROWS` — dividing the
+    width when ``perfect`` (a search's tile sample must), else the last tile's rows masked (a width of 13: 5 rows,
+    13 of 15 used, not 1) — the most accumulators in use that fit (:func:`block_shape`'s bound; a kernel of one row,
+    a GEMV, takes as many vectors as fit: its only independent FMA chains); None when no vector divides the
+    channels."""
     lanes = unit.lanes
     while lanes >= 4 and kernel.channels % lanes:
         lanes //= 2
     if lanes < 4:
         return None
-    fits = [(r * v, v, r) for r in range(1, MAX_ROWS + 1) for v in range(1, unit.registers)
-            if r * v + v + 1 <= unit.registers and kernel.width % r == 0 and (kernel.channels // lanes) % v == 0
-            and (v <= MAX_VECTORS or kernel.width == 1)]
-    _, vectors, rows = max(fits)
+    width = kernel.width
+
+    def used(r: int) -> float:  # the share of the rows' slots that hold a row of the kernel
+        return width / (-(-width // r) * r)
+
+    fits = [(r * v * used(r), used(r), r * v, v, r) for r in range(1, min(MAX_ROWS, width) + 1)
+            for v in range(1, unit.registers)
+            if r * v + v + 1 <= unit.registers and (width % r == 0 or not perfect)
+            and (kernel.channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
+    *_, vectors, rows = max(fits)
     return rows, vectors, lanes
 
 
@@ -211,8 +237,11 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
     given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
-    for name in kernel.producers:
-        sch.compute_inline(sch.get_sblock(name))
+    for name in kernel.producers:  # a padding inlined into the block's loads; a concatenation copied once before it
+        if name in kernel.gathers:
+            _pass(sch, name, lanes)
+        else:
+            sch.compute_inline(sch.get_sblock(name))
     for name in kernel.epilogue[:-1]:
         sch.compute_inline(sch.get_sblock(name))
     c = sch.get_sblock(kernel.block)
@@ -221,7 +250,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
     tiles, inner = outer, []
     if w is not None:
-        wo, wi = sch.split(w, _factors(sch, w, [kernel.width // rows, rows], MAX_ROWS, sampled))
+        wo, wi = sch.split(w, _factors(sch, w, [-(-kernel.width // rows), rows], MAX_ROWS, sampled))
         tiles, inner = [*outer, wo], [wi]
     j, jv = sch.split(j, [None, lanes])
     jo, jj = sch.split(j, _factors(sch, j, [kernel.channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
@@ -230,6 +259,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
+    if kernel.rest:
+        _after(sch, kernel.rest, lanes)
     sch.parallel(sch.fuse(*tiles, jo))
     for loop in inner + (reduce if kernel.depthwise else []):  # a depthwise window unrolled: rows share its loads
         sch.unroll(loop)
@@ -240,6 +271,24 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     _, lane = sch.split(last, [None, lanes])
     sch.vectorize(lane)
     return sch
+
+
+def _after(sch, names: tuple[str, ...], lanes: int) -> None:
+    """The blocks after the fused epilogue (a slice of padded channels, what follows it) inlined into the last one,
+    which runs as its own parallel pass, vectorised where its innermost loop divides into vectors."""
+    for name in names[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    _pass(sch, names[-1], lanes)
+
+
+def _pass(sch, name: str, lanes: int) -> None:
+    """Block ``name`` as a pass of its own: its outer loops fused and parallel, its innermost vectorised where it
+    divides into vectors."""
+    *outer, last = sch.get_loops(sch.get_sblock(name))
+    if outer:
+        sch.parallel(sch.fuse(*outer))
+    if int(sch.get(last).extent) % lanes == 0:
+        sch.vectorize(sch.split(last, [None, lanes])[1])
 
 
 def _factors(sch, loop, decision: list[int], most: int, sampled: bool) -> list:
@@ -271,17 +320,18 @@ def unit_of(target) -> VectorUnit:
     return {16: UNITS["x86_64"], 8: UNITS["avx2"]}.get(lanes, VectorUnit(16, lanes))
 
 
-def register_block(func, target):
+def register_block(func, target, spatial: bool = False):
     """``func``'s workload scheduled with its register block (:func:`block_kernel`, shape by :func:`choose_block`),
-    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not)."""
+    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not). ``spatial``: a spatial conv's too
+    (its padding in the block's loads: about half a tuned schedule's speed, twice a sample's; a last resort)."""
     from tvm import s_tir
 
     kernel = matmul_like(func)
     if kernel is None:
         return None, "not a matmul-like kernel"
-    if not kernel.blocked:
+    if not (kernel.blocked or spatial):
         return None, "a spatial conv (its padding would sit in the block's loads)"
-    shape = choose_block(kernel, unit_of(target))
+    shape = choose_block(kernel, unit_of(target), perfect=False)
     if shape is None:
         return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
     return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape), "×".join(map(str, shape))

@@ -179,10 +179,11 @@ def _own_record(func, spec, library):
     return from_library(library, func, spec, own) if own else (None, "")
 
 
-def _block(func, spec, _library):
-    """The register block of a pointwise conv or matmul (toolchain/tune/microkernel.py), postprocessed."""
+def _block(func, spec, _library, spatial: bool = False):
+    """The register block of a pointwise or depthwise conv or a matmul (toolchain/tune/microkernel.py; ``spatial``:
+    of a spatial conv too), postprocessed."""
     try:
-        sch, detail = microkernel.register_block(func, spec.tvm())
+        sch, detail = microkernel.register_block(func, spec.tvm(), spatial)
     except Exception as exc:  # noqa: BLE001 - a kernel the block's schedule does not fit: the next finder
         log.info("no register block for %s: %s", func, exc)
         return None, ""
@@ -196,9 +197,15 @@ def _nearest(func, spec, library):
     return from_library(library, func, spec) if library is not None else (None, "")
 
 
-#: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as)
-ORDER = {"library": (("own", "library"), ("block", "block"), ("nearest", "library")), "sampled": (), "plain": ()}
-FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest}
+def _spatial_block(func, spec, library):
+    return _block(func, spec, library, spatial=True)
+
+
+#: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as);
+#: a spatial conv's block after the library's records (half their speed per kernel, twice a sample's: RESULTS.md)
+ORDER = {"library": (("own", "library"), ("block", "block"), ("nearest", "library"), ("spatial", "block")),
+         "sampled": (), "plain": ()}
+FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest, "spatial": _spatial_block}
 
 
 def _bounded(func, spec, rule: str, library, seed: int):
