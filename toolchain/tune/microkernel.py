@@ -168,10 +168,13 @@ def matmul_like(func) -> MatmulLike | None:
         end += 1
     if any(int(iv.iter_type) == 2 for b in blocks[end:] for iv in b.iter_vars):
         return None
-    return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]),
-                      tuple(b.name_hint for b in blocks[:at]), tuple(b.name_hint for b in blocks[at + 1:end]), depthwise,
-                      tuple(b.name_hint for b in blocks[end:]),
-                      tuple(b.name_hint for b in blocks[:at] if len(_loads(b.body.value)) > 1))
+    return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
+                      _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
+                      _names(b for b in blocks[:at] if len(_loads(b.body.value)) > 1))
+
+
+def _names(blocks) -> tuple[str, ...]:
+    return tuple(b.name_hint for b in blocks)
 
 
 def _is_copy(block) -> bool:
