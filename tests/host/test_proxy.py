@@ -152,7 +152,8 @@ def pair_artifacts(tmp_path_factory):
     built = {}
     for partition in ("stock", "ago"):
         request = CompileRequest(models.build(*PAIR), PAIR[0], spec, partition=PartitionSettings(partition, 1e9),
-                                 joins="joined")  # the join itself, untuned (without it: its minis)
+                                 joins="joined",  # the join itself, untuned (without it: its minis)
+                                 untuned="sampled")  # both from their spaces (not the stock kernels' register blocks)
         built[partition] = compile_model(request, find_compiler(spec), root / partition)
     convs = {p: [k for k in a.manifest.kernels if "conv2d" in k["name"]] for p, a in built.items()}
     assert len(convs["stock"]) == 2 and len(convs["ago"]) == 1  # (and in NHWC a transpose at each edge)
