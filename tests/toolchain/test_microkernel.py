@@ -197,3 +197,18 @@ def test_a_concatenation_feeding_a_pointwise_conv_is_copied_once_before_the_bloc
     out = _run(sch.mod["main"], HOST.tvm())
     expect = np.concatenate([out[0], out[1]], axis=-1) @ out[2]
     np.testing.assert_allclose(out[-1], expect, rtol=1e-4, atol=1e-4)
+
+
+def test_pooling_windows_are_blocked_like_depthwise_convs_and_compute_the_same():
+    """Max pools (padding of -inf inlined) and the global mean: the data alone, a vector of outputs reading a vector
+    of inputs; the big global window is not unrolled."""
+    kernels = _kernels("squeezenet-1.1", (1, 3, 64, 64))
+    pools = {name: f for name, f in kernels.items() if "pool" in name or "mean" in name}
+    assert pools
+    for name, func in pools.items():
+        kernel = mk.matmul_like(func)
+        assert kernel is not None and kernel.depthwise and kernel.blocked, name
+        sch = postprocess(mk.register_block(func, HOST.tvm())[0], HOST)
+        assert sch is not None and parallel_races(sch.mod) == []
+        np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], _run(func, HOST.tvm())[-1], rtol=1e-5,
+                                   atol=1e-5)

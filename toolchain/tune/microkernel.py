@@ -4,6 +4,7 @@ the epilogue fused into their write-back. Why and the figures: docs/tuning-inter
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,6 +22,8 @@ UNITS = {
 }
 
 MAX_ROWS, MAX_VECTORS = 8, 4
+#: the largest depthwise or pooling window unrolled around the block (7 × 7; a global pool's is not)
+MAX_UNROLLED_WINDOW = 49
 
 
 def block_shape(unit: VectorUnit) -> tuple[int, int]:
@@ -61,7 +64,8 @@ class MatmulLike:
     """A kernel whose one reduction is C[s…, j] += A[s…, r…] · W[j | r…] (a pointwise or spatial conv in NHWC, a
     matmul): ``j`` the output's innermost axis, read by the weight only, so a vector of outputs shares one broadcast
     value of A; or, ``depthwise``, C[s…, j] += A[s…(r), j] · W[j | r…] (a depthwise conv: a vector of outputs reads a
-    vector of A). Block names are the unscheduled function's."""
+    vector of A) or C[s…, j] = max(C[s…, j], A[s…(r), j]) (a pooling window, max or sum). Block names are the
+    unscheduled function's."""
 
     block: str
     spatial: tuple[int, ...]  # extents of C's spatial loops, the channel loop last
@@ -143,9 +147,12 @@ def matmul_like(func) -> MatmulLike | None:
     if [getattr(i, "name", None) for i in store.indices] != spatial:
         return None
     value = store.value
-    if not (_is(value, "Add") and _is(value.b, "Mul")):
+    if _is(value, "Add") and _is(value.b, "Mul"):
+        operands = [value.b.a, value.b.b]
+    elif _is(value, ("Max", "Min", "Add")) and _is(value.b, LOADS):
+        operands = [value.b]  # a pooling window: the data alone, read as a depthwise conv reads it
+    else:
         return None
-    operands = [value.b.a, value.b.b]
     if not all(_is(o, LOADS) for o in operands):
         return None
     channel = spatial[-1]
@@ -153,10 +160,12 @@ def matmul_like(func) -> MatmulLike | None:
     units = {n for n, e in zip(names, extents) if n in reduce and e == 1}
     uses = [set().union(*(_vars(i) for i in o.indices)) for o in operands]
     weight = [i for i, u in enumerate(uses) if u <= reduce | {channel} and channel in u]
-    if len(weight) != 1:
+    if len(operands) == 1:
+        data, depthwise = operands[0], True
+    elif len(weight) == 1:
+        data, depthwise = operands[1 - weight[0]], channel in uses[1 - weight[0]]
+    else:
         return None
-    data = operands[1 - weight[0]]
-    depthwise = channel in uses[1 - weight[0]]
     if depthwise and (any(channel in _vars(i) for i in data.indices[:-1])
                       or not _vars(data.indices[-1]) <= {channel} | units):
         return None
@@ -265,7 +274,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     if kernel.rest:
         _after(sch, kernel.rest, lanes)
     sch.parallel(sch.fuse(*tiles, jo))
-    for loop in inner + (reduce if kernel.depthwise else []):  # a depthwise window unrolled: rows share its loads
+    window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
+    for loop in inner + window:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
     sch.vectorize(jv)
