@@ -60,6 +60,8 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
     assert mk.choose_block(kernel(28, 24), avx512) == (7, 3, 8)  # 24 channels: half vectors (ymm)
     assert mk.choose_block(kernel(56, 96), neon) == (8, 3, 4)
     assert mk.choose_block(kernel(7, 6), neon) is None  # no 4-lane vector divides 6 channels
+    assert mk.choose_block(kernel(28, 58), avx512) is None  # ShuffleNet's 58 channels: no 4-lane vector divides them
+    assert mk.choose_block(kernel(28, 58), avx512, min_lanes=1) == (7, 1, 2)  # the last resort's narrow vectors
     assert mk.choose_block(kernel(13, 1024), avx512) == (1, 4, 16)  # a search's tiles divide: 13 is prime
     assert mk.choose_block(kernel(13, 1024), avx512, perfect=False) == (5, 4, 16)  # 13 of 15 rows used
     rows, vectors, lanes = mk.choose_block(mk.MatmulLike("C", (1, 1000), (1280,), (), ()), avx512)
@@ -87,6 +89,19 @@ def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shap
     blocked, plain = _run(sch.mod["main"], HOST.tvm()), _run(func, HOST.tvm())
     np.testing.assert_allclose(blocked[-1], plain[-1], rtol=1e-5, atol=1e-5)
     assert np.isfinite(blocked[-1]).all() and blocked[-1].max() <= 6.0  # the epilogue ran
+
+
+def test_odd_channels_get_a_narrow_block_only_as_the_last_resort_and_compute_the_same():
+    from tvm import te
+
+    a, w = te.placeholder((28, 64), name="A"), te.placeholder((64, 58), name="W")
+    k = te.reduce_axis((0, 64), name="k")
+    func = te.create_prim_func([a, w, te.compute((28, 58), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")])
+    assert mk.register_block(func, HOST.tvm())[0] is None
+    sch, detail = mk.register_block(func, HOST.tvm(), spatial=True)
+    assert detail.endswith("×2")
+    out = _run(sch.mod["main"], HOST.tvm())
+    np.testing.assert_allclose(out[-1], out[0] @ out[1], rtol=1e-4, atol=1e-4)
 
 
 def test_a_gemv_is_blocked_and_computes_the_same():

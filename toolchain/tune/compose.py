@@ -142,8 +142,9 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
 
 def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
                     measure: "Measure | None" = None) -> str:
-    """Start ``task`` from its register block (a pointwise conv or matmul: toolchain/tune/microkernel.py), measured
-    and committed as a record when it passes the static checks; the block's shape, or "" (none, or it failed)."""
+    """Start ``task`` from its register block (a pointwise or depthwise conv, a matmul, a pool: tune/microkernel.py),
+    measured and committed as a record when it passes the static checks; the block's shape, or "" (none, or it
+    failed)."""
     from toolchain.tune import microkernel
 
     func = plan.funcs[task.name]

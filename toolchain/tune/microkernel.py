@@ -1,4 +1,4 @@
-"""A register-blocked inner block for matmul-like kernels (pointwise convs, matmuls): rows × vectors of accumulators
+"""A register-blocked inner block for matmul-like kernels (convs, matmuls, pools): rows × vectors of accumulators
 held in registers across the reduction, shaped from the target's vector registers (the MLAS / XNNPACK micro-kernel),
 the epilogue fused into their write-back. Why and the figures: docs/tuning-internals.md (Register blocks)."""
 
@@ -74,7 +74,7 @@ class MatmulLike:
     epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
     depthwise: bool = False
     rest: tuple[str, ...] = ()  # spatial blocks after the epilogue over another domain (a slice): one pass after it
-    gathers: tuple[str, ...] = ()  # producers that select among several loads (a concatenation): copied, not inlined
+    gathers: tuple[str, ...] = ()  # producers that are not a one-load copy (a concatenation, a scaling): passes first
 
     @property
     def channels(self) -> int:
@@ -179,7 +179,7 @@ def matmul_like(func) -> MatmulLike | None:
         return None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
-                      _names(b for b in blocks[:at] if len(_loads(b.body.value)) > 1))
+                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)))
 
 
 def _names(blocks) -> tuple[str, ...]:
@@ -187,9 +187,9 @@ def _names(blocks) -> tuple[str, ...]:
 
 
 def _is_copy(block) -> bool:
-    """A block that only moves values (a padding: a select of a load and a constant; a concatenation: of loads)."""
-    return (not any(int(iv.iter_type) == 2 for iv in block.iter_vars) and _is(block.body, STORES)
-            and _moves(block.body.value))
+    """A spatial block of one store: one that moves values (a padding, inlined into the block's loads) or another
+    (a concatenation, a scaling by a squeeze-excitation's factors: a pass of its own before the block)."""
+    return not any(int(iv.iter_type) == 2 for iv in block.iter_vars) and _is(block.body, STORES)
 
 
 def _moves(value) -> bool:
@@ -219,17 +219,18 @@ def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
     return [getattr(i, "name", None) for i in block.body.indices] == order
 
 
-def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True) -> tuple[int, int, int] | None:
+def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
+                 min_lanes: int = 4) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
     channels (at least 4); vectors dividing the channels' vectors, rows at most :data:`MAX_ROWS` — dividing the
     width when ``perfect`` (a search's tile sample must), else the last tile's rows masked (a width of 13: 5 rows,
     13 of 15 used, not 1) — the most accumulators in use that fit (:func:`block_shape`'s bound; a kernel of one row,
     a GEMV, takes as many vectors as fit: its only independent FMA chains); None when no vector divides the
-    channels."""
+    channels (``min_lanes`` lanes or more)."""
     lanes = unit.lanes
-    while lanes >= 4 and kernel.channels % lanes:
+    while lanes >= min_lanes and kernel.channels % lanes:
         lanes //= 2
-    if lanes < 4:
+    if lanes < min_lanes:
         return None
     width = kernel.width
 
@@ -249,7 +250,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
     given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
-    for name in kernel.producers:  # a padding inlined into the block's loads; a concatenation copied once before it
+    for name in kernel.producers:  # a padding inlined into the block's loads; other producers a pass before it
         if name in kernel.gathers:
             _pass(sch, name, lanes)
         else:
@@ -287,11 +288,11 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
 
 
 def _after(sch, names: tuple[str, ...], lanes: int) -> None:
-    """The blocks after the fused epilogue (a slice of padded channels, what follows it) inlined into the last one,
-    which runs as its own parallel pass, vectorised where its innermost loop divides into vectors."""
-    for name in names[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    _pass(sch, names[-1], lanes)
+    """The blocks after the fused epilogue (a slice of padded channels, a concatenation, a channel shuffle, a split),
+    each a parallel pass of its own in program order (inlining them into each other fails where one feeds two, or
+    is an output)."""
+    for name in names:
+        _pass(sch, name, lanes)
 
 
 def _pass(sch, name: str, lanes: int) -> None:
@@ -335,8 +336,9 @@ def unit_of(target) -> VectorUnit:
 
 def register_block(func, target, spatial: bool = False):
     """``func``'s workload scheduled with its register block (:func:`block_kernel`, shape by :func:`choose_block`),
-    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not). ``spatial``: a spatial conv's too
-    (its padding in the block's loads: about half a tuned schedule's speed, twice a sample's; a last resort)."""
+    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not). ``spatial``, a last resort: a
+    spatial conv's too (its padding in the block's loads: about half a tuned schedule's speed, twice a sample's), and
+    vectors narrower than 4 lanes where no wider one divides the channels (ShuffleNet's 58: 2 lanes)."""
     from tvm import s_tir
 
     kernel = matmul_like(func)
@@ -344,7 +346,7 @@ def register_block(func, target, spatial: bool = False):
         return None, "not a matmul-like kernel"
     if not (kernel.blocked or spatial):
         return None, "a spatial conv (its padding would sit in the block's loads)"
-    shape = choose_block(kernel, unit_of(target), perfect=False)
+    shape = choose_block(kernel, unit_of(target), perfect=False, min_lanes=1 if spatial else 4)
     if shape is None:
         return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
     return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape), "×".join(map(str, shape))

@@ -188,7 +188,7 @@ def space(pair: IntensivePair | None, target, num_cores: int | None = None, chec
 
 
 def block_space(func, target, check: bool = True):
-    """(the register block's ``ScheduleFn``, its shape) for a pointwise conv or matmul (toolchain/tune/microkernel.py)
+    """(the register block's ``ScheduleFn``, its shape) for a kernel the block takes (toolchain/tune/microkernel.py)
     whose block schedules here; None otherwise."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
@@ -259,7 +259,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
         return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
     blocked = block_space(func, target, check) if block else None
-    if blocked is not None:  # a pointwise conv or matmul: its register block, the stock space beside it
+    if blocked is not None:  # a pointwise / depthwise conv, matmul or pool: its register block beside the stock space
         union = ms.space_generator.SpaceGeneratorUnion(
             [blocked[0], stock(None, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
         return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")

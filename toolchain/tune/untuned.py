@@ -21,7 +21,8 @@ log = logging.getLogger("agoc.tuning")
 
 #: what a kernel without a tuned schedule gets (``--untuned``)
 RULES = {
-    "library": "the record library's schedule of the same kernel; else a register block (pointwise convs, matmuls); "
+    "library": "the record library's schedule of the same kernel; else a register block (pointwise and depthwise "
+               "convs, matmuls, pools); "
                "else the library's nearest kernel's, re-fitted to its loops; else a sample of the search space",
     "sampled": "a sample of the search space (parallel, vectorised loops; tiles drawn at random, seeded by the kernel)",
     "plain": "TVM's unscheduled loop nest: one core, no vectors (what a build without schedules runs)",
