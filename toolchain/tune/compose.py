@@ -7,7 +7,7 @@ import logging
 import math
 
 from toolchain.tune import intensive, intensive_seed, transfer
-from toolchain.tune.adapter import Measure, commit_seed, passes_static_checks, postprocess, workload_module
+from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
 from toolchain.tune.plan import TaskPlan
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.space import dry_run
@@ -145,20 +145,13 @@ def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, 
     """Start ``task`` from its register block (a pointwise or depthwise conv, a matmul, a pool: tune/microkernel.py),
     measured and committed as a record when it passes the static checks; the block's shape, or "" (none, or it
     failed)."""
-    from toolchain.tune import microkernel
+    from toolchain.tune.untuned import block_schedule
 
-    func = plan.funcs[task.name]
     if settings.transfer <= 0:
         return ""
-    try:
-        sch, shape = microkernel.register_block(func, spec.tvm())
-    except Exception as exc:  # noqa: BLE001 - a kernel the block does not fit: the search's own space
-        log.info("no register block for %s: %s", task.name, exc)
-        return ""
-    sch = postprocess(sch, spec) if sch is not None else None
-    if sch is None or not passes_static_checks(sch, func):
-        return ""
-    return shape if commit_seed(sch, func, database, spec, settings, measure) else ""
+    func = plan.funcs[task.name]
+    sch, shape = block_schedule(func, spec)
+    return shape if sch is not None and commit_seed(sch, func, database, spec, settings, measure) else ""
 
 
 def seed_from_library(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,

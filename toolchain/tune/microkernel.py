@@ -272,8 +272,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
-    if kernel.rest:
-        _after(sch, kernel.rest, lanes)
+    for name in kernel.rest:  # each a pass of its own (inlined into each other, one feeding two or an output fails)
+        _pass(sch, name, lanes)
     sch.parallel(sch.fuse(*tiles, jo))
     window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
     for loop in inner + window:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
@@ -285,14 +285,6 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     _, lane = sch.split(last, [None, lanes])
     sch.vectorize(lane)
     return sch
-
-
-def _after(sch, names: tuple[str, ...], lanes: int) -> None:
-    """The blocks after the fused epilogue (a slice of padded channels, a concatenation, a channel shuffle, a split),
-    each a parallel pass of its own in program order (inlining them into each other fails where one feeds two, or
-    is an output)."""
-    for name in names:
-        _pass(sch, name, lanes)
 
 
 def _pass(sch, name: str, lanes: int) -> None:
@@ -312,10 +304,9 @@ def _factors(sch, loop, decision: list[int], most: int, sampled: bool) -> list:
     return list(sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max(most, decision[1]), decision=decision))
 
 
-def block_space_fn(kernel: MatmulLike, unit: VectorUnit):
-    """The function a MetaSchedule ``ScheduleFn`` calls: the register block of :func:`choose_block` with its rows and
-    vectors as tile samples (a search varies them; the lanes and the structure stay)."""
-    shape = choose_block(kernel, unit)
+def block_space_fn(kernel: MatmulLike, shape: tuple[int, int, int]):
+    """The function a MetaSchedule ``ScheduleFn`` calls: the register block of ``shape`` (:func:`choose_block`) with
+    its rows and vectors as tile samples (a search varies them; the lanes and the structure stay)."""
 
     def apply(sch):
         return [block_kernel(sch, kernel, *shape, sampled=True)]

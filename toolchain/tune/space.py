@@ -199,7 +199,7 @@ def block_space(func, target, check: bool = True):
     shape = microkernel.choose_block(kernel, microkernel.unit_of(target)) if kernel and kernel.blocked else None
     if shape is None:
         return None
-    fn = microkernel.block_space_fn(kernel, microkernel.unit_of(target))
+    fn = microkernel.block_space_fn(kernel, shape)
     try:
         fn(s_tir.Schedule(microkernel.own_module(func)))
     except Exception:  # noqa: BLE001 - a kernel the block's primitives refuse: the other spaces
@@ -247,8 +247,8 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
                          block: bool = True) -> SpaceChoice:
     """The search space for one fused PrimFunc on ``target`` (a ``tvm.target.Target``; see the module doc
     for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
-    initialised for it. ``tile_cache``: see :func:`intensive_schedule`; ``block``: a pointwise conv's or matmul's
-    register block beside the stock space (:func:`block_space`)."""
+    initialised for it. ``tile_cache``: see :func:`intensive_schedule`; ``block``: the register block of a kernel it
+    takes beside the stock space (:func:`block_space`)."""
     from tvm.s_tir import meta_schedule as ms
 
     def stock(pair, reason: str) -> SpaceChoice:

@@ -180,26 +180,29 @@ def _own_record(func, spec, library):
     return from_library(library, func, spec, own) if own else (None, "")
 
 
-def _block(func, spec, _library, spatial: bool = False):
-    """The register block of a pointwise or depthwise conv or a matmul (toolchain/tune/microkernel.py; ``spatial``:
-    of a spatial conv too), postprocessed."""
+def block_schedule(func, spec, spatial: bool = False):
+    """The register block of a pointwise or depthwise conv, a matmul or a pool (toolchain/tune/microkernel.py;
+    ``spatial``: the last resort's too), postprocessed and passing the static checks: (schedule, its shape), or
+    (None, "")."""
     try:
         sch, detail = microkernel.register_block(func, spec.tvm(), spatial)
     except Exception as exc:  # noqa: BLE001 - a kernel the block's schedule does not fit: the next finder
         log.info("no register block for %s: %s", func, exc)
         return None, ""
-    if sch is None:
-        return None, ""
-    sch = postprocess(sch, spec)
+    sch = postprocess(sch, spec) if sch is not None else None
     return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
+
+
+def _block(func, spec, _library):
+    return block_schedule(func, spec)
 
 
 def _nearest(func, spec, library):
     return from_library(library, func, spec) if library is not None else (None, "")
 
 
-def _spatial_block(func, spec, library):
-    return _block(func, spec, library, spatial=True)
+def _spatial_block(func, spec, _library):
+    return block_schedule(func, spec, spatial=True)
 
 
 #: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as);
