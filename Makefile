@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning library bench-library clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning bench-phases library bench-library clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
 include android_runner/runner.mk
@@ -45,7 +45,9 @@ help:
 	@echo "make bench-untuned zoo CNNs @112/224 as compile builds them untuned (register blocks) vs onnxruntime"
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
-	@echo "make bench-tuning where a short tuning session's time goes, per phase (MODEL=zoo:mobilenet-v2@1x3x56x56 TRIALS=64;"
+	@echo "make bench-tuning time to quality: latency vs tuning minutes of stock MetaSchedule, agoc, agoc + a leave-one-out"
+	@echo "                   library (MODELS=mobilenet-v2,mnasnet,squeezenet SHAPES=112,224 CHECKPOINTS=5,15,45 CURVES=a,b,c: hours)"
+	@echo "make bench-phases where a short tuning session's time goes, per phase (MODEL=zoo:mobilenet-v2@1x3x56x56 TRIALS=64;"
 	@echo "                   COMPARE=1: also with fresh workers per batch, the stock behaviour) -> bench/results/tuning-DATE.json"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
 	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
@@ -161,8 +163,18 @@ bench-layout: setup
 	$(VENV)/bin/python -m host.bench.layout --model $(or $(MODEL),mobilenet-v2) --size $(or $(SIZE),112) \
 		--trials $(or $(TRIALS),48) $(if $(THREADS),--threads $(THREADS))
 
-# where a tuning session's time goes (host/bench/tuning.py): seconds per phase, trials, seconds per trial
+# time to quality (host/bench/curves.py): each model tuned by stock MetaSchedule, agoc, agoc + library, one after
+# another; every checkpoint built, verified and timed beside onnxruntime -> bench/results/tuning-curves-*.json/png
+comma := ,
+TUNING_MODELS = $(or $(MODELS),mobilenet-v2 mnasnet squeezenet)
+TUNING_SHAPES = $(or $(SHAPES),112 224)
 bench-tuning: setup
+	set -e; for m in $(subst $(comma), ,$(TUNING_MODELS)); do for s in $(subst $(comma), ,$(TUNING_SHAPES)); do \
+		$(VENV)/bin/python -m host.bench.curves --model zoo:$$m@1x3x$$s"x"$$s \
+			--checkpoints $(or $(CHECKPOINTS),5$(comma)15$(comma)45) $(if $(CURVES),--variants $(CURVES)); done; done
+
+# where a tuning session's time goes (host/bench/tuning.py): seconds per phase, trials, seconds per trial
+bench-phases: setup
 	$(VENV)/bin/python -m host.bench.tuning --model $(or $(MODEL),zoo:mobilenet-v2@1x3x56x56) \
 		--trials $(or $(TRIALS),64) $(if $(COMPARE),--compare)
 

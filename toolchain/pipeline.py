@@ -68,6 +68,7 @@ class CompileRequest:
     check: bool = True  # run the built library on the sample inputs before the artifact is written
     untuned: str = "library"  # what kernels without a tuned schedule get (toolchain.tune.untuned.RULES)
     library: Path | None = None  # the record library for untuned="library" (None: the one packaged for the target)
+    no_library: bool = False  # untuned="library" without any record library: register blocks, then samples
     samples: dict | None = field(default=None, hash=False, repr=False)  # name -> array: the user's sample inputs
 
 
@@ -379,10 +380,10 @@ def _schedule(request: CompileRequest, mod, on_stage: Callable[[str], None]) -> 
 
 def _library(request: CompileRequest):
     """The record library the untuned kernels' schedules come from: ``request.library``, else the one
-    packaged for the target (None when there is none)."""
+    packaged for the target (None when there is none, or ``request.no_library``)."""
     from toolchain.tune.library import Library, default_for
 
-    path = request.library or default_for(request.target)
+    path = None if request.no_library else request.library or default_for(request.target)
     if path is None:
         return None
     found = Library.load(path)

@@ -1,4 +1,4 @@
-"""`make bench-tuning`: where a short tuning session's time goes — seconds per phase, trials, seconds per trial,
+"""`make bench-phases`: where a short tuning session's time goes — seconds per phase, trials, seconds per trial,
 the session's estimated model latency — to bench/results/tuning-DATE.json and a PNG bar chart
 (``python -m host.bench.tuning --model zoo:mobilenet-v2@1x3x56x56 --trials 64``)."""
 

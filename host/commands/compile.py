@@ -66,15 +66,19 @@ def compile(
     library: Annotated[Optional[Path], typer.Option(
         "--library", help="With --untuned library: the record library (`agoc library build`; default: the one "
         "packaged for the target, when there is one).")] = None,
+    no_library: Annotated[bool, typer.Option(
+        "--no-library", help="With --untuned library: use no record library (register blocks, else samples).")] = False,
 ):
     """Compile MODEL into an artifact directory: kernel library, manifest, sample inputs and expected outputs."""
     from toolchain.artifact import check_replaceable, check_writable
+    from toolchain.tune.library import Library
 
     check_replaceable(output)  # before any long work: nothing of the user's is ever replaced
     check_writable(output)
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
     rule = _join_rule(joins, db)
+    _check_untuned(untuned, library, no_library)
     parts, _ = partition_settings(partition, threshold, keep_inside)  # a compile tiles nothing: no tile cache
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
@@ -82,8 +86,9 @@ def compile(
     if db is not None:
         knobs = _from_db(db, knobs, other_target)
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
-    _check_untuned(untuned, library, spec)  # before the long work: the model is loaded, nothing built
-    request = replace(request, untuned=untuned, library=library)
+    if library is not None:  # before the long work: the model is loaded, nothing built
+        Library.load(library).check(spec)
+    request = replace(request, untuned=untuned, library=library, no_library=no_library)
     if rule.startswith("traffic:") and request.partition.method == "ago":  # judged for this build: db is only read
         request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
     device = _check_device(spec, compiler) if check else None
@@ -96,15 +101,15 @@ def compile(
     _report(artifact, request.model_name, spec, rule)
 
 
-def _check_untuned(untuned: str, library: Optional[Path], spec) -> None:
-    from toolchain.tune.library import Library
+def _check_untuned(untuned: str, library: Optional[Path], no_library: bool) -> None:
     from toolchain.tune.untuned import check_rule
 
     check_rule(untuned)
-    if library is not None and untuned != "library":
-        raise UnsupportedModelError(f"--library is read only with --untuned library (not {untuned}): drop one")
-    if library is not None:
-        Library.load(library).check(spec)
+    if library is not None and no_library:
+        raise UnsupportedModelError("--library and --no-library: give one of them")
+    for flag, given in (("--library", library is not None), ("--no-library", no_library)):
+        if given and untuned != "library":
+            raise UnsupportedModelError(f"{flag} is read only with --untuned library (not {untuned}): drop one")
 
 
 def _check_request(seed: int, dump_dir: Optional[Path]) -> None:

@@ -123,7 +123,7 @@ def tune(
     parts, tile_cache = partition_settings(partition, threshold, keep_inside)
     _check_databases(db, base)
     clock = _clock(db, where, time_limit, started)
-    trials = trials if trials is not None else _default_trials(clock)
+    trials = trials if trials is not None else _default_trials(clock, db)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     if search_threads < 0:
         raise UnsupportedModelError(f"--search-threads {search_threads}: give 1 (reproducible), more, or 0 (all cores)")
@@ -255,12 +255,16 @@ def _clock(db: Path, where: "_Where", time_limit: Optional[str], started: float)
 DEFAULT_TRIALS = 256
 
 
-def _default_trials(clock) -> int:
+def _default_trials(clock, db: Path) -> int:
     """``--trials`` not given: 256, or with ``--time`` the trials its search part is expected to fit (the
-    deadline still decides: a faster search spends more in rounds, a slower one stops in time)."""
+    deadline still decides: a faster search spends more in rounds, a slower one stops in time) on top of the
+    records ``db`` holds already (``--trials`` counts them: a resumed ``--time`` run spends its time)."""
     if clock.deadline is None:
         return DEFAULT_TRIALS
-    return max(1, int(clock.trials_that_fit() * SEARCH_SHARE))
+    from toolchain import tune as tuning
+
+    held = sum(row["trials"] for row in tuning.status(db)["tasks"]) if (db / "session.json").is_file() else 0
+    return held + max(1, int(clock.trials_that_fit() * SEARCH_SHARE))
 
 
 #: with ``--time`` alone, the share of the time planned as search trials (the rest: importing, verifying,

@@ -116,6 +116,34 @@ def test_a_variant_that_does_not_load_fails_alone_in_its_shared_worker(tmp_path)
     assert len(samples["tvm-stock"]) == 4 and not failures and "tvm-ago" not in samples
 
 
+def test_each_worker_is_timed_with_the_others_stopped_and_all_go_on_after_even_when_one_fails():
+    """An idle engine's spinning threads (onnxruntime's) would take the cores of the engine being timed."""
+    import random
+
+    log = []
+
+    class Fake:
+        def __init__(self, name, fail=False):
+            self.names, self.fail, self.held = [name], fail, False
+
+        def hold(self, held):
+            self.held = held
+
+        def run(self, n, order):
+            log.append((self.names[0], [w.held for w in workers]))
+            if self.fail:
+                raise RuntimeError("crashed")
+            return {self.names[0]: [1.0] * n}
+
+    workers = [Fake("a"), Fake("b"), Fake("c", fail=True)]
+    samples, _, failures = bench.measure_rounds(workers, tiny_settings(rounds=2), random.Random(0),
+                                                lambda *a, **k: None)
+    assert len(log) == 5 and set(failures) == {"c"} and len(samples["a"]) == len(samples["b"]) > 0
+    for name, held in log:  # the one being timed runs, every other is stopped
+        assert held == [w.names[0] != name for w in workers]
+    assert not any(w.held for w in workers)  # all let go at the end
+
+
 def test_a_failing_variant_is_recorded_and_the_suite_continues(monkeypatch, tmp_path):
     broken = Variant("tvm-broken", "tvm", "a partition that does not exist", partition="no-such-partition")
     monkeypatch.setitem(bench.VARIANTS_BY_NAME, broken.name, broken)

@@ -89,6 +89,31 @@ def test_a_deadline_stops_the_search_in_time_to_verify_what_it_found(dwsep_split
     assert all(used.values())  # each task had its share of the time, not the first ones all of it
 
 
+def test_no_search_is_started_when_one_call_takes_longer_than_the_time_left(dwsep_split, tmp_path, timed,
+                                                                           monkeypatch):
+    """A search call costs seconds however few trials it runs (its population evolved before any is built):
+    with less than that left (before one is timed: the prior) none starts, and the session still ends in time."""
+    mod, graph, *_ = dwsep_split
+    trials, now = timed
+    search = adapter.tune_trials
+
+    def slow_call(*a, **k):  # 20 s a call on top of the trials
+        now.t += 20.0
+        return search(*a, **k)
+
+    monkeypatch.setattr(adapter, "tune_trials", slow_call)
+    settings = TuneSettings(trials=256, per_iter=8, partition=PartitionSettings(threshold=1e9))
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
+    clock = Clock(now=now, deadline=15.0, trial_s=TRIAL_S, verify_s=VERIFY_S, call_s=14.0)
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, clock=clock)
+    assert sum(_used(plan, trials).values()) == 0 and now.t <= 15.0
+    now.t = 0.0
+    clock = Clock(now=now, deadline=90.0, trial_s=TRIAL_S, verify_s=VERIFY_S, call_s=5.0)
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "b", clock=clock)
+    assert clock.call_s > 20.0 and now.t <= 90.0  # learnt from its first call: later ones not started late
+    assert Clock.prior("local", TuneDB(tmp_path / "b").clock).call_s == clock.call_s
+
+
 def test_without_a_deadline_the_clock_only_learns_what_a_trial_takes(dwsep_split, tmp_path, timed):
     mod, graph, *_ = dwsep_split
     _, now = timed

@@ -940,6 +940,18 @@ def test_a_search_space_with_nothing_left_to_try_ends_its_task(tmp_path):
     assert exhausted and 0 < measured < 16
 
 
+@pytest.mark.parametrize("repeat", range(3))
+def test_a_search_stopped_after_its_first_batch_ends_quietly_with_that_batch_recorded(tmp_path, repeat):
+    """``stop`` ends the task from the measure callback; MetaSchedule may have picked that task next already
+    and then trips its own "not terminated" check: that is the stop working, not a failed search."""
+    func = _transpose_func().with_attr("global_symbol", "main")
+    db = TuneDB(tmp_path / "db")
+    asked = []
+    tune_trials(func, SPEC, db.ms_database(), 64, TuneSettings(per_iter=2), False, tmp_path / "logs",
+                stop=lambda: asked.append(1) or True)
+    assert asked and 1 <= len(trial_latencies(db.ms_dir)) <= 2
+
+
 def test_a_kernel_whose_space_does_not_generate_in_time_ends_its_search_before_any_trial(tmp_path, monkeypatch):
     """MetaSchedule's space generation never returns on some kernels (a matmul with fast-math GELU and
     softmax, tests/toolchain/test_fastmath.py): it is tried in a forked child first, bounded; a kernel

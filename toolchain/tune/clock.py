@@ -15,6 +15,9 @@ from toolchain.errors import UnsupportedModelError
 #: say better: :meth:`Clock.from_json`), by where candidates run: building on this machine is most of it
 #: locally; a device adds the upload and the run through RPC. Figures: docs/tuning-internals.md (Budgets).
 PRIOR_TRIAL_S = {"local": 1.2, "device": 3.0}
+#: Seconds one search call takes however few trials it runs (its population sampled and evolved on the cost
+#: model before a candidate is built), before a session has timed one: a search is not started when less is left
+PRIOR_CALL_S = {"local": 15.0, "device": 20.0}
 #: Seconds a task's verification takes (its best candidates built and checked against the reference)
 PRIOR_VERIFY_S = 4.0
 #: Seconds each join's pairing takes (its schedules and its minis' timed in turn)
@@ -43,6 +46,7 @@ class Clock:
     trial_s: float = PRIOR_TRIAL_S["local"]
     verify_s: float = PRIOR_VERIFY_S
     pair_s: float = PRIOR_PAIR_S
+    call_s: float = PRIOR_CALL_S["local"]  # the shortest search call timed so far (the prior before one)
     measured: dict = field(default_factory=lambda: {"trials": 0, "search_s": 0.0, "verifies": 0, "verify_s": 0.0})
 
     def left_s(self) -> float:
@@ -54,12 +58,20 @@ class Clock:
         left = self.left_s() - reserve_s
         return math.inf if left == math.inf else max(0, int(left / self.trial_s))
 
-    def searched(self, trials: int, seconds: float) -> None:
-        """A search ran ``trials`` trials in ``seconds``: the estimate follows what this session measures."""
+    def searched(self, trials: int, seconds: float, call: bool = True) -> None:
+        """A search (``call``; else seeds measured) ran ``trials`` trials in ``seconds``: the estimates follow what
+        this session measures."""
         m = self.measured
         m["trials"], m["search_s"] = m["trials"] + trials, m["search_s"] + seconds
         if m["trials"]:
             self.trial_s = max(m["search_s"] / m["trials"], 1e-3)
+        if call:
+            self.call_s = seconds if m.get("calls") is None else min(self.call_s, seconds)
+            m["calls"] = m.get("calls", 0) + 1
+
+    def search_fits(self, reserve_s: float = 0.0) -> bool:
+        """Whether one more search call fits before the deadline, ``reserve_s`` kept back."""
+        return self.left_s() - reserve_s >= self.call_s
 
     def verified(self, seconds: float) -> None:
         m = self.measured
@@ -71,7 +83,8 @@ class Clock:
         return trials * self.trial_s + tasks * self.verify_s + joins * self.pair_s
 
     def to_json(self) -> dict:
-        return {"trial_s": self.trial_s, "verify_s": self.verify_s, "pair_s": self.pair_s, "measured": self.measured}
+        return {"trial_s": self.trial_s, "verify_s": self.verify_s, "pair_s": self.pair_s, "call_s": self.call_s,
+                "measured": self.measured}
 
     @staticmethod
     def prior(where: str, saved: dict | None = None, now: Callable[[], float] = time.monotonic,
@@ -79,7 +92,8 @@ class Clock:
         """A session's clock: the rates an earlier session of the database measured (``saved``), else the
         prior for where candidates run (:data:`PRIOR_TRIAL_S`)."""
         saved = saved or {}
-        trial = saved.get("trial_s") or PRIOR_TRIAL_S["local" if where == "local" else "device"]
-        return Clock(now=now, deadline=deadline, trial_s=float(trial),
+        kind = "local" if where == "local" else "device"
+        return Clock(now=now, deadline=deadline, trial_s=float(saved.get("trial_s") or PRIOR_TRIAL_S[kind]),
                      verify_s=float(saved.get("verify_s") or PRIOR_VERIFY_S),
-                     pair_s=float(saved.get("pair_s") or PRIOR_PAIR_S))
+                     pair_s=float(saved.get("pair_s") or PRIOR_PAIR_S),
+                     call_s=float(saved.get("call_s") or PRIOR_CALL_S[kind]))

@@ -397,6 +397,26 @@ def build(databases: list[Path], out: Path, device: str = "local", command: str 
     return library
 
 
+def subset(library: Library, out: Path, keep) -> Library | None:
+    """A new library at ``out`` (absent or empty) of ``library``'s records whose source database passes ``keep``
+    (a predicate on a ``sources`` entry), its cost model trained on those alone: a library that never saw a
+    model, for leave-one-out. None, nothing written, when no record is kept."""
+    kept = [s for s in library.sources if keep(s)]
+    shas = {s["model_sha256"] for s in kept}
+    entries = {h: e for h, e in library.entries.items() if e.source in shas}
+    if not entries:
+        return None
+    if Path(out).exists() and any(Path(out).iterdir()):
+        raise LibraryError(f"{out} is not empty: give a new directory for the library's subset")
+    meta = {**library.meta, "sources": kept,
+            "commands": [*library.meta.get("commands", []), f"(subset of {library.path}: {len(kept)} of "
+                                                            f"{len(library.sources)} sources)"]}
+    _write(Path(out), meta, entries)
+    found = Library.load(out)
+    train_cost_model(found)
+    return found
+
+
 #: the file of a library's pre-trained cost model (toolchain/tune/costmodel.py), and the fewest measured
 #: samples it is trained from (fewer: the library has none, and sessions start from MetaSchedule's own)
 COST_MODEL, MIN_SAMPLES = "cost_model.ubj", 16

@@ -168,6 +168,8 @@ class Run:
         """How many of ``wanted`` trials the next search may run: within the budget's allowance and what fits
         before the deadline with a verification kept back (when none fits, the session is out of time)."""
         fit = self.clock.trials_that_fit(reserve_s=self.clock.verify_s)
+        if not self.clock.search_fits(reserve_s=self.clock.verify_s):  # a call runs longer than what is left
+            fit = 0
         if fit <= 0 and not self.out_of_time:
             self.out_of_time = True
             self.on_event(OutOfTime(allowance=self.allowance()))
@@ -257,7 +259,7 @@ class Run:
             listed = compose.seed_from_library(*self.seed_args(task, cap), self.library) if self.library else []
         lat = self.latencies(task.name) if composed or block or seeded or listed else []
         if lat:
-            self.clock.searched(len(lat), self.clock.now() - started)
+            self.clock.searched(len(lat), self.clock.now() - started, call=False)
             seed = min(lat)
             seed_ms = seed * 1e3 if seed < math.inf else None
             self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,

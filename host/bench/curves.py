@@ -1,0 +1,359 @@
+"""`make bench-tuning`: time to quality. A model's latency against tuning wall-clock for (a) MetaSchedule as TVM
+ships it, (b) agoc from scratch and (c) agoc with a record library and cost model built without the model
+(leave-one-out); every checkpoint built, verified and timed beside onnxruntime; JSON + PNG in bench/results/."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+VARIANTS = {
+    "a": "MetaSchedule as TVM ships it: TVM's ONNX frontend and FuseOps, tune_relax's defaults",
+    "b": "agoc from scratch: no record library, no pre-trained cost model",
+    "c": "agoc with a record library and cost model built without this model (leave-one-out)",
+}
+#: seconds a stopped stock tune gets to exit before it is killed
+STOP_GRACE_S = 10
+
+
+@dataclass
+class Point:
+    """One checkpoint of one variant: tuning seconds so far, what the tuner estimated, what the build measured
+    (median ms per regime, onnxruntime's in the same rounds) and whether it was verified."""
+
+    variant: str
+    tune_s: float
+    trials: int | None = None
+    estimate_ms: float | None = None
+    ms: dict = field(default_factory=dict)  # regime -> median ms of the build
+    onnxruntime_ms: dict = field(default_factory=dict)  # regime -> onnxruntime's median in the same rounds
+    verified: bool = False
+    build_s: float | None = None
+    note: str = ""
+
+
+def _agoc() -> str:
+    return str(Path(sys.executable).with_name("agoc"))
+
+
+def _run(words: list[str], log: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run an agoc/python command, its output appended to ``log``; raise with its tail when it fails."""
+    with open(log, "a") as f:
+        f.write(f"$ {shlex.join(words)}\n")
+        f.flush()
+        done = subprocess.run(words, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    if done.returncode != 0:
+        tail = log.read_text()[-1500:]
+        raise RuntimeError(f"{shlex.join(words[:3])}… exited {done.returncode}:\n{tail}")
+    return done
+
+
+# ----------------------------------------------------------------------------- leave-one-out library
+
+
+def loo_library(model: str, spec, out: Path):
+    """The packaged record library of ``spec``'s target less everything tuned on ``model`` (a zoo name), with
+    its cost model retrained on what is left, at ``out``; None when there is no library or nothing is left."""
+    from toolchain.tune import library
+
+    packaged = library.default_for(spec)
+    if packaged is None:
+        return None
+
+    def other(source: dict) -> bool:
+        return f"zoo:{model}@" not in source.get("command", "") and Path(source.get("database", "")).name != model
+
+    return library.subset(library.Library.load(packaged), out, other)
+
+
+# ----------------------------------------------------------------------------- timing a build
+
+
+def measure(artifact: Path, threads: int, rounds: int, calls: int) -> tuple[dict, dict]:
+    """(build's median ms per regime, onnxruntime's), each engine in its own process, interleaved rounds."""
+    from host.bench.against import compare
+
+    found = compare(artifact, threads=threads, rounds=rounds, calls=calls)
+    ours = {r: round(m["agoc"], 4) for r, m in found.median_ms.items() if "agoc" in m}
+    ort = {r: round(m["onnxruntime"], 4) for r, m in found.median_ms.items() if "onnxruntime" in m}
+    return ours, ort
+
+
+# ----------------------------------------------------------------------------- agoc (b), (c)
+
+
+def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> list[Point]:
+    """agoc tune resumed checkpoint by checkpoint (``--time`` the difference), each checkpoint compiled from the
+    database (``compile`` checks it against onnxruntime before writing it) and timed."""
+    lib = ["--library", str(library)] if library is not None else ["--no-library"]
+    db, points, spent = work / name / "db", [], 0.0
+    for minutes in [0.0, *args.checkpoints]:
+        point = Point(name, round(spent, 1))
+        if minutes > 0:
+            started = time.monotonic()
+            _run([_agoc(), "tune", args.model, "--db", str(db), "--time", f"{max(1, round(minutes * 60 - spent))}s",
+                  "--seed", str(args.seed), *lib], log)
+            spent += time.monotonic() - started
+            from toolchain import tune as tuning
+
+            status = tuning.status(db)
+            point = Point(name, round(spent, 1), trials=sum(r["trials"] for r in status["tasks"]),
+                          estimate_ms=status["estimate_ms"])
+        out = work / name / f"at-{minutes:g}m"
+        started = time.monotonic()
+        try:
+            _run([_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib],
+                 log)
+            point.verified, point.build_s = True, round(time.monotonic() - started, 1)
+            point.ms, point.onnxruntime_ms = measure(out, args.threads, args.rounds, args.calls)
+        except RuntimeError as exc:
+            point.note = str(exc).splitlines()[0]
+        points.append(point)
+        print(f"  ({name}) {_line(point)}", flush=True)
+    return points
+
+
+# ----------------------------------------------------------------------------- MetaSchedule (a)
+
+
+def stock_curve(args, spec, model_path: Path, template: Path, work: Path, log: Path) -> list[Point]:
+    """One ``tune_relax`` run stopped at the last checkpoint; at each checkpoint its estimate from the batches
+    measured by then, and the model built with the records it held then, verified and timed."""
+    from host.bench import stock_ms
+
+    stock = work / "a"
+    (stock / "ms").mkdir(parents=True, exist_ok=True)
+    target = json.dumps(dict(spec.tvm_target))
+    words = [sys.executable, "-m", "host.bench.stock_ms", "tune", "--model", str(model_path), "--target", target,
+             "--work", str(stock / "ms")]
+    with open(log, "a") as f:
+        f.write(f"$ {shlex.join(words)}\n")
+        f.flush()
+        proc = subprocess.Popen(words, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        started = time.monotonic()
+        try:
+            proc.wait(timeout=args.checkpoints[-1] * 60)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+    ended = time.monotonic() - started
+    logged = stock_ms.batches(stock / "ms")
+    tasks = len({b["task"] for b in logged}) or None
+    points = []
+    for minutes in args.checkpoints:
+        until = min(minutes * 60, ended)
+        point = Point("a", round(until, 1), trials=sum(len(b["secs"]) for b in logged if b["t"] <= until),
+                      estimate_ms=stock_ms.estimate_ms(logged, until, tasks))
+        out = stock / f"at-{minutes:g}m"
+        started = time.monotonic()
+        try:
+            _stock_artifact(model_path, target, stock, stock_ms.records_at(logged, until), template, out, log)
+            point.verified, point.build_s = True, round(time.monotonic() - started, 1)
+            point.ms, point.onnxruntime_ms = measure(out, args.threads, args.rounds, args.calls)
+        except RuntimeError as exc:
+            point.note = str(exc).splitlines()[0]
+        points.append(point)
+        print(f"  (a) {_line(point)}", flush=True)
+    return points
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the tune and its builder/runner workers (its own process group)."""
+    for sig, wait in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _stock_artifact(model_path: Path, target: str, stock: Path, records: int, template: Path, out: Path,
+                    log: Path) -> None:
+    """The stock build as an artifact: ``template``'s (agoc's build of the same model: its inputs, expected
+    outputs, model) with the stock library in place of agoc's, then ``agoc verify``'d against those outputs."""
+    from toolchain.artifact import MANIFEST, file_sha256
+
+    if out.exists():
+        shutil.rmtree(out)  # this bench's own checkpoint directory
+    shutil.copytree(template, out, ignore=shutil.ignore_patterns("*.so"))
+    manifest = json.loads((out / MANIFEST).read_text())
+    library = out / manifest["library"]
+    _run([sys.executable, "-m", "host.bench.stock_ms", "build", "--model", str(model_path), "--target", target,
+          "--work", str(stock / "ms"), "--records", str(records), "--out", str(library)], log)
+    manifest.update(library_sha256=file_sha256(library), partition="stock", kernels=[], untuned=None,
+                    tuning={"db": str(stock / "ms"), "records": records, "by": "tvm.s_tir.meta_schedule.tune_relax"})
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _run([_agoc(), "verify", str(out)], log)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _line(p: Point) -> str:
+    warm = p.ms.get("warm")
+    ratio = f", {p.onnxruntime_ms['warm'] / warm:.2f}× onnxruntime" if warm and p.onnxruntime_ms.get("warm") else ""
+    est = f", estimate {p.estimate_ms:.3f} ms" if p.estimate_ms is not None else ""
+    got = f"{warm:.3f} ms warm{ratio}" if warm else (p.note or "not measured")
+    return f"{p.tune_s / 60:.1f} min, {p.trials if p.trials is not None else 0} trials{est}: {got}"
+
+
+def time_to(points: list[Point], latency_ms: float | None, regime: str = "warm") -> float | None:
+    """Tuning seconds to the first verified checkpoint at or below ``latency_ms`` (None: not reached)."""
+    if latency_ms is None:
+        return None
+    for p in points:
+        if p.verified and p.ms.get(regime) is not None and p.ms[regime] <= latency_ms:
+            return p.tune_s
+    return None
+
+
+def summarize(curves: dict[str, list[Point]]) -> dict:
+    """Per regime: each variant's final latency, onnxruntime's (median over every round it ran), and each
+    variant's time to (a)'s final latency, to (b)'s, and to onnxruntime's."""
+    import statistics
+
+    out = {}
+    for regime in ("warm", "cold"):
+        final = {v: next((p.ms.get(regime) for p in reversed(pts) if p.verified and p.ms.get(regime)), None)
+                 for v, pts in curves.items()}
+        ort = [p.onnxruntime_ms[regime] for pts in curves.values() for p in pts if p.onnxruntime_ms.get(regime)]
+        ort_ms = statistics.median(ort) if ort else None
+        out[regime] = {"final_ms": final, "onnxruntime_ms": ort_ms,
+                       "time_to": {v: {"a_final": time_to(pts, final.get("a"), regime),
+                                       "b_final": time_to(pts, final.get("b"), regime),
+                                       "onnxruntime": time_to(pts, ort_ms, regime)} for v, pts in curves.items()}}
+    return out
+
+
+COLOURS = {"a": (200, 64, 64), "b": (70, 110, 170), "c": (46, 139, 87)}
+LEGEND = {"a": "stock MetaSchedule", "b": "agoc", "c": "agoc + library"}
+
+
+def chart(document: dict, path: Path) -> Path:
+    """Measured warm latency (solid) and the tuner's estimate (dots) against tuning minutes, per variant, with
+    onnxruntime's as a grey line (Pillow, no plotting stack)."""
+    from PIL import Image, ImageDraw
+
+    w, h, m = 760, 420, 56
+    curves = {v: [Point(**p) for p in pts] for v, pts in document["curves"].items()}
+    xs = [p.tune_s / 60 for pts in curves.values() for p in pts] or [1.0]
+    ys = [y for pts in curves.values() for p in pts for y in (p.ms.get("warm"), p.estimate_ms) if y]
+    ort = document["summary"]["warm"]["onnxruntime_ms"]
+    ys += [ort] if ort else []
+    x_max, y_max = max(xs) or 1.0, (max(ys) if ys else 1.0) * 1.1
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return m + (w - 2 * m) * x / x_max, h - m - (h - 2 * m) * y / y_max
+
+    image = Image.new("RGB", (w, h), "white")
+    draw = ImageDraw.Draw(image)
+    draw.line([at(0, 0), at(x_max, 0)], fill=(30, 30, 30))
+    draw.line([at(0, 0), at(0, y_max)], fill=(30, 30, 30))
+    draw.text((m, 8), f"{document['model']}: warm latency (ms) against tuning minutes", fill=(30, 30, 30))
+    draw.text(at(x_max * 0.92, 0), f"{x_max:.0f} min", fill=(30, 30, 30))
+    draw.text((4, at(0, y_max / 1.1)[1]), f"{y_max / 1.1:.1f}", fill=(30, 30, 30))
+    if ort:
+        draw.line([at(0, ort), at(x_max, ort)], fill=(160, 160, 160))
+        draw.text(at(0, ort), "onnxruntime", fill=(120, 120, 120))
+    for i, (v, pts) in enumerate(curves.items()):
+        colour = COLOURS.get(v, (0, 0, 0))
+        line = [at(p.tune_s / 60, p.ms["warm"]) for p in pts if p.ms.get("warm")]
+        if len(line) > 1:
+            draw.line(line, fill=colour, width=2)
+        for x, y in line:
+            draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+        for p in pts:
+            if p.estimate_ms:
+                x, y = at(p.tune_s / 60, p.estimate_ms)
+                draw.rectangle([x - 1, y - 1, x + 1, y + 1], outline=colour)
+        draw.text((w - m - 150, m + 16 * i), f"({v}) {LEGEND.get(v, v)}", fill=colour)
+    image.save(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="zoo:mobilenet-v2@1x3x112x112", help="a zoo model (zoo:NAME@SHAPE)")
+    p.add_argument("--checkpoints", default="5,15,45", help="tuning minutes at which each variant is built and "
+                   "timed (comma-separated; the last is each variant's budget)")
+    p.add_argument("--variants", default="a,b,c")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, default=Path("build/bench-tuning"))
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = p.parse_args(argv)
+    args.checkpoints = sorted(float(c) for c in args.checkpoints.split(",") if c.strip())
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if not args.model.startswith("zoo:") or "@" not in args.model or unknown or not args.checkpoints:
+        print("give --model zoo:NAME@SHAPE, --variants of a,b,c and at least one checkpoint", file=sys.stderr)
+        return 1
+
+    import onnx
+
+    from host.source import load_source
+    from toolchain.targets import resolve_target
+
+    proto, _, _ = load_source(args.model, [])
+    name = args.model[4:].split("@")[0]
+    spec = resolve_target("host", num_cores=args.threads)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    work = args.work / f"{name}-{stamp}"
+    work.mkdir(parents=True)
+    log = work / "commands.log"
+    model_path = work / "model.onnx"
+    onnx.save(proto, str(model_path))
+    library = loo_library(name, spec, work / "library") if "c" in variants else None
+    document = {"bench": "tuning-curves", "model": args.model, "date": stamp, "threads": args.threads,
+                "checkpoints_min": args.checkpoints, "rounds": args.rounds, "calls": args.calls, "seed": args.seed,
+                "variants": {v: VARIANTS[v] for v in variants}, "work": str(work),
+                "library": None if library is None else {"sources": [s.get("command") for s in library.sources],
+                                                         "kernels": len(library.entries),
+                                                         "cost_model": library.cost_model is not None}}
+    if "c" in variants and library is None:
+        print(f"no record library for this target without {name}: (c) is skipped", file=sys.stderr)
+        variants.remove("c")
+    print(f"{args.model}: {', '.join(variants)} to {args.checkpoints[-1]:g} min each; log {log}", flush=True)
+    curves: dict[str, list[Point]] = {}
+    for v in [v for v in variants if v != "a"]:
+        curves[v] = agoc_curve(args, v, work / "library" if v == "c" else None, work, log)
+    if "a" in variants:
+        template = next((work / v / "at-0m" for v in ("b", "c") if (work / v / "at-0m").is_dir()), None)
+        if template is None:
+            template = work / "template"
+            _run([_agoc(), "compile", args.model, "-o", str(template), "--no-library"], log)
+        curves["a"] = stock_curve(args, spec, model_path, template, work, log)
+    document["curves"] = {v: [asdict(p) for p in pts] for v, pts in sorted(curves.items())}
+    document["summary"] = summarize({v: curves[v] for v in sorted(curves)})
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"tuning-curves-{name}-{stamp}.json"
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    chart(document, path.with_suffix(".png"))
+    for regime, s in document["summary"].items():
+        print(f"{regime}: final {s['final_ms']}, onnxruntime {s['onnxruntime_ms']}; time to: {s['time_to']}")
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""`make bench-tuning` (time to quality): the stock tuner's batches read back as an estimate and a record count at
+any time, times to a latency, a leave-one-out library, the stock build wrapped as an artifact and verified, a resumed
+`tune --time` that spends its time, and one small run of the whole bench."""
+
+import json
+
+import pytest
+
+from host.bench import curves, stock_ms
+from tests.host.test_cli import assert_clean_error
+
+LOG = [  # two tasks, weights 2 and 1; a candidate that failed has no time
+    {"t": 10.0, "task": 0, "weight": 2.0, "secs": [0.004, None, 0.003], "records": 2},
+    {"t": 20.0, "task": 1, "weight": 1.0, "secs": [0.010], "records": 3},
+    {"t": 30.0, "task": 0, "weight": 2.0, "secs": [0.002], "records": 4},
+]
+
+
+def test_the_stock_estimate_is_the_weighted_sum_of_each_tasks_fastest_candidate_by_then():
+    assert stock_ms.estimate_ms(LOG, 15.0, tasks=2) is None  # task 1 not measured yet
+    assert stock_ms.estimate_ms(LOG, 15.0) == pytest.approx(2 * 3.0)
+    assert stock_ms.estimate_ms(LOG, 25.0, tasks=2) == pytest.approx(2 * 3.0 + 10.0)
+    assert stock_ms.estimate_ms(LOG, 99.0, tasks=2) == pytest.approx(2 * 2.0 + 10.0)
+    assert stock_ms.estimate_ms([], 99.0) is None
+    assert [stock_ms.records_at(LOG, t) for t in (5, 10, 25, 99)] == [0, 2, 3, 4]
+
+
+def test_a_batch_line_cut_short_by_the_stop_is_dropped(tmp_path):
+    (tmp_path / stock_ms.LOG).write_text(json.dumps(LOG[0]) + "\n" + json.dumps(LOG[1])[:20])
+    assert stock_ms.batches(tmp_path) == [LOG[0]]
+    assert stock_ms.batches(tmp_path / "absent") == []
+
+
+def _point(variant, s, warm, verified=True, ort=2.0):
+    return curves.Point(variant, s, ms={"warm": warm, "cold": warm * 2}, onnxruntime_ms={"warm": ort, "cold": 4.0},
+                        verified=verified)
+
+
+def test_time_to_a_latency_is_the_first_verified_checkpoint_at_or_below_it_and_the_summary_compares_variants(
+        tmp_path):
+    a = [_point("a", 0, 50.0), _point("a", 600, 3.0)]
+    b = [_point("b", 0, 4.0), _point("b", 300, 1.5, verified=False), _point("b", 600, 2.5)]
+    c = [_point("c", 0, 3.0), _point("c", 300, 2.4)]
+    assert curves.time_to(b, 2.5) == 600 and curves.time_to(b, 1.0) is None and curves.time_to(b, None) is None
+    summary = curves.summarize({"a": a, "b": b, "c": c})
+    warm = summary["warm"]
+    assert warm["final_ms"] == {"a": 3.0, "b": 2.5, "c": 2.4} and warm["onnxruntime_ms"] == 2.0
+    assert warm["time_to"]["c"] == {"a_final": 0, "b_final": 300, "onnxruntime": None}
+    assert warm["time_to"]["a"]["a_final"] == 600 and warm["time_to"]["b"]["a_final"] == 600
+    assert summary["cold"]["final_ms"]["b"] == 5.0
+    document = {"model": "m", "summary": summary, "curves": {v: [p.__dict__ for p in pts]
+                                                             for v, pts in {"a": a, "b": b, "c": c}.items()}}
+    path = curves.chart(document, tmp_path / "c.png")
+    assert path.stat().st_size > 1000
+
+
+def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full_directory(tmp_path):
+    from toolchain.targets import resolve_target
+    from toolchain.tune import library
+
+    spec = resolve_target("host", num_cores=2)
+    packaged = library.default_for(spec)
+    if packaged is None:
+        pytest.skip("no record library packaged for this machine's target")
+    full = library.Library.load(packaged)
+    names = {s["database"].rsplit("/", 1)[-1] for s in full.sources}
+    left_out = sorted(names)[0]
+    loo = curves.loo_library(left_out, spec, tmp_path / "loo")
+    out_sha = {s["model_sha256"] for s in full.sources if s["database"].endswith("/" + left_out)}
+    if len(names) == 1:
+        assert loo is None and not (tmp_path / "loo").exists()
+        return
+    assert loo is not None and 0 < len(loo.entries) < len(full.entries)
+    assert not {e.source for e in loo.entries.values()} & out_sha
+    assert all(not s["database"].endswith("/" + left_out) for s in loo.sources)
+    with pytest.raises(library.LibraryError, match="not empty"):
+        library.subset(full, tmp_path / "loo", lambda s: True)
+    assert library.subset(full, tmp_path / "none", lambda s: False) is None and not (tmp_path / "none").exists()
+
+
+def test_the_stock_build_with_no_records_becomes_an_artifact_that_verifies(cli, tmp_path):
+    from toolchain.artifact import load_artifact
+    from toolchain.targets import resolve_target
+
+    template = tmp_path / "agoc"
+    assert cli("compile", "zoo:tiny-cnn", "-o", template, "--no-library").exit_code == 0
+    model = tmp_path / "model.onnx"
+    model.write_bytes((template / "model.onnx").read_bytes())
+    (tmp_path / "ms").mkdir()
+    target = json.dumps(dict(resolve_target("host").tvm_target))
+    curves._stock_artifact(model, target, tmp_path, 0, template, tmp_path / "stock", tmp_path / "log")
+    art = load_artifact(tmp_path / "stock")
+    assert art.manifest.library_sha256 != load_artifact(template).manifest.library_sha256
+    assert "agoc verify" in (tmp_path / "log").read_text()
+
+
+def test_compile_without_any_record_library_and_its_conflicts(cli, tmp_path):
+    out = tmp_path / "art"
+    assert cli("compile", "zoo:tiny-cnn", "-o", out, "--no-library").exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["untuned"]["library"] is None and "library" not in manifest["untuned"]["counts"]
+    assert_clean_error(cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "x", "--no-library", "--library", out),
+                       "--no-library")
+    assert_clean_error(cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "y", "--no-library", "--untuned", "plain"),
+                       "--untuned library")
+
+
+def test_a_resumed_time_limited_tune_plans_its_trials_on_top_of_the_records_held(monkeypatch, tmp_path):
+    from host.commands import tune as command
+    from toolchain import tune as tuning
+
+    class Clock:
+        deadline = 1.0
+
+        def trials_that_fit(self):
+            return 10
+
+    assert command._default_trials(Clock(), tmp_path / "new") == 8
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "session.json").write_text("{}")
+    monkeypatch.setattr(tuning, "status", lambda db: {"tasks": [{"trials": 30}, {"trials": 12}]})
+    assert command._default_trials(Clock(), tmp_path / "db") == 42 + 8
+
+
+@pytest.mark.e2e
+def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and_writes_its_curves(tmp_path):
+    code = curves.main(["--model", "zoo:tiny-cnn@1x3x32x32", "--checkpoints", "0.4", "--variants", "b,c",
+                        "--rounds", "1", "--calls", "3", "--work", str(tmp_path / "work"), "--out", str(tmp_path)])
+    assert code == 0
+    (doc_path,) = tmp_path.glob("tuning-curves-tiny-cnn-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc_path.with_suffix(".png").is_file()
+    for points in doc["curves"].values():
+        assert [p["verified"] for p in points] == [True, True], points
+        assert points[0]["tune_s"] == 0 and 0 < points[1]["tune_s"] < 0.4 * 60 + 30
+        assert points[1]["trials"] > 0 and points[1]["ms"]["warm"] > 0 and points[1]["onnxruntime_ms"]["warm"] > 0
+    assert doc["summary"]["warm"]["onnxruntime_ms"] > 0
