@@ -135,3 +135,22 @@ def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and
         assert points[0]["tune_s"] == 0 and 0 < points[1]["tune_s"] < 0.4 * 60 + 30
         assert points[1]["trials"] > 0 and points[1]["ms"]["warm"] > 0 and points[1]["onnxruntime_ms"]["warm"] > 0
     assert doc["summary"]["warm"]["onnxruntime_ms"] > 0
+
+
+def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli, monkeypatch, tmp_path):
+    from host.commands import tune as command
+    from toolchain.errors import UnsupportedModelError
+
+    seen = {}
+
+    def run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock, library=None):
+        seen.update(trials=settings.trials, left=clock.left_s())
+        raise UnsupportedModelError("stopped by the test")
+
+    monkeypatch.setattr(command, "_run", run)
+    result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--no-library")
+    assert result.exit_code == 1 and seen["trials"] == 256 and 29 * 60 < seen["left"] <= 30 * 60
+    assert "no budget given: 256 trials or 30m, whichever ends first" in result.stderr
+    seen.clear()
+    cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db2", "--no-library", "--trials", "40")
+    assert seen["trials"] == 40 and seen["left"] == float("inf")
