@@ -1,6 +1,6 @@
 """`make bench-tuning` (time to quality): the stock tuner's batches read back as an estimate and a record count at
 any time, times to a latency, a leave-one-out library, the stock build wrapped as an artifact and verified, a resumed
-`tune --time` that spends its time, and one small run of the whole bench."""
+`tune --time` that spends its time, a tune without a budget bounded, and one small run of the whole bench."""
 
 import json
 
