@@ -147,6 +147,9 @@ def stock_curve(args, spec, model_path: Path, template: Path, work: Path, log: P
             proc.wait(timeout=args.checkpoints[-1] * 60)
         except subprocess.TimeoutExpired:
             _stop(proc)
+        except BaseException:  # Ctrl-C: its own session does not see the terminal's signal
+            _stop(proc)
+            raise
     ended = time.monotonic() - started
     logged = stock_ms.batches(stock / "ms")
     tasks = len({b["task"] for b in logged}) or None
