@@ -250,8 +250,9 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
     given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
-    for name in kernel.producers:  # a padding inlined into the block's loads; other producers a pass before it
-        if name in kernel.gathers:
+    for name in kernel.producers:  # a depthwise conv's padding inlined into the block's loads; a spatial conv's, and
+        if name in kernel.gathers or not kernel.blocked:  # producers other than copies, a pass before it
+            # (a spatial conv reads each input Cout/lanes/vectors times: a bounds test in each load costs more)
             _pass(sch, name, lanes)
         else:
             sch.compute_inline(sch.get_sblock(name))
