@@ -145,6 +145,7 @@ COMMANDS = [
     (app, "verify", artifact.verify),
     (app, "inspect", artifact.inspect),
     (app, "devices", devices.devices),
+    (app, "doctor", devices.doctor),
     (app, "deploy", devices.deploy),
     (app, "bench", devices.bench),
     (app, "tune", tune.tune),

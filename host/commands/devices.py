@@ -49,6 +49,36 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON
     console.print(table)
 
 
+def doctor(
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="Also check this phone (its adb serial) and start the runner on it.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON list of findings.")] = False,
+):
+    """Check what runs need — this machine's tools and, with --device, a phone — and say what to fix."""
+    from host import devices as dv
+    from host import doctor as dr
+    from host.devices import DeviceError
+
+    findings = dr.host_findings(dv.REPO)
+    if device is not None:
+        with err_console.status(f"checking {device}"):
+            findings += dr.phone_findings(device, dv.adb_client())
+    if as_json:
+        print(json.dumps([f.to_json() for f in findings]))
+    else:
+        table = Table(title="agoc doctor", title_justify="left")
+        for col in ("check", "status", "found", "fix"):
+            table.add_column(col)
+        style = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for f in findings:
+            table.add_row(escape(f.check), f"[{style[f.status]}]{f.status}[/{style[f.status]}]", escape(f.detail),
+                          escape(f.fix))
+        console.print(table)
+    failed = [f.check for f in findings if f.status == "fail"]
+    if failed:
+        raise DeviceError(f"{len(failed)} check(s) failed ({', '.join(failed)}): the fix column says what to do")
+
+
 def targets():
     """List the target presets."""
     from toolchain.targets import PRESETS

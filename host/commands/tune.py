@@ -56,7 +56,7 @@ KeyOpt = Annotated[Optional[str], typer.Option(
     help="Tracker key of the devices to use (default: their target, e.g. linux-arm64).")]
 TrialsOpt = Annotated[Optional[int], typer.Option(
     help="Trial budget for the whole model, never exceeded (split over kernels by AGO weight) "
-    "[default: 256; with --time: as many as the time is expected to fit].")]
+    "[default: 256 and at most 30 minutes; with --time: as many as the time is expected to fit].")]
 TimeOpt = Annotated[Optional[str], typer.Option(
     "--time", metavar="DURATION", help="Wall-clock limit for the whole command, e.g. 90s, 10m, 1h30m: the search "
     "stops in time to verify what it found (the database is usable at once).")]
@@ -122,8 +122,9 @@ def tune(
     where = _Where.of(device or [], tracker, key, rpc, target)
     parts, tile_cache = partition_settings(partition, threshold, keep_inside)
     _check_databases(db, base)
-    clock = _clock(db, where, time_limit, started)
-    trials = trials if trials is not None else _default_trials(clock, db)
+    default_budget = trials is None and time_limit is None
+    clock = _clock(db, where, DEFAULT_TIME if default_budget else time_limit, started)
+    trials = DEFAULT_TRIALS if default_budget else trials if trials is not None else _default_trials(clock, db)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     if search_threads < 0:
         raise UnsupportedModelError(f"--search-threads {search_threads}: give 1 (reproducible), more, or 0 (all cores)")
@@ -135,6 +136,9 @@ def tune(
     )
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
     _describe(label, db, where, settings, spec)
+    if default_budget:
+        err_console.print(f"[dim]no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever ends first "
+                          "(--trials N, --time DURATION)[/dim]")
     records = _library(library, no_library, spec)
     summary, report = _run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock,
                            library=records)
@@ -251,16 +255,15 @@ def _clock(db: Path, where: "_Where", time_limit: Optional[str], started: float)
                               deadline=started + seconds if seconds is not None else None)
 
 
-#: ``--trials`` when not given
-DEFAULT_TRIALS = 256
+#: the budget when neither ``--trials`` nor ``--time`` is given: this many trials, or this long, whichever ends first
+#: (docs/tuning.md, Budget: what that is on this host)
+DEFAULT_TRIALS, DEFAULT_TIME = 256, "30m"
 
 
 def _default_trials(clock, db: Path) -> int:
-    """``--trials`` not given: 256, or with ``--time`` the trials its search part is expected to fit (the
-    deadline still decides: a faster search spends more in rounds, a slower one stops in time) on top of the
-    records ``db`` holds already (``--trials`` counts them: a resumed ``--time`` run spends its time)."""
-    if clock.deadline is None:
-        return DEFAULT_TRIALS
+    """``--time`` without ``--trials``: the trials its search part is expected to fit (the deadline still
+    decides: a faster search spends more in rounds, a slower one stops in time) on top of the records ``db``
+    holds already (``--trials`` counts them: a resumed ``--time`` run spends its time)."""
     from toolchain import tune as tuning
 
     held = sum(row["trials"] for row in tuning.status(db)["tasks"]) if (db / "session.json").is_file() else 0

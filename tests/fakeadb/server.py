@@ -53,7 +53,7 @@ Shell (a mini ``sh``: input is tokenised with ``shlex``; nothing ever reaches a 
     ``VAR=VAL cmd``, ``VAR=VAL``, ``export VAR=VAL``, ``unset VAR``; ``$VAR ${VAR} $? $! $$ $# $@ $1..``
     (single quotes suppress them); ``>``, ``>>``, ``<``, ``2>``, ``2>&1``, ``&>``; ``*``/``?`` globs.
     Builtins: cd pwd echo [-n] cat ls [-l -a -1] mkdir [-p] [-m MODE] rm [-r -f] rmdir chmod [-R]
-    touch cp [-r] mv md5sum sha256sum getprop [NAME [DEFAULT]] nproc uname [-a -m -s -r]
+    touch cp [-r] mv md5sum sha256sum getprop [NAME [DEFAULT]] nproc uname [-a -m -s -r] df [-k PATH]
     test / [ (-e -f -d -x -s -r -w -z -n = != !) true false sleep kill [-SIG] exit env [-i]
     nohup exec sh [-c STRING | FILE] [ARGS] (redirections on ``sh`` itself are ignored);
     /system/bin/<builtin> works too. Anything else without a ``/`` is "not found" (127).
@@ -530,6 +530,7 @@ class FakeAdbServer:
                 "cpufreq/scaling_cur_freq": cpu.max_khz,
                 "cpufreq/cpuinfo_min_freq": 300_000,
                 "cpufreq/scaling_min_freq": 300_000,
+                "cpufreq/scaling_governor": "schedutil",
                 "topology/cluster_id": cpu.cluster,
                 "topology/physical_package_id": 0,
                 "topology/core_id": i,
@@ -1456,6 +1457,17 @@ class _Shell:
             io.out("".join(f"[{k}]: [{v}]\n" for k, v in sorted(props.items())))
         else:
             io.out(props.get(args[0], args[1] if len(args) > 1 else "") + "\n")
+        return 0
+
+    def b_df(self, args, io):
+        """``df [-k] [PATH...]``: toybox's columns, in 1K blocks, of the host filesystem under the sandbox."""
+        paths = [a for a in args if not a.startswith("-")] or ["/data/local/tmp"]
+        io.out("Filesystem     1K-blocks    Used Available Use% Mounted on\n")
+        for p in paths:
+            fs = os.statvfs(self._path(p))
+            total, avail = fs.f_blocks * fs.f_frsize // 1024, fs.f_bavail * fs.f_frsize // 1024
+            used = total - fs.f_bfree * fs.f_frsize // 1024
+            io.out(f"/dev/block/fake {total} {used} {avail} {100 * used // max(total, 1)}% {p}\n")
         return 0
 
     def b_nproc(self, args, io):
