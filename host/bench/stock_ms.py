@@ -13,6 +13,10 @@ import time
 from pathlib import Path
 
 WORKLOADS, RECORDS, LOG = "database_workload.json", "database_tuning_record.json", "batches.jsonl"
+#: the builder's per-candidate timeout: TVM's 30 s default is shorter than a fresh build worker's import of every
+#: backend's tensor intrinsics on a 2-core host, so every candidate of the first batches timed out and nothing was
+#: measured in 10 minutes (docs/tuning.md, Time to quality); the only default changed
+BUILD_TIMEOUT_S = 120
 
 
 def _module(model_path: Path, target):
@@ -66,7 +70,8 @@ def tune(model_path: Path, target: dict, work: Path, trials: int) -> None:
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"), _logger(work, started)]
     target = tvm.target.Target(target)
     ms.relax_integration.tune_relax(_module(model_path, target), {}, target, str(work), trials,
-                                    measure_callbacks=callbacks)
+                                    measure_callbacks=callbacks,
+                                    builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S))
 
 
 def batches(work: Path) -> list[dict]:

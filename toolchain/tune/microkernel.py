@@ -250,9 +250,10 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
     given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
-    for name in kernel.producers:  # a depthwise conv's padding inlined into the block's loads; a spatial conv's, and
-        if name in kernel.gathers or not kernel.blocked:  # producers other than copies, a pass before it
-            # (a spatial conv reads each input Cout/lanes/vectors times: a bounds test in each load costs more)
+    for name in kernel.producers:  # a padding inlined into the block's loads, but a spatial conv's of a vector of
+        # input channels or more (its bounds tests cost more than one padded copy: docs/tuning-internals.md); other
+        # producers than copies a pass before it
+        if name in kernel.gathers or (not kernel.blocked and kernel.reduce[-1] >= lanes):
             _pass(sch, name, lanes)
         else:
             sch.compute_inline(sch.get_sblock(name))
