@@ -215,32 +215,50 @@ def _line(p: Point) -> str:
     return f"{p.tune_s / 60:.1f} min, {p.trials if p.trials is not None else 0} trials{est}: {got}"
 
 
-def time_to(points: list[Point], latency_ms: float | None, regime: str = "warm") -> float | None:
-    """Tuning seconds to the first verified checkpoint at or below ``latency_ms`` (None: not reached)."""
-    if latency_ms is None:
+def relative(p: Point, regime: str) -> float | None:
+    """The checkpoint's latency over onnxruntime's in the same rounds (below 1: faster): what compares across
+    checkpoints on a host whose speed drifts (onnxruntime's own median moved 3.3-5.8 ms within one run)."""
+    ms, ort = p.ms.get(regime), p.onnxruntime_ms.get(regime)
+    return ms / ort if p.verified and ms and ort else None
+
+
+def time_to(points: list[Point], target: float | None, regime: str = "warm") -> float | None:
+    """Tuning seconds to the first verified checkpoint at or below ``target`` (a :func:`relative` latency; None:
+    not reached)."""
+    if target is None:
         return None
-    for p in points:
-        if p.verified and p.ms.get(regime) is not None and p.ms[regime] <= latency_ms:
-            return p.tune_s
-    return None
+    return next((p.tune_s for p in points if (r := relative(p, regime)) is not None and r <= target), None)
 
 
 def summarize(curves: dict[str, list[Point]]) -> dict:
-    """Per regime: each variant's final latency, onnxruntime's (median over every round it ran), and each
-    variant's time to (a)'s final latency, to (b)'s, and to onnxruntime's."""
-    import statistics
-
+    """Per regime: each variant's last and best latency relative to onnxruntime's, and its time to (a)'s final
+    relative latency, to (b)'s, and to onnxruntime's (1.0)."""
     out = {}
     for regime in ("warm", "cold"):
-        final = {v: next((p.ms.get(regime) for p in reversed(pts) if p.verified and p.ms.get(regime)), None)
+        final = {v: next((r for p in reversed(pts) if (r := relative(p, regime)) is not None), None)
                  for v, pts in curves.items()}
-        ort = [p.onnxruntime_ms[regime] for pts in curves.values() for p in pts if p.onnxruntime_ms.get(regime)]
-        ort_ms = statistics.median(ort) if ort else None
-        out[regime] = {"final_ms": final, "onnxruntime_ms": ort_ms,
+        best = {v: min((r for p in pts if (r := relative(p, regime)) is not None), default=None)
+                for v, pts in curves.items()}
+        out[regime] = {"final_relative": final, "best_relative": best,
                        "time_to": {v: {"a_final": time_to(pts, final.get("a"), regime),
                                        "b_final": time_to(pts, final.get("b"), regime),
-                                       "onnxruntime": time_to(pts, ort_ms, regime)} for v, pts in curves.items()}}
+                                       "onnxruntime": time_to(pts, 1.0, regime)} for v, pts in curves.items()}}
     return out
+
+
+def merge(paths: list[Path]) -> dict:
+    """Runs of one model (the same machine, another time: a variant run again) as one document: a later run's
+    curve of a variant replaces an earlier one's; the summary made again."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    if len({d["model"] for d in docs}) != 1:
+        raise SystemExit(f"runs of different models: {sorted({d['model'] for d in docs})}")
+    merged = {**docs[-1], "merged_from": [str(p) for p in paths], "curves": {}}
+    for d in docs:
+        merged["curves"].update(d["curves"])
+        merged["variants"] = {**merged.get("variants", {}), **d["variants"]}
+    merged["curves"] = dict(sorted(merged["curves"].items()))
+    merged["summary"] = summarize({v: [Point(**p) for p in pts] for v, pts in merged["curves"].items()})
+    return merged
 
 
 COLOURS = {"a": (200, 64, 64), "b": (70, 110, 170), "c": (46, 139, 87)}
@@ -248,42 +266,39 @@ LEGEND = {"a": "stock MetaSchedule", "b": "agoc", "c": "agoc + library"}
 
 
 def chart(document: dict, path: Path) -> Path:
-    """Measured warm latency (solid) and the tuner's estimate (dots) against tuning minutes, per variant, with
-    onnxruntime's as a grey line (Pillow, no plotting stack)."""
+    """Warm latency relative to onnxruntime's (measured: lines) against tuning minutes, per variant, with 1.0
+    (onnxruntime) as a grey line; log scale, so that 0.03 and 1.2 both read (Pillow, no plotting stack)."""
+    import math
+
     from PIL import Image, ImageDraw
 
     w, h, m = 760, 420, 56
     curves = {v: [Point(**p) for p in pts] for v, pts in document["curves"].items()}
     xs = [p.tune_s / 60 for pts in curves.values() for p in pts] or [1.0]
-    ys = [y for pts in curves.values() for p in pts for y in (p.ms.get("warm"), p.estimate_ms) if y]
-    ort = document["summary"]["warm"]["onnxruntime_ms"]
-    ys += [ort] if ort else []
-    x_max, y_max = max(xs) or 1.0, (max(ys) if ys else 1.0) * 1.1
+    ys = [r for pts in curves.values() for p in pts if (r := relative(p, "warm"))] + [1.0]
+    x_max, lo, hi = max(xs) or 1.0, math.log2(min(ys)) - 0.2, math.log2(max(ys)) + 0.2
 
     def at(x: float, y: float) -> tuple[float, float]:
-        return m + (w - 2 * m) * x / x_max, h - m - (h - 2 * m) * y / y_max
+        return m + (w - 2 * m) * x / x_max, h - m - (h - 2 * m) * (math.log2(y) - lo) / (hi - lo)
 
     image = Image.new("RGB", (w, h), "white")
     draw = ImageDraw.Draw(image)
-    draw.line([at(0, 0), at(x_max, 0)], fill=(30, 30, 30))
-    draw.line([at(0, 0), at(0, y_max)], fill=(30, 30, 30))
-    draw.text((m, 8), f"{document['model']}: warm latency (ms) against tuning minutes", fill=(30, 30, 30))
-    draw.text(at(x_max * 0.92, 0), f"{x_max:.0f} min", fill=(30, 30, 30))
-    draw.text((4, at(0, y_max / 1.1)[1]), f"{y_max / 1.1:.1f}", fill=(30, 30, 30))
-    if ort:
-        draw.line([at(0, ort), at(x_max, ort)], fill=(160, 160, 160))
-        draw.text(at(0, ort), "onnxruntime", fill=(120, 120, 120))
+    ink = (30, 30, 30)
+    draw.line([(m, h - m), (w - m, h - m)], fill=ink)
+    draw.line([(m, h - m), (m, m)], fill=ink)
+    draw.text((m, 8), f"{document['model']}: warm latency / onnxruntime's (log) against tuning minutes", fill=ink)
+    draw.text((w - m - 40, h - m + 6), f"{x_max:.0f} min", fill=ink)
+    draw.line([at(0, 1.0), at(x_max, 1.0)], fill=(160, 160, 160))
+    draw.text(at(0, 1.0), "onnxruntime", fill=(120, 120, 120))
+    for y in (2 ** e for e in range(math.ceil(lo), math.floor(hi) + 1)):
+        draw.text((4, at(0, y)[1] - 6), f"{y:g}×", fill=ink)
     for i, (v, pts) in enumerate(curves.items()):
         colour = COLOURS.get(v, (0, 0, 0))
-        line = [at(p.tune_s / 60, p.ms["warm"]) for p in pts if p.ms.get("warm")]
+        line = [at(p.tune_s / 60, r) for p in pts if (r := relative(p, "warm"))]
         if len(line) > 1:
             draw.line(line, fill=colour, width=2)
         for x, y in line:
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
-        for p in pts:
-            if p.estimate_ms:
-                x, y = at(p.tune_s / 60, p.estimate_ms)
-                draw.rectangle([x - 1, y - 1, x + 1, y + 1], outline=colour)
         draw.text((w - m - 150, m + 16 * i), f"({v}) {LEGEND.get(v, v)}", fill=colour)
     image.save(path)
     return path
@@ -304,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("build/bench-tuning"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
+                   help="instead of running: runs of one model as one document (a later run's variant replaces an "
+                   "earlier one's), written with its chart to --out")
     args = p.parse_args(argv)
+    if args.merge:
+        return _write(merge(args.merge), args.out, f"tuning-curves-{Path(args.merge[-1]).stem.split('-', 2)[-1]}"
+                      "-merged")
     args.checkpoints = sorted(float(c) for c in args.checkpoints.split(",") if c.strip())
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -348,12 +369,18 @@ def main(argv: list[str] | None = None) -> int:
         curves["a"] = stock_curve(args, spec, model_path, template, work, log)
     document["curves"] = {v: [asdict(p) for p in pts] for v, pts in sorted(curves.items())}
     document["summary"] = summarize({v: curves[v] for v in sorted(curves)})
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"tuning-curves-{name}-{stamp}.json"
+    return _write(document, args.out, f"tuning-curves-{name}-{stamp}")
+
+
+def _write(document: dict, out: Path, stem: str) -> int:
+    """The document and its chart in ``out``; its summary printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
     chart(document, path.with_suffix(".png"))
     for regime, s in document["summary"].items():
-        print(f"{regime}: final {s['final_ms']}, onnxruntime {s['onnxruntime_ms']}; time to: {s['time_to']}")
+        print(f"{regime}: latency / onnxruntime's, last {s['final_relative']}, best {s['best_relative']}; "
+              f"seconds to (a)'s last, (b)'s last, onnxruntime: {s['time_to']}")
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0
 

@@ -339,9 +339,9 @@ def run_suite(
                 "figures per inference (host/bench/proxy.py)",
             },
             "protocol": "one worker process per engine kind (onnxruntime; all TVM variants, which share one "
-            "thread pool), one worker active at a time (the others stopped), random order per round, gap_s between workers; speed-ups "
-            "are per-round median ratios; within a round: " + cache_regime.regime(settings.cache).meaning
-            + f" (cache regime '{settings.cache}')",
+            "thread pool), one worker active at a time (the others stopped), random order per round, gap_s between "
+            "workers; speed-ups are per-round median ratios; within a round: "
+            + cache_regime.regime(settings.cache).meaning + f" (cache regime '{settings.cache}')",
         },
         "results": [],
     }

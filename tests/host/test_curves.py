@@ -36,22 +36,31 @@ def _point(variant, s, warm, verified=True, ort=2.0):
                         verified=verified)
 
 
-def test_time_to_a_latency_is_the_first_verified_checkpoint_at_or_below_it_and_the_summary_compares_variants(
-        tmp_path):
+def test_times_to_a_latency_are_read_relative_to_onnxruntime_in_the_same_rounds_and_runs_merge(tmp_path):
     a = [_point("a", 0, 50.0), _point("a", 600, 3.0)]
     b = [_point("b", 0, 4.0), _point("b", 300, 1.5, verified=False), _point("b", 600, 2.5)]
-    c = [_point("c", 0, 3.0), _point("c", 300, 2.4)]
-    assert curves.time_to(b, 2.5) == 600 and curves.time_to(b, 1.0) is None and curves.time_to(b, None) is None
+    c = [_point("c", 0, 3.0), _point("c", 300, 3.6, ort=4.0)]  # slower in ms, faster than onnxruntime then
+    assert curves.relative(c[1], "warm") == pytest.approx(0.9) and curves.relative(b[1], "warm") is None
+    assert curves.time_to(b, 1.25) == 600 and curves.time_to(b, 1.0) is None and curves.time_to(b, None) is None
     summary = curves.summarize({"a": a, "b": b, "c": c})
     warm = summary["warm"]
-    assert warm["final_ms"] == {"a": 3.0, "b": 2.5, "c": 2.4} and warm["onnxruntime_ms"] == 2.0
-    assert warm["time_to"]["c"] == {"a_final": 0, "b_final": 300, "onnxruntime": None}
-    assert warm["time_to"]["a"]["a_final"] == 600 and warm["time_to"]["b"]["a_final"] == 600
-    assert summary["cold"]["final_ms"]["b"] == 5.0
-    document = {"model": "m", "summary": summary, "curves": {v: [p.__dict__ for p in pts]
-                                                             for v, pts in {"a": a, "b": b, "c": c}.items()}}
-    path = curves.chart(document, tmp_path / "c.png")
-    assert path.stat().st_size > 1000
+    assert warm["final_relative"] == {"a": 1.5, "b": 1.25, "c": 0.9} and warm["best_relative"]["b"] == 1.25
+    assert warm["time_to"]["c"] == {"a_final": 0, "b_final": 300, "onnxruntime": 300}
+    assert warm["time_to"]["a"] == {"a_final": 600, "b_final": None, "onnxruntime": None}
+    assert summary["cold"]["final_relative"]["b"] == pytest.approx(1.25)
+    first = {"model": "m", "variants": {"a": "", "b": ""}, "curves": {"a": [p.__dict__ for p in a],
+                                                                      "b": [p.__dict__ for p in b]}}
+    again = {"model": "m", "variants": {"a": "again"}, "curves": {"a": [_point("a", 600, 2.0).__dict__]}}
+    for name, doc in (("1.json", first), ("2.json", again)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    merged = curves.merge([tmp_path / "1.json", tmp_path / "2.json"])
+    assert merged["summary"]["warm"]["final_relative"] == {"a": 1.0, "b": 1.25}
+    assert merged["variants"]["a"] == "again" and len(merged["curves"]["b"]) == 3
+    assert curves.chart(merged, tmp_path / "c.png").stat().st_size > 1000
+    assert curves.main(["--merge", str(tmp_path / "1.json"), str(tmp_path / "2.json"), "--out", str(tmp_path)]) == 0
+    (tmp_path / "3.json").write_text(json.dumps({**again, "model": "other"}))
+    with pytest.raises(SystemExit, match="different models"):
+        curves.merge([tmp_path / "1.json", tmp_path / "3.json"])
 
 
 def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full_directory(tmp_path):
@@ -134,7 +143,7 @@ def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and
         assert [p["verified"] for p in points] == [True, True], points
         assert points[0]["tune_s"] == 0 and 0 < points[1]["tune_s"] < 0.75 * 60 + 20
         assert points[1]["trials"] > 0 and points[1]["ms"]["warm"] > 0 and points[1]["onnxruntime_ms"]["warm"] > 0
-    assert doc["summary"]["warm"]["onnxruntime_ms"] > 0
+    assert set(doc["summary"]["warm"]["final_relative"]) == set(doc["curves"])
 
 
 def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli, monkeypatch, tmp_path):
