@@ -174,7 +174,8 @@ TUNING_SHAPES = $(or $(SHAPES),112 224)
 bench-tuning: setup
 	set -e; for m in $(subst $(comma), ,$(TUNING_MODELS)); do for s in $(subst $(comma), ,$(TUNING_SHAPES)); do \
 		$(VENV)/bin/python -m host.bench.curves --model zoo:$$m@1x3x$$s"x"$$s \
-			--checkpoints $(or $(CHECKPOINTS),5$(comma)15$(comma)45) $(if $(CURVES),--variants $(CURVES)); done; done
+			--checkpoints $(or $(CHECKPOINTS),5$(comma)15$(comma)45) $(if $(CURVES),--variants $(CURVES)) \
+			$(if $(STOCK_SCHEDULER),--stock-scheduler $(STOCK_SCHEDULER)); done; done
 
 # where a tuning session's time goes (host/bench/tuning.py): seconds per phase, trials, seconds per trial
 bench-phases: setup

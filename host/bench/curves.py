@@ -137,7 +137,7 @@ def stock_curve(args, spec, model_path: Path, template: Path, work: Path, log: P
     (stock / "ms").mkdir(parents=True, exist_ok=True)
     target = json.dumps(dict(spec.tvm_target))
     words = [sys.executable, "-m", "host.bench.stock_ms", "tune", "--model", str(model_path), "--target", target,
-             "--work", str(stock / "ms")]
+             "--work", str(stock / "ms"), "--scheduler", args.stock_scheduler]
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(words)}\n")
         f.flush()
@@ -317,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stock-scheduler", default="gradient", choices=("gradient", "round-robin"),
+                   help="(a)'s task scheduler: TVM's default, gradient, records nothing before every task has had a "
+                   "batch; round-robin records each batch as it goes")
     p.add_argument("--work", type=Path, default=Path("build/bench-tuning"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
@@ -350,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     library = loo_library(name, spec, work / "library") if "c" in variants else None
     document = {"bench": "tuning-curves", "model": args.model, "date": stamp, "threads": args.threads,
                 "checkpoints_min": args.checkpoints, "rounds": args.rounds, "calls": args.calls, "seed": args.seed,
+                "stock_scheduler": args.stock_scheduler,
                 "variants": {v: VARIANTS[v] for v in variants}, "work": str(work),
                 "library": None if library is None else {"sources": [s.get("command") for s in library.sources],
                                                          "kernels": len(library.entries),
