@@ -152,7 +152,7 @@ def stock_curve(args, spec, model_path: Path, template: Path, work: Path, log: P
             raise
     ended = time.monotonic() - started
     logged = stock_ms.batches(stock / "ms")
-    tasks = len({b["task"] for b in logged}) or None
+    tasks = stock_ms.tasks(stock / "ms")
     points = []
     for minutes in args.checkpoints:
         until = min(minutes * 60, ended)
@@ -291,7 +291,7 @@ def chart(document: dict, path: Path) -> Path:
     draw.line([at(0, 1.0), at(x_max, 1.0)], fill=(160, 160, 160))
     draw.text(at(0, 1.0), "onnxruntime", fill=(120, 120, 120))
     for y in (2 ** e for e in range(math.ceil(lo), math.floor(hi) + 1)):
-        draw.text((4, at(0, y)[1] - 6), f"{y:g}×", fill=ink)
+        draw.text((4, at(0, y)[1] - 6), f"{y:g}x", fill=ink)
     for i, (v, pts) in enumerate(curves.items()):
         colour = COLOURS.get(v, (0, 0, 0))
         line = [at(p.tune_s / 60, r) for p in pts if (r := relative(p, "warm"))]

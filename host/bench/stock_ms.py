@@ -96,6 +96,11 @@ def batches(work: Path) -> list[dict]:
     return out
 
 
+def tasks(work: Path) -> int | None:
+    """How many tasks the run tunes (one workload each, committed before the first batch); None before that."""
+    return _lines(work / WORKLOADS) or None
+
+
 def estimate_ms(logged: list[dict], until: float, tasks: int | None = None) -> float | None:
     """MetaSchedule's own estimate at ``until`` seconds: Σ weight × the task's fastest candidate so far; None while
     a task (of ``tasks``, when known) has none."""

@@ -25,10 +25,13 @@ def test_the_stock_estimate_is_the_weighted_sum_of_each_tasks_fastest_candidate_
     assert [stock_ms.records_at(LOG, t) for t in (5, 10, 25, 99)] == [0, 2, 3, 4]
 
 
-def test_a_batch_line_cut_short_by_the_stop_is_dropped(tmp_path):
+def test_a_batch_line_cut_short_by_the_stop_is_dropped_and_the_tasks_are_the_workloads(tmp_path):
     (tmp_path / stock_ms.LOG).write_text(json.dumps(LOG[0]) + "\n" + json.dumps(LOG[1])[:20])
     assert stock_ms.batches(tmp_path) == [LOG[0]]
     assert stock_ms.batches(tmp_path / "absent") == []
+    assert stock_ms.tasks(tmp_path) is None
+    (tmp_path / stock_ms.WORKLOADS).write_text("{}\n{}\n{}\n")
+    assert stock_ms.tasks(tmp_path) == 3
 
 
 def _point(variant, s, warm, verified=True, ort=2.0):
