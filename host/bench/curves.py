@@ -112,17 +112,23 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
             point = Point(name, round(spent, 1), trials=sum(r["trials"] for r in status["tasks"]),
                           estimate_ms=status["estimate_ms"])
         out = work / name / f"at-{minutes:g}m"
-        started = time.monotonic()
-        try:
-            _run([_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib],
-                 log)
-            point.verified, point.build_s = True, round(time.monotonic() - started, 1)
-            point.ms, point.onnxruntime_ms = measure(out, args.threads, args.rounds, args.calls)
-        except RuntimeError as exc:
-            point.note = str(exc).splitlines()[0]
-        points.append(point)
-        print(f"  ({name}) {_line(point)}", flush=True)
+        words = [_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib]
+        points.append(_built_and_timed(point, lambda words=words: _run(words, log), out, args))
     return points
+
+
+def _built_and_timed(point: Point, build, out: Path, args) -> Point:
+    """``build()`` writes the checkpoint's build to ``out``, verified; then it is timed beside onnxruntime. A build
+    that fails or does not verify is recorded so (its first line)."""
+    started = time.monotonic()
+    try:
+        build()
+        point.verified, point.build_s = True, round(time.monotonic() - started, 1)
+        point.ms, point.onnxruntime_ms = measure(out, args.threads, args.rounds, args.calls)
+    except RuntimeError as exc:
+        point.note = str(exc).splitlines()[0]
+    print(f"  ({point.variant}) {_line(point)}", flush=True)
+    return point
 
 
 # ----------------------------------------------------------------------------- MetaSchedule (a)
@@ -158,16 +164,9 @@ def stock_curve(args, spec, model_path: Path, template: Path, work: Path, log: P
         until = min(minutes * 60, ended)
         point = Point("a", round(until, 1), trials=sum(len(b["secs"]) for b in logged if b["t"] <= until),
                       estimate_ms=stock_ms.estimate_ms(logged, until, tasks))
-        out = stock / f"at-{minutes:g}m"
-        started = time.monotonic()
-        try:
-            _stock_artifact(model_path, target, stock, stock_ms.records_at(logged, until), template, out, log)
-            point.verified, point.build_s = True, round(time.monotonic() - started, 1)
-            point.ms, point.onnxruntime_ms = measure(out, args.threads, args.rounds, args.calls)
-        except RuntimeError as exc:
-            point.note = str(exc).splitlines()[0]
-        points.append(point)
-        print(f"  (a) {_line(point)}", flush=True)
+        out, records = stock / f"at-{minutes:g}m", stock_ms.records_at(logged, until)
+        points.append(_built_and_timed(point, lambda out=out, records=records: _stock_artifact(
+            model_path, target, stock, records, template, out, log), out, args))
     return points
 
 
