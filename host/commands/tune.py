@@ -137,8 +137,8 @@ def tune(
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
     _describe(label, db, where, settings, spec)
     if default_budget:
-        err_console.print(f"[dim]no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever ends first "
-                          "(--trials N, --time DURATION)[/dim]")
+        err_console.print(f"[dim]tuning with no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever "
+                          "ends first (--trials N, --time DURATION)[/dim]")
     records = _library(library, no_library, spec)
     summary, report = _run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock,
                            library=records)

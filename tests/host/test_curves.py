@@ -162,7 +162,7 @@ def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli
     monkeypatch.setattr(command, "_run", run)
     result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--no-library")
     assert result.exit_code == 1 and seen["trials"] == 256 and 29 * 60 < seen["left"] <= 30 * 60
-    assert "no budget given: 256 trials or 30m, whichever ends first" in result.stderr
+    assert "tuning with no budget given: 256 trials or 30m, whichever ends first" in result.stderr
     seen.clear()
     cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db2", "--no-library", "--trials", "40")
     assert seen["trials"] == 40 and seen["left"] == float("inf")
