@@ -48,16 +48,14 @@ def _agoc() -> str:
     return str(Path(sys.executable).with_name("agoc"))
 
 
-def _run(words: list[str], log: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
+def _run(words: list[str], log: Path) -> None:
     """Run an agoc/python command, its output appended to ``log``; raise with its tail when it fails."""
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(words)}\n")
         f.flush()
-        done = subprocess.run(words, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        done = subprocess.run(words, stdout=f, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
-        tail = log.read_text()[-1500:]
-        raise RuntimeError(f"{shlex.join(words[:3])}… exited {done.returncode}:\n{tail}")
-    return done
+        raise RuntimeError(f"{shlex.join(words[:3])}… exited {done.returncode}:\n{log.read_text()[-1500:]}")
 
 
 # ----------------------------------------------------------------------------- leave-one-out library
@@ -109,8 +107,7 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
             from toolchain import tune as tuning
 
             status = tuning.status(db)
-            point = Point(name, round(spent, 1), trials=sum(r["trials"] for r in status["tasks"]),
-                          estimate_ms=status["estimate_ms"])
+            point = Point(name, round(spent, 1), trials=status["trials"], estimate_ms=status["estimate_ms"])
         out = work / name / f"at-{minutes:g}m"
         words = [_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib]
         points.append(_built_and_timed(point, lambda words=words: _run(words, log), out, args))

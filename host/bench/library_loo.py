@@ -50,7 +50,7 @@ def point_of(db: Path, trials: int, words: list[str], seconds: float) -> dict:
     summary = tuning.status(db)
     progress = tuning.TuneDB(db).progress
     rows = summary["tasks"]
-    point = {"budget": trials, "trials": sum(r["trials"] for r in rows), "estimate_ms": summary["estimate_ms"],
+    point = {"budget": trials, "trials": summary["trials"], "estimate_ms": summary["estimate_ms"],
              "verified": sum(r["status"] == "verified" for r in rows), "tasks": len(rows),
              "seeded": sum(1 for p in progress.values() if p.get("seed_ms") is not None),
              "seconds": round(seconds, 1), "command": shlex.join(words),

@@ -266,7 +266,7 @@ def _default_trials(clock, db: Path) -> int:
     holds already (``--trials`` counts them: a resumed ``--time`` run spends its time)."""
     from toolchain import tune as tuning
 
-    held = sum(row["trials"] for row in tuning.status(db)["tasks"]) if (db / "session.json").is_file() else 0
+    held = tuning.status(db)["trials"] if (db / "session.json").is_file() else 0
     return held + max(1, int(clock.trials_that_fit() * SEARCH_SHARE))
 
 

@@ -130,7 +130,7 @@ def test_a_resumed_time_limited_tune_plans_its_trials_on_top_of_the_records_held
     assert command._default_trials(Clock(), tmp_path / "new") == 8
     (tmp_path / "db").mkdir()
     (tmp_path / "db" / "session.json").write_text("{}")
-    monkeypatch.setattr(tuning, "status", lambda db: {"tasks": [{"trials": 30}, {"trials": 12}]})
+    monkeypatch.setattr(tuning, "status", lambda db: {"trials": 42})
     assert command._default_trials(Clock(), tmp_path / "db") == 42 + 8
 
 

@@ -357,7 +357,7 @@ def status(db_dir: Path) -> dict:
             else:  # built on an untuned schedule (or partly): its time is not in the estimate
                 unscheduled += 1
     return {"session": {**session, "settings": db.settings.to_json()}, "tasks": rows, "estimate_ms": estimate,
-            "unscheduled": unscheduled, "phases": db.phases}
+            "unscheduled": unscheduled, "phases": db.phases, "trials": sum(r["trials"] for r in rows)}
 
 
 def compare(db_dir: Path, other: Path) -> dict:
