@@ -102,5 +102,5 @@ def test_the_space_of_a_kernel_that_never_generates_is_bounded_and_its_minis_spa
         if task.phase == "joined":
             with pytest.raises(adapter.SpaceTimeout):
                 adapter.check_space(func, spec, True, timeout=20)
-        else:
-            adapter.check_space(func, spec, True, timeout=20)
+        else:  # ~17 s alone for the matmul-GELU mini on 2 idle cores: a generous bound under a loaded CI
+            adapter.check_space(func, spec, True, timeout=180)
