@@ -621,6 +621,42 @@ def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
     assert offered == []  # resumed: every kernel has its records
 
 
+def test_a_resumed_kernel_whose_block_was_never_tried_gets_it_once_within_the_budget(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A database whose records predate the register blocks (no "block" in its progress) is not built from those
+    records alone: resumed, each kernel's block is measured once as one more record (a trial of the budget), and
+    never again after; a resumed session with no budget left adds nothing."""
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False, transfer=2)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    tried = []
+
+    def block(task, plan_, database, spec, verified, settings, measure=None):
+        tried.append(task.name)
+        assert settings.transfer == 1  # one seed: the block
+        fake_search.setdefault(plan_.funcs[task.name].script(), []).append(0.25e-3)
+        return "8x4"
+
+    monkeypatch.setattr(compose, "seed_from_block", lambda *a, **k: "")
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda event: None)
+    db = TuneDB(tmp_path)
+    assert all(db.progress[t.name]["block"] == "" for t in plan.tasks)  # tried at the first seed: none
+    db.save_progress({n: {k: v for k, v in e.items() if k != "block"} for n, e in db.progress.items()})
+    monkeypatch.setattr(compose, "seed_from_block", block)
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, lambda event: None)
+    assert tried == []  # the budget is spent: nothing measured
+    more, events = dataclasses.replace(flat, trials=96), []
+    tune_model(mod, "a" * 64, SPEC, more, tmp_path, events.append)
+    assert tried == [t.name for t in plan.tasks]
+    assert [e.task for e in events if isinstance(e, Seeded) and e.block == "8x4"] == tried
+    assert all(0.25e-3 in fake_search[plan.funcs[t.name].script()] for t in plan.tasks)
+    assert sum(len(v) for v in fake_search.values()) == 96  # the block counted against the budget
+    assert all(TuneDB(tmp_path).progress[t.name]["block"] == "8x4" for t in plan.tasks)
+    tried.clear()
+    tune_model(mod, "a" * 64, SPEC, dataclasses.replace(flat, trials=128), tmp_path, lambda event: None)
+    assert tried == []  # tried once
+
+
 def _fake_db(path, mod, graph, settings, joined_ms, mini_ms):
     """A tuning database whose verified latencies are given (no trials run)."""
     _, plan = plan_tasks(mod, graph, SPEC, settings)

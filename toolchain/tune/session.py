@@ -203,6 +203,8 @@ class Run:
         if not lat:  # a join from its minis' schedules composed (AGO §V); any task, with --transfer,
             # from the schedules of kernels like it tuned before (siblings); the seeds are its first records
             lat, budget = self.seed(task, budget)
+        elif "block" not in self.progress.get(task.name, {}):  # records from before its register block (an
+            lat = self.seed_block(task)  # older database, another's via --from): the block measured once too
         done = len(lat)
         started = time.perf_counter()
         if task.phase == "mini" and stabilised(lat, self.settings.stable_window, self.settings.stable_tolerance):
@@ -264,12 +266,36 @@ class Run:
             seed_ms = seed * 1e3 if seed < math.inf else None
             self.progress[task.name] = {"trials": len(lat), "seed_ms": seed_ms, "best_ms": seed_ms,
                                         **({"siblings": seeded} if seeded else {})}
-            self.db.save_progress(self.progress)
             self.on_event(Seeded(task=task.name, composed=bool(composed), siblings=list(seeded), library=list(listed),
                                  best_ms=seed_ms, block=block))
+        if self.settings.transfer:  # its block was tried (its shape; "" when it has none or it failed)
+            self.progress.setdefault(task.name, {})["block"] = block
+        if lat or self.settings.transfer:
+            self.db.save_progress(self.progress)
         if task.phase == "joined" and not composed and budget > 0:  # nothing composed: a batch of its own
             budget = max(budget, self.settings.unit)
         return lat, budget
+
+    def seed_block(self, task: Task) -> list[float]:
+        """A task resumed with records but its register block never tried: the block measured and committed as
+        one more record (a trial of the budget), so that the faster of the two is kept. Its latencies then."""
+        lat = self.latencies(task.name)
+        if not self.settings.transfer or self.past_time() or self.allowance() <= 0:
+            return lat
+        started = self.clock.now()
+        with phases.timed("seed"):
+            block = compose.seed_from_block(*self.seed_args(task, 1))
+        entry = self.progress.setdefault(task.name, {})
+        entry["block"] = block
+        if block:
+            self.clock.searched(1, self.clock.now() - started, call=False)
+            lat = self.latencies(task.name)
+            best = min(lat)
+            entry.update(trials=len(lat), best_ms=best * 1e3 if best < math.inf else None)
+            self.on_event(Seeded(task=task.name, composed=False, siblings=[], library=[],
+                                 best_ms=lat[-1] * 1e3 if lat[-1] < math.inf else None, block=block))
+        self.db.save_progress(self.progress)
+        return lat
 
     def seed_args(self, task: Task, cap: int) -> tuple:
         """The arguments of a seeding function for ``task``, its settings' ``transfer`` (seeds per source)
