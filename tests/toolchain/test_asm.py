@@ -38,6 +38,19 @@ def test_the_block_leaves_a_register_for_each_operand_vector_and_the_broadcast()
         assert rows * vectors + vectors + 1 <= unit.registers
     assert block_shape(UNITS["aarch64"]) == (8, 3)  # 24 accumulators of v0–v31
     assert block_shape(UNITS["avx2"]) == (6, 2)  # 12 of ymm0–ymm15, as MLAS's 6×16 AVX2 kernel
+    assert block_shape(UNITS["x86_64"]) == (5, 3)  # 15 of zmm0–zmm31: 16 would be 1 KiB, a heap workspace per tile
+
+
+@pytest.mark.parametrize("isa", TARGETS)
+def test_the_blocks_accumulators_are_a_stack_array_not_a_workspace_allocated_per_tile(isa):
+    """TVM lowers a "local" buffer, and any of 1 KiB or more, to a heap workspace allocated and freed in every
+    parallel tile (its accumulators then live in memory): the block's must be neither."""
+    import tvm
+
+    arch, unit, target = TARGETS[isa]
+    rows, vectors = block_shape(unit)
+    code = asm.assembly(matmul(rows, vectors, unit.lanes), tvm.target.Target(target))
+    assert "TVMBackendAllocWorkspace" not in code
 
 
 @pytest.mark.parametrize("isa", TARGETS)

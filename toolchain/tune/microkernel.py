@@ -22,15 +22,23 @@ UNITS = {
 }
 
 MAX_ROWS, MAX_VECTORS = 8, 4
+#: a tile's accumulators must take fewer bytes than this (TVM's ``kMaxStackAlloca``) to be a stack array, which LLVM
+#: keeps in registers; at or above it, or in "local" scope whatever its size, TVM lowers the buffer to a heap workspace
+#: allocated and freed per tile (docs/tuning-internals.md, Register blocks)
+STACK_BYTES, FLOAT_BYTES = 1024, 4
+#: a block whose last tile's rows are masked (their test inside the reduction loop: LLVM keeps those rows'
+#: accumulators in memory) only where it uses this many times the accumulators of the best block that divides
+MASKED_GAIN = 1.5
 #: the largest depthwise or pooling window unrolled around the block (7 × 7; a global pool's is not)
 MAX_UNROLLED_WINDOW = 49
 
 
 def block_shape(unit: VectorUnit) -> tuple[int, int]:
     """(rows, vectors) of accumulators: the most that leave a register for each vector of the other operand and one
-    for the broadcast row value (rows · vectors + vectors + 1 ≤ registers), the rows the more when they tie."""
+    for the broadcast row value (rows · vectors + vectors + 1 ≤ registers) and stay a stack array
+    (:data:`STACK_BYTES`), the rows the more when they tie."""
     fits = [(r * v, r, v) for r in range(1, MAX_ROWS + 1) for v in range(1, MAX_VECTORS + 1)
-            if r * v + v + 1 <= unit.registers]
+            if r * v + v + 1 <= unit.registers and r * v * unit.lanes * FLOAT_BYTES < STACK_BYTES]
     _, rows, vectors = max(fits)
     return rows, vectors
 
@@ -44,7 +52,7 @@ def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int, parallel:
     io, ii = sch.split(i, [None, rows])
     jo, jj, jv = sch.split(j, [None, vectors, lanes])
     sch.reorder(io, jo, k, ii, jj, jv)
-    acc = sch.cache_write(c, 0, "local")
+    acc = sch.cache_write(c, 0, "global")  # a stack array below STACK_BYTES (a "local" one is a heap workspace)
     sch.reverse_compute_at(acc, jo)
     if parallel:  # before the reduction is split into init and update: parallel needs one complete block
         sch.parallel(sch.fuse(io, jo))
@@ -223,10 +231,12 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
                  min_lanes: int = 4) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
     channels (at least 4); vectors dividing the channels' vectors, rows at most :data:`MAX_ROWS` — dividing the
-    width when ``perfect`` (a search's tile sample must), else the last tile's rows masked (a width of 13: 5 rows,
-    13 of 15 used, not 1) — the most accumulators in use that fit (:func:`block_shape`'s bound; a kernel of one row,
-    a GEMV, takes as many vectors as fit: its only independent FMA chains); None when no vector divides the
-    channels (``min_lanes`` lanes or more)."""
+    width when ``perfect`` (a search's tile sample must), else the last tile's rows masked where that puts
+    :data:`MASKED_GAIN` times the accumulators to use (a width of 13: 7 rows, 13 of 14 used, not 1) — the most
+    accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay a stack array
+    (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes as many
+    vectors as fit: its only independent FMA chains. None when no vector divides the channels (``min_lanes`` lanes
+    or more)."""
     lanes = unit.lanes
     while lanes >= min_lanes and kernel.channels % lanes:
         lanes //= 2
@@ -239,9 +249,13 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
 
     fits = [(r * v * used(r), used(r), r * v, v, r) for r in range(1, min(MAX_ROWS, width) + 1)
             for v in range(1, unit.registers)
-            if r * v + v + 1 <= unit.registers and (width % r == 0 or not perfect)
+            if r * v + v + 1 <= unit.registers and r * v * lanes * FLOAT_BYTES < STACK_BYTES
             and (kernel.channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
-    *_, vectors, rows = max(fits)
+    whole = max(f for f in fits if width % f[-1] == 0)  # rows 1 always divide
+    best = max(fits)
+    if perfect or best[0] < MASKED_GAIN * whole[0]:
+        best = whole
+    *_, vectors, rows = best
     return rows, vectors, lanes
 
 
@@ -270,7 +284,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     j, jv = sch.split(j, [None, lanes])
     jo, jj = sch.split(j, _factors(sch, j, [kernel.channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
     sch.reorder(*tiles, jo, *reduce, *inner, jj, jv)
-    acc = sch.cache_write(c, 0, "local")
+    acc = sch.cache_write(c, 0, "global")  # a stack array below STACK_BYTES (a "local" one is a heap workspace)
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
