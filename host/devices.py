@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from host import bundle
 from toolchain.artifact import Artifact, read_tensor, write_tensor
 from toolchain.errors import DeviceError
 from toolchain.onnx_import import TensorInfo
@@ -66,8 +67,10 @@ class BenchOptions:
 # ----------------------------------------------------------------------------- runner builds
 
 
-def runner_build(target: str) -> tuple[Path, list[Path]]:
-    """(runner binary, runtime libraries shipped beside it) of ``make runner TARGET=target``."""
+def runner_build(target: str, kernels: list[Path] | None = None) -> tuple[Path, list[Path]]:
+    """(runner binary, libraries shipped beside it) of ``make runner TARGET=target``: the TVM runtime's and, for a
+    glibc target (linux-arm64), every system library it, the runner and ``kernels`` need, the loader among them
+    (host/bundle.py: a device needs nothing of its own)."""
     base = Path(os.environ.get("AGOC_BUILD_DIR", REPO / "build"))
     runner = base / "runner" / target / "agoc-runner"
     if not runner.exists():
@@ -75,7 +78,16 @@ def runner_build(target: str) -> tuple[Path, list[Path]]:
     libs = [] if target == "host" else sorted(runner.parent.glob("*.so*"))
     if target != "host" and not libs:
         raise DeviceError(f"no TVM runtime libraries beside {runner}; run `make runner TARGET={target}`")
+    if target in BUNDLED:
+        try:
+            libs += bundle.system_libraries([runner, *libs, *(kernels or [])], bundle.cross_libdir())
+        except bundle.BundleError as exc:
+            raise DeviceError(str(exc)) from None
     return runner, libs
+
+
+#: runner targets shipped as a self-contained bundle, started through its own glibc loader (host/bundle.py)
+BUNDLED = ("linux-arm64",)
 
 
 def _digest(paths: list[Path]) -> str:
@@ -195,7 +207,7 @@ class QemuTransport:
         self.qemu = shutil.which("qemu-aarch64")
         if not self.qemu:
             raise DeviceError("the qemu device needs qemu-aarch64: run `make setup` or `apt-get install qemu-user`")
-        self.sysroot = os.environ.get("AGOC_QEMU_SYSROOT", "/usr/aarch64-linux-gnu")
+        self.sysroot = os.environ.get("AGOC_QEMU_SYSROOT")  # none: the bundle brings its loader, as on a phone
 
     def _local(self, remote: str) -> Path:
         return self.sandbox / remote.lstrip("/")
@@ -228,7 +240,7 @@ class QemuTransport:
                 qemu_env += ["-E", f"{key}={value}"]
             else:
                 inherited[key] = value
-        return [self.qemu, "-L", self.sysroot, *qemu_env, program, *args], inherited
+        return [self.qemu, *(["-L", self.sysroot] if self.sysroot else []), *qemu_env, program, *args], inherited
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> Spawned:
         """Start a long-running program (the RPC server) under qemu; its stderr goes to cwd/rpc.stderr."""
@@ -481,7 +493,7 @@ class RunnerDevice:
     def deploy(self, artifact: Artifact) -> str:
         """Push runner, runtime libraries and artifact into a fresh content-addressed directory."""
         self._check(artifact)
-        runner, libs = runner_build(self.runner_target)
+        runner, libs = runner_build(self.runner_target, [artifact.library_path])
         files = _artifact_files(artifact)
         remote = f"{self.base}/{_digest([runner, *libs, *files])}"
         if self.transport.exists(f"{remote}/.complete"):
@@ -496,9 +508,16 @@ class RunnerDevice:
         self._mark_complete(remote)
         return remote
 
+    def command(self, remote: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment) that start the runner deployed in ``remote``: through the bundle's own loader
+        (glibc targets), else with its libraries on the loader's path (an NDK build for bionic)."""
+        if self.runner_target in BUNDLED:
+            return bundle.command(remote, "agoc-runner", args), {}
+        return [f"{remote}/agoc-runner", *args], {"LD_LIBRARY_PATH": f"{remote}/lib"}
+
     def _runner(self, remote: str, args: list[str], timeout: float) -> dict:
-        env = {"LD_LIBRARY_PATH": f"{remote}/lib"}
-        rc, out, err = self.transport.execute([f"{remote}/agoc-runner", *args], env, remote, timeout)
+        argv, env = self.command(remote, args)
+        rc, out, err = self.transport.execute(argv, env, remote, timeout)
         return _parse_runner_json(out, err, rc, self.name)
 
     def bench(self, artifact: Artifact, options: BenchOptions) -> dict:

@@ -98,8 +98,27 @@ def runners(repo: Path) -> list[Finding]:
     return found
 
 
+def bundle(repo: Path) -> list[Finding]:
+    """What a linux-arm64 device is given (host/bundle.py): its files, their size and where each comes from."""
+    from host import bundle as bundled
+    from host import devices
+
+    runner = repo / "build" / "runner" / "linux-arm64" / "agoc-runner"
+    if not runner.is_file():
+        return []  # the runner finding says how to build it
+    try:
+        _, libs = devices.runner_build("linux-arm64")
+    except devices.DeviceError as exc:
+        return [fail("bundle: linux-arm64", str(exc), "make setup (the aarch64 cross toolchain's libraries)")]
+    files = bundled.describe(runner, libs)
+    total = sum(f.bytes for f in files) / 2**20
+    listed = "; ".join(f"{f.name} {f.bytes / 2**20:.1f} MB ({f.source})" for f in files)
+    return [ok("bundle: linux-arm64", f"{len(files)} files, {total:.1f} MB, started through {bundled.LOADER}: "
+               f"{listed}")]
+
+
 def host_findings(repo: Path, which=shutil.which) -> list[Finding]:
-    return [*packages(), *programs(which), *runners(repo)]
+    return [*packages(), *programs(which), *runners(repo), *bundle(repo)]
 
 
 # ----------------------------------------------------------------------------- a phone
@@ -225,8 +244,8 @@ def runner_starts(device) -> Finding:
 
     try:
         remote = device.deploy_runner()
-        rc, out, err = device.transport.execute([f"{remote}/agoc-runner", "--help"],
-                                                {"LD_LIBRARY_PATH": f"{remote}/lib"}, remote, 60)
+        argv, env = device.command(remote, ["--help"])  # through the bundle's own loader (glibc builds)
+        rc, out, err = device.transport.execute(argv, env, remote, 60)
     except AgocError as exc:
         return fail("runner", str(exc), "make runners")
     if rc != 0 or "agoc-runner" not in out + err:

@@ -74,13 +74,13 @@ def duration(seconds: float) -> str:
 
 
 def _out_of_time(view: TuneProgress, e: ev.OutOfTime) -> None:
-    view.say(f"[yellow]time is up: no more search ({e.allowance} trials unspent); what was found is verified"
-             "[/yellow]")
+    unspent = f" ({e.allowance} trials unspent)" if e.allowance is not None else ""
+    view.say(f"[yellow]time is up: no more search{unspent}; what was found is verified[/yellow]")
 
 
 def _round(view: TuneProgress, e: ev.Round) -> None:
     view.say(f"[dim]round for {escape(e.task)}: {e.model_ms:.4f} ms of the model, expected to save "
-             f"{e.gain_ms:.4f} ms; {e.left} trials left[/dim]")
+             f"{e.gain_ms:.4f} ms; {f'{e.left} trials left' if e.left is not None else 'until the deadline'}[/dim]")
 
 
 def _task_started(view: TuneProgress, e: ev.TaskStarted) -> None:

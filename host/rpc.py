@@ -88,8 +88,8 @@ class DeviceServer:
         else:
             remote = self.device.deploy_runner()
             transport.mkdir(f"{remote}/rpc")
-            env["LD_LIBRARY_PATH"] = f"{remote}/lib"
-            argv = [f"{remote}/agoc-runner", "rpc", "--port", "0", "--work-dir", f"{remote}/rpc"]
+            argv, runner_env = self.device.command(remote, ["rpc", "--port", "0", "--work-dir", f"{remote}/rpc"])
+            env.update(runner_env)
             cwd = remote
         process = transport.spawn(argv, env, cwd)
         try:

@@ -123,6 +123,7 @@ def tune(
     parts, tile_cache = partition_settings(partition, threshold, keep_inside)
     _check_databases(db, base)
     default_budget = trials is None and time_limit is None
+    open_ended = trials is None and time_limit is not None  # the time is the budget (the trials a forecast)
     clock = _clock(db, where, DEFAULT_TIME if default_budget else time_limit, started)
     trials = DEFAULT_TRIALS if default_budget else trials if trials is not None else _default_trials(clock, db)
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
@@ -141,7 +142,7 @@ def tune(
                           "ends first (--trials N, --time DURATION)[/dim]")
     records = _library(library, no_library, spec)
     summary, report = _run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock,
-                           library=records)
+                           library=records, open_ended=open_ended)
     console.print(render.tune_status_table(summary, db))
     if report is not None:
         console.print(render.rpc_report_table(report))
@@ -292,7 +293,7 @@ def _library(path: Optional[Path], none: bool, spec):
 
 
 def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Where, max_spread: float,
-         cooldown: float, clock=None, library=None) -> tuple[dict, Optional[dict]]:
+         cooldown: float, clock=None, library=None, open_ended: bool = False) -> tuple[dict, Optional[dict]]:
     """The session, on this machine or through an RPC session (whose device report is kept in the database):
     (summary, device report or None)."""
     from host.progress import TuneProgress
@@ -303,7 +304,7 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
     if where.local_only:
         with view:
             return tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view, base=base,
-                                     clock=clock, library=library), None
+                                     clock=clock, library=library, open_ended=open_ended), None
     from host import rpc as rpc_mod
     from host.measure import Hygiene
     from toolchain.timing import Timing
@@ -316,7 +317,8 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
     )
     with view, session:
         summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view,
-                                    measure=session.measure(), base=base, clock=clock, library=library)
+                                    measure=session.measure(), base=base, clock=clock, library=library,
+                                    open_ended=open_ended)
         report = session.report()
     (db / "devices.json").write_text(json.dumps(report, indent=2))
     return summary, report

@@ -60,7 +60,8 @@ Shell (a mini ``sh``: input is tokenised with ``shlex``; nothing ever reaches a 
     Not supported (clear error, exit 2): pipes, subshells, $(...), control flow (if/for/while).
 
     Running a program: a file in the sandbox with the execute bit (``chmod 755``) that is an
-    aarch64 ELF runs as ``qemu-aarch64 -L /usr/aarch64-linux-gnu -0 <argv0> <host path> args`` with
+    aarch64 ELF runs as ``qemu-aarch64 -0 <argv0> <host path> args`` (no sysroot: as on a phone, a program
+    with glibc brings its own loader and libraries, host/bundle.py) with
     the sandbox-translated cwd; ``#!...sh`` scripts run through this same mini shell. Arguments and
     environment values (also ``X=path`` and ``a:b`` lists) that are absolute device paths under
     /data/local/tmp or /sdcard are translated to host paths. The environment is the device's (not
@@ -98,7 +99,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 QEMU = "qemu-aarch64"
-SYSROOT = "/usr/aarch64-linux-gnu"
 ADB_VERSION = 41
 TRANSPORT_ID = 1
 FEATURES = "shell_v2,stat_v2,fixed_push_mkdir"
@@ -1170,7 +1170,7 @@ class _Shell:
 
     def _qemu_command(self, qemu: str, argv: list[str], host: Path, env: dict) -> tuple[list[str], dict]:
         """qemu's command line and environment: LD_* variables go to the guest (-E), device paths translated."""
-        cmd = [qemu, "-L", SYSROOT, "-0", argv[0]]
+        cmd = [qemu, "-0", argv[0]]
         host_env = {}
         for k, v in env.items():
             v = self.server._translate(v)

@@ -8,10 +8,12 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import adbutils
 import pytest
 
+from host.bundle import CROSS_LIBDIR
 from tests.conftest import require_tool
 from tests.fakeadb import FakeAdbServer
 
@@ -183,19 +185,24 @@ int main(int argc, char **argv) {
     assert r.returncode == 126 and "Permission denied" in r.output  # not executable yet
     device.shell(f"chmod 755 {TMP}/bin/probe")
     r = device.shell2(f"{TMP}/bin/probe", v2=True)
-    assert r.returncode == 127 and "libgreet.so" in r.stderr  # the loader needs LD_LIBRARY_PATH
+    assert r.returncode != 0 and "ld-linux-aarch64.so.1" in r.stderr  # as on a phone: no glibc loader of its own
+    for name in ("ld-linux-aarch64.so.1", "libc.so.6"):  # a glibc program brings them (host/bundle.py)
+        device.sync.push(Path(CROSS_LIBDIR) / name, f"{TMP}/lib/{name}", 0o755)
+    loader = f"{TMP}/lib/ld-linux-aarch64.so.1"
+    r = device.shell2(f"{loader} {TMP}/bin/probe", v2=True)
+    assert r.returncode == 127 and "libgreet.so" in r.stderr  # the loader needs the libraries' directory
 
-    cmd = f"export LD_LIBRARY_PATH={TMP}/lib; cd {TMP}/bin && GREETING=hello ./probe first {TMP}/out.txt 7"
+    cmd = f"export LD_LIBRARY_PATH={TMP}/lib; cd {TMP}/bin && GREETING=hello {loader} ./probe first {TMP}/out.txt 7"
     r = device.shell2(cmd, v2=True)
     assert r.returncode == 7
     assert r.stdout == "argv0=./probe args=3 first=first lib=from-lib\nGREETING=hello\ncwd_ends=/bin\n"
     assert r.stderr == "to stderr\n"
     assert server.host_path(f"{TMP}/out.txt").read_text() == "written\n"  # device path translated
 
-    out = device.shell(f"env LD_LIBRARY_PATH={TMP}/lib GREETING=env-form {TMP}/bin/probe 2>/dev/null")
+    out = device.shell(f"env GREETING=env-form {loader} --library-path {TMP}/lib {TMP}/bin/probe 2>/dev/null")
     assert "GREETING=env-form" in out and "to stderr" not in out
 
-    pid = device.shell(f"cd {TMP} && LD_LIBRARY_PATH=lib bin/probe bg {TMP}/bg.txt > bg.log 2>&1 & echo $!")
+    pid = device.shell(f"cd {TMP} && LD_LIBRARY_PATH=lib {loader} bin/probe bg {TMP}/bg.txt > bg.log 2>&1 & echo $!")
     assert pid.isdigit()
     deadline = time.monotonic() + 10
     while "written" not in device.shell(f"cat {TMP}/bg.txt 2>/dev/null") and time.monotonic() < deadline:

@@ -155,14 +155,18 @@ def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli
 
     seen = {}
 
-    def run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock, library=None):
-        seen.update(trials=settings.trials, left=clock.left_s())
+    def run(mod, proto, spec, settings, db, base, where, max_spread, cooldown, clock, library=None, open_ended=False):
+        seen.update(trials=settings.trials, left=clock.left_s(), open_ended=open_ended)
         raise UnsupportedModelError("stopped by the test")
 
     monkeypatch.setattr(command, "_run", run)
     result = cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db", "--no-library")
     assert result.exit_code == 1 and seen["trials"] == 256 and 29 * 60 < seen["left"] <= 30 * 60
+    assert not seen["open_ended"]  # 256 trials are the budget too
     assert "tuning with no budget given: 256 trials or 30m, whichever ends first" in result.stderr
     seen.clear()
     cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db2", "--no-library", "--trials", "40")
-    assert seen["trials"] == 40 and seen["left"] == float("inf")
+    assert seen["trials"] == 40 and seen["left"] == float("inf") and not seen["open_ended"]
+    seen.clear()
+    cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db3", "--no-library", "--time", "5m")
+    assert seen["open_ended"] and 4 * 60 < seen["left"] <= 5 * 60  # the time alone is the budget

@@ -89,6 +89,27 @@ def test_a_deadline_stops_the_search_in_time_to_verify_what_it_found(dwsep_split
     assert all(used.values())  # each task had its share of the time, not the first ones all of it
 
 
+@pytest.mark.parametrize("open_ended", [False, True])
+def test_with_the_time_alone_as_budget_a_faster_search_spends_the_time_not_the_forecast(
+        dwsep_split, tmp_path, timed, open_ended):
+    """``--time`` without ``--trials`` plans the trials the time is forecast to fit; when they run faster than
+    forecast, rounds go on to the deadline (open-ended) instead of ending early — with ``--trials`` given, the
+    trials stay the budget."""
+    mod, graph, *_ = dwsep_split
+    trials, now = timed
+    settings = TuneSettings(trials=40, per_iter=8, stable_window=64, partition=PartitionSettings(threshold=1e9))
+    _, plan = plan_tasks(mod, graph, SPEC, settings)
+    clock = Clock(now=now, deadline=200.0, trial_s=4 * TRIAL_S, verify_s=VERIFY_S)  # a forecast 4x too slow
+    events = []
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, events.append, clock=clock, open_ended=open_ended)
+    spent = sum(_used(plan, trials).values())
+    assert now.t <= 200.0
+    if open_ended:
+        assert spent > 100 and [e for e in events if isinstance(e, OutOfTime) and e.allowance is None]
+    else:
+        assert spent == 40 and not [e for e in events if isinstance(e, OutOfTime)]
+
+
 def test_no_search_is_started_when_one_call_takes_longer_than_the_time_left(dwsep_split, tmp_path, timed,
                                                                            monkeypatch):
     """A search call costs seconds however few trials it runs (its population evolved before any is built):

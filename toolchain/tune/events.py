@@ -142,15 +142,16 @@ class Round:
     task: str
     model_ms: float
     gain_ms: float
-    left: int
+    left: int | None  # trials the budget has left (None: open-ended, the deadline bounds it)
 
 
 @dataclass(frozen=True)
 class OutOfTime:
-    """The deadline came: no more search; what was found is verified (``allowance``: trials left unspent)."""
+    """The deadline came: no more search; what was found is verified (``allowance``: trials left unspent, None
+    when the deadline alone was the budget)."""
 
     kind: ClassVar[str] = "out-of-time"
-    allowance: int
+    allowance: int | None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ from toolchain.tune.events import (
 from toolchain.tune.plan import TaskPlan, plan_tasks
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
 
+#: the trial budget of an open-ended session after its plan (``--time`` alone: the deadline bounds it)
+UNBOUNDED_TRIALS = 1 << 30
+
 
 def tune_model(
     mod,
@@ -56,6 +59,7 @@ def tune_model(
     base: Path | None = None,
     library=None,
     clock: Clock | None = None,
+    open_ended: bool = False,
 ) -> dict:
     """Tune every kernel of ``mod`` (a legalized module) into ``db_dir``; resumable. Returns the summary.
 
@@ -66,7 +70,9 @@ def tune_model(
     cost model the search starts from. ``clock``: the session's deadline and rates (default: no deadline, the
     rates the database's earlier sessions measured). The session never commits more records than
     ``settings.trials`` (those it starts with included), and stops searching when only the time to verify
-    what it found is left; every task it finished is verified in the database whenever it stops."""
+    what it found is left; every task it finished is verified in the database whenever it stops.
+    ``open_ended`` (``agoc tune --time`` without ``--trials``): with a deadline, ``settings.trials`` is only the
+    plan's — once they are spent, rounds go on while the time lasts."""
     db, plan = open_session(mod, model_sha256, spec, settings, db_dir, on_event, base)
     with phases.session(db.save_phases):  # where the session's time goes, saved even when interrupted
         database = db.ms_database()
@@ -84,7 +90,9 @@ def tune_model(
             run.first_pass(task, later=[t.budget for t in plan.tasks[i + 1:] if t.budget])
         # the rest of the budget, round by round, where it saves most: with "latency" all but the first
         # batches; with "weight" what the plan could not place (a last kernel's carry has no task after it)
-        run.rounds(settings.trials)
+        if open_ended and clock.deadline is not None:  # the time is the budget: the plan's trials were a forecast
+            run.settings = replace(settings, trials=UNBOUNDED_TRIALS)
+        run.rounds(run.settings.trials)
         # join or minis: decided on the kept schedules timed together (toolchain/tune/pairing.py)
         if clock.left_s() > clock.pair_s * len(plan.compositions):
             with phases.timed("pair"):
@@ -158,6 +166,11 @@ class Run:
         """A task's trial latencies, in commit order."""
         return adapter.trial_latencies(self.db.ms_dir, self.plan.funcs[name])
 
+    @property
+    def open_ended(self) -> bool:
+        """Whether the deadline alone bounds the rest of the session (``tune_model``'s ``open_ended``)."""
+        return self.settings.trials == UNBOUNDED_TRIALS
+
     def allowance(self) -> int:
         """Trials the session may still spend: the user's budget less the records its kernels hold."""
         self.hashes = self.hashes or {name: adapter.workload_hash(func) for name, func in self.plan.funcs.items()}
@@ -167,12 +180,13 @@ class Run:
     def trials_now(self, wanted: int) -> int:
         """How many of ``wanted`` trials the next search may run: within the budget's allowance and what fits
         before the deadline with a verification kept back (when none fits, the session is out of time)."""
-        fit = self.clock.trials_that_fit(reserve_s=self.clock.verify_s)
-        if not self.clock.search_fits(reserve_s=self.clock.verify_s):  # a call runs longer than what is left
+        reserve = self.clock.verify_s + (self.clock.pair_s * len(self.plan.compositions) if self.open_ended else 0)
+        fit = self.clock.trials_that_fit(reserve_s=reserve)  # open-ended: the joins' pairing kept its time too
+        if not self.clock.search_fits(reserve_s=reserve):  # a call runs longer than what is left
             fit = 0
         if fit <= 0 and not self.out_of_time:
             self.out_of_time = True
-            self.on_event(OutOfTime(allowance=self.allowance()))
+            self.on_event(OutOfTime(allowance=None if self.open_ended else self.allowance()))
         if self.clock.deadline is not None:  # close in on it: half of what fits (before a rate is measured
             # here, a quarter batch: under load a trial takes several times the prior)
             fit = min(fit, max(1, fit // 2) if self.clock.measured["trials"] else max(1, self.settings.per_iter // 4))
@@ -467,7 +481,8 @@ class Run:
             name = next_round(gains)
             task, done = self.tasks[name], len(lats[name])
             target = done + self.trials_now(settings.per_iter)
-            self.on_event(Round(task=name, model_ms=times[name], gain_ms=gains[name], left=left))
+            self.on_event(Round(task=name, model_ms=times[name], gain_ms=gains[name],
+                                left=None if self.open_ended else left))
             self.on_event(TaskStarted(task=name, phase=task.phase, done=done, budget=target))
             started = time.perf_counter()
             now, error, _ = self.search(task, done, target, stop_when_stable=False, check_join=False)
