@@ -62,7 +62,8 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         name="linux-arm64",
-        description="aarch64 Linux (glibc): Debian cross g++; runs under qemu-aarch64 or on ARM64 boards",
+        description="aarch64 Linux (glibc): Debian cross g++; runs under qemu-aarch64, on ARM64 boards and on Android "
+        "phones through adb (the runner bundle brings its glibc)",
         mtriple="aarch64-linux-gnu",
         mcpu="cortex-a76",
         mattr=("+neon",),
@@ -212,7 +213,8 @@ def _ndk_compiler(api: int) -> Compiler:
     if not home:
         raise TargetError(
             "android-arm64 needs the Android NDK: install it (r26 or newer, developer.android.com/ndk) and "
-            "set ANDROID_NDK_HOME=/path/to/android-ndk; without a phone, use --target linux-arm64"
+            "set ANDROID_NDK_HOME=/path/to/android-ndk — or use --target linux-arm64: its builds run on a phone "
+            "through adb with the runner bundle, no NDK needed (docs/devices.md#setting-up-a-real-phone)"
         )
     pattern = os.path.join(home, "toolchains", "llvm", "prebuilt", "*", "bin", f"aarch64-linux-android{api}-clang++")
     found = sorted(glob.glob(pattern))
