@@ -60,8 +60,9 @@ def system_libraries(programs: list[Path], libdir: Path) -> list[Path]:
             continue
         path = libdir / name
         if not path.exists():
-            raise BundleError(f"{name} (needed by the runner or the TVM runtime) is not in {libdir}: install the "
-                              "aarch64 cross toolchain (`make setup`, or apt-get install g++-aarch64-linux-gnu)")
+            raise BundleError(f"{name} (needed by the runner, the TVM runtime or the kernels) is not in {libdir}: "
+                              "install the aarch64 cross toolchain (`make setup`, or apt-get install "
+                              "g++-aarch64-linux-gnu)")
         found[name] = path
         todo += needed(path.resolve())
     return [found[name] for name in sorted(found)]
