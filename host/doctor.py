@@ -107,7 +107,7 @@ def bundle(repo: Path) -> list[Finding]:
     if not runner.is_file():
         return []  # the runner finding says how to build it
     try:
-        _, libs = devices.runner_build("linux-arm64")
+        runner, libs = devices.runner_build("linux-arm64")
     except devices.DeviceError as exc:
         return [fail("bundle: linux-arm64", str(exc), "make setup (the aarch64 cross toolchain's libraries)")]
     files = bundled.describe(runner, libs)
