@@ -1,6 +1,8 @@
 """The user's budget is the user's: a session never commits more records than ``--trials``, and with a
 deadline (``--time``) it stops searching in time to verify what it found (a fake search and a fake clock)."""
 
+from dataclasses import replace
+
 import pytest
 
 from tests.toolchain.test_tuning import fake_search  # noqa: F401 - the fixture
@@ -133,6 +135,31 @@ def test_no_search_is_started_when_one_call_takes_longer_than_the_time_left(dwse
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path / "b", clock=clock)
     assert clock.call_s > 20.0 and now.t <= 90.0  # learnt from its first call: later ones not started late
     assert Clock.prior("local", TuneDB(tmp_path / "b").clock).call_s == clock.call_s
+
+
+def test_a_search_calls_population_shrinks_to_fit_the_time_left(dwsep_split, tmp_path, timed, monkeypatch):
+    """A call's evolution costs time in proportion to its population, and a call cannot be stopped inside it: under
+    a deadline the first call evolves a quarter of the population (before one is timed here), later ones what keeps
+    them within a third of the time left — so a call several times slower than the prior still ends in time;
+    without a deadline every call has the whole population."""
+    mod, graph, *_ = dwsep_split
+    trials, now = timed
+    search, populations = adapter.tune_trials, []
+
+    def evolving(func, spec, database, n, settings, *a, **k):  # 0.25 s a candidate on top of the trials
+        populations.append(settings.population)
+        now.t += 0.25 * settings.population
+        return search(func, spec, database, n, settings, *a, **k)
+
+    monkeypatch.setattr(adapter, "tune_trials", evolving)
+    settings = TuneSettings(trials=256, per_iter=8, stable_window=64, partition=PartitionSettings(threshold=1e9))
+    clock = Clock(now=now, deadline=120.0, trial_s=TRIAL_S, verify_s=VERIFY_S, call_s=5.0)  # 32 s a full call
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, clock=clock)
+    assert populations[0] == 32 and max(populations) < 128 and min(populations) >= 8
+    assert now.t <= 120.0 and len(populations) > 3
+    populations.clear()
+    tune_model(mod, "a" * 64, SPEC, replace(settings, trials=40), tmp_path / "b")
+    assert populations and set(populations) == {128}
 
 
 def test_without_a_deadline_the_clock_only_learns_what_a_trial_takes(dwsep_split, tmp_path, timed):

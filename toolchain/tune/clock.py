@@ -18,6 +18,8 @@ PRIOR_TRIAL_S = {"local": 1.2, "device": 3.0}
 #: Seconds one search call takes however few trials it runs (its population sampled and evolved on the cost
 #: model before a candidate is built), before a session has timed one: a search is not started when less is left
 PRIOR_CALL_S = {"local": 15.0, "device": 20.0}
+#: Of the time left before the deadline, the share one search call may take: its population shrinks to fit
+CALL_SHARE = 3
 #: Seconds a task's verification takes (its best candidates built and checked against the reference)
 PRIOR_VERIFY_S = 4.0
 #: Seconds each join's pairing takes (its schedules and its minis' timed in turn)
@@ -47,6 +49,7 @@ class Clock:
     verify_s: float = PRIOR_VERIFY_S
     pair_s: float = PRIOR_PAIR_S
     call_s: float = PRIOR_CALL_S["local"]  # the shortest search call timed so far (the prior before one)
+    candidate_s: float | None = None  # a call's seconds per candidate of its population (None: no call timed)
     measured: dict = field(default_factory=lambda: {"trials": 0, "search_s": 0.0, "verifies": 0, "verify_s": 0.0})
 
     def left_s(self) -> float:
@@ -58,9 +61,9 @@ class Clock:
         left = self.left_s() - reserve_s
         return math.inf if left == math.inf else max(0, int(left / self.trial_s))
 
-    def searched(self, trials: int, seconds: float, call: bool = True) -> None:
-        """A search (``call``; else seeds measured) ran ``trials`` trials in ``seconds``: the estimates follow what
-        this session measures."""
+    def searched(self, trials: int, seconds: float, call: bool = True, population: int | None = None) -> None:
+        """A search (``call``, of ``population`` candidates; else seeds measured) ran ``trials`` trials in
+        ``seconds``: the estimates follow what this session measures."""
         m = self.measured
         m["trials"], m["search_s"] = m["trials"] + trials, m["search_s"] + seconds
         if m["trials"]:
@@ -68,6 +71,20 @@ class Clock:
         if call:
             self.call_s = seconds if m.get("calls") is None else min(self.call_s, seconds)
             m["calls"] = m.get("calls", 0) + 1
+            if population:
+                per = seconds / population
+                self.candidate_s = per if self.candidate_s is None else min(self.candidate_s, per)
+
+    def population(self, full: int, least: int, reserve_s: float = 0.0) -> int:
+        """The population of the next search call: ``full`` without a deadline; with one, what keeps the call within
+        :data:`CALL_SHARE` of the time left (``reserve_s`` kept back) at the rate calls took here, never below
+        ``least``. Before a call is timed, a quarter (a loaded machine runs a call several times the prior)."""
+        if self.deadline is None:
+            return full
+        if self.candidate_s is None:
+            return max(least, full // 4)
+        fits = (self.left_s() - reserve_s) / CALL_SHARE / self.candidate_s
+        return int(max(least, min(full, fits)))
 
     def search_fits(self, reserve_s: float = 0.0) -> bool:
         """Whether one more search call fits before the deadline, ``reserve_s`` kept back."""

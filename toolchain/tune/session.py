@@ -392,9 +392,11 @@ class Run:
             if chunk <= 0:  # the user's budget or time is spent
                 break
             searched = self.clock.now()
+            population = self.clock.population(settings.population, settings.per_iter, self.clock.verify_s)
             try:
                 exhausted = adapter.tune_trials(
-                    self.plan.funcs[task.name], self.spec, self.database, chunk, settings,
+                    self.plan.funcs[task.name], self.spec, self.database, chunk,
+                    replace(settings, population=population),
                     settings.intensive and settings.partition.method == "ago", self.db.root / "logs" / task.name,
                     self.measure, self.cost_models[task.phase == "joined"](), stop=self.past_time)
             except Exception as exc:  # noqa: BLE001 - a search that cannot run (e.g. a TVM space that
@@ -403,7 +405,7 @@ class Run:
                 self.on_event(SearchFailed(task=task.name, reason=error))
                 return done, error, 0
             lat = self.latencies(task.name)  # in commit order: what stabilised() reads
-            self.clock.searched(len(lat) - done, self.clock.now() - searched)
+            self.clock.searched(len(lat) - done, self.clock.now() - searched, population=population)
             done = len(lat)
             self.record_progress(task, lat, budget)
             if exhausted:  # every distinct schedule measured: the rest of its budget goes on
