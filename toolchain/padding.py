@@ -1,6 +1,6 @@
 """Output channels padded to a multiple of the vector width (``--pad-channels``, on by default): a conv or
-matmul by :data:`RULES`, a conv whose output reaches a depthwise conv by :data:`CHAIN_RULES`; the model
-computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
+matmul by :data:`RULES`, a conv whose output reaches a depthwise conv or a channel concat by :data:`CHAIN_RULES`;
+the model computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ RULES: tuple[PadRule, ...] = (
     PadRule(512, 1, 0.05, MIN_ROWS, "1000 → 1008 (one AVX-512 register): 1.26× in the same measurement"),
 )
 
-#: For a conv whose output reaches a depthwise conv (:func:`pad_channel_chains`); first match wins.
+#: For a conv whose output reaches a depthwise conv or a channel concat (:func:`pad_channel_chains`); first match
+#: wins.
 CHAIN_RULES: tuple[PadRule, ...] = (
     PadRule(32, 1, 0.125, MIN_ROWS, "58 → 64, 116 → 128, 232 → 240 (whole AVX-512 registers): ShuffleNet-V2 "
                                     "@112 1.09–1.16× faster, stock and AGO builds timed together with the "
@@ -241,9 +242,19 @@ def _is_depthwise(call, var, channels: int) -> bool:
     return w is not None and int(call.attrs.groups) == channels == w.shape[0] and w.shape[1] == 1
 
 
+def _is_channel_concat(call) -> bool:
+    """A concat along an NCHW tensor's channels: it copies its inputs whatever they are, so one that reads the
+    real channels of a padded tensor (a ``strided_slice`` fused into it) costs no more than before."""
+    if _op_name(call) != "relax.concat" or call.attrs.axis is None:
+        return False
+    shape = static_shape(call)
+    return shape is not None and len(shape) == 4 and int(call.attrs.axis) % 4 == 1
+
+
 def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
     """{conv binding var: (channels, padded, rule)} for every conv (one group, constant weight, NCHW)
-    whose output reaches a depthwise conv through ops that carry its channels, and a rule pads."""
+    whose output reaches a depthwise conv or a channel concat through ops that carry its channels, and a rule
+    pads."""
     from tvm import relax
 
     bindings = [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
@@ -254,7 +265,7 @@ def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
 
     def reaches_depthwise(var, channels: int) -> bool:
         for b in users.get(var, ()):
-            if _is_depthwise(b.value, var, channels):
+            if _is_depthwise(b.value, var, channels) or _is_channel_concat(b.value):
                 return True
             if (isinstance(b.var, relax.DataflowVar) and _carries(b.value, var, channels)
                     and reaches_depthwise(b.var, channels)):

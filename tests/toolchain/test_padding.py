@@ -33,8 +33,8 @@ def test_channels_the_vector_width_divides_or_that_are_few_are_left_alone():
 
 def chain_model():
     """An MBConv-like chain (1×1 conv 24 → 72 + ReLU, 3×3 depthwise 72 + ReLU, 1×1 conv 72 → 24) whose
-    depthwise output is also concatenated with a 1×1 conv's 72 channels that reach no depthwise conv;
-    a 1×1 conv of the concat is added to the chain's end."""
+    depthwise output is also concatenated with a 1×1 conv's 72 channels (a concat copies: that conv is padded
+    too, the concat reading its real channels); a 1×1 conv of the concat is added to the chain's end."""
     g = GraphBuilder("padded-chain", seed=7)
     x = g.input("input", (1, 24, 6, 6))
     e = g.conv(x, 24, 72, 1, name="expand", act="relu")
@@ -51,18 +51,17 @@ def test_a_chain_into_a_depthwise_conv_carries_its_padded_channels_to_the_conv_t
     proto = chain_model()
     mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
     out, done = padding.pad_output_channels(mod)
-    assert [(d.op, d.channels, d.padded) for d in done] == [("conv2d", 72, 80)]  # expand; side reaches no dw
+    assert [(d.op, d.channels, d.padded) for d in done] == [("conv2d", 72, 80)] * 2  # expand, side
     shapes = weight_shapes(out)
-    # expand's filters and bias, the depthwise filters and bias, project's input channels: padded with
-    # the chain; side's and mix's weights as they were
-    assert {(80, 24, 1, 1), (1, 80, 1, 1), (80, 1, 3, 3), (24, 80, 1, 1)} <= set(shapes)
-    assert {(72, 24, 1, 1), (24, 144, 1, 1)} <= set(shapes)
-    assert (72, 1, 3, 3) not in shapes and (24, 72, 1, 1) not in shapes
+    # expand's and side's filters and biases, the depthwise filters and bias, project's input channels: padded
+    # with the chain; mix's weights (it reads the concat of the real channels) as they were
+    assert {(80, 24, 1, 1), (1, 80, 1, 1), (80, 1, 3, 3), (24, 80, 1, 1), (24, 144, 1, 1)} <= set(shapes)
+    assert (72, 1, 3, 3) not in shapes and (24, 72, 1, 1) not in shapes and (72, 24, 1, 1) not in shapes
     script = out["main"].script()
-    assert script.count("R.strided_slice") == 1  # the concat reads the depthwise output's 72 channels
+    assert script.count("R.strided_slice") == 2  # the concat reads the depthwise output's and side's 72 channels
     padded_bias = [c.value.numpy() for c in _constants(out)
                    if tuple(getattr(c.value, "shape", ())) == (1, 80, 1, 1)]
-    assert len(padded_bias) == 2
+    assert len(padded_bias) == 3
     for bias in padded_bias:  # the padded channels repeat the last real one: finite whatever follows
         assert (bias[:, 72:] == bias[:, 71:72]).all()
     assert tvm.relax.analysis.check_well_formed(out)  # every use bound: the slice emitted before the concat
@@ -70,6 +69,19 @@ def test_a_chain_into_a_depthwise_conv_carries_its_padded_channels_to_the_conv_t
     plain = models.build("tiny-cnn")
     plain_mod = onnx_import.to_relax(plain, onnx_import.resolve_inputs(plain, {}))
     assert padding.pad_channel_chains(plain_mod)[0] is plain_mod
+
+
+@pytest.mark.parametrize("axis,padded", [(1, True), (-3, True), (2, False)])
+def test_a_conv_into_a_concat_is_padded_only_where_the_concat_joins_channels(axis, padded):
+    g = GraphBuilder("into-concat", seed=3)
+    x = g.input("input", (1, 24, 6, 6))
+    a = g.conv(x, 24, 72, 1, name="a", act="relu")
+    b = g.conv(x, 24, 72, 1, name="b")
+    shape = (1, 144, 6, 6) if axis != 2 else (1, 72, 12, 6)
+    proto = g.finish(g.concat([a, b], name="cat", axis=axis), shape)
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    out, done = padding.pad_output_channels(mod)
+    assert [(d.channels, d.padded) for d in done] == ([(72, 80)] * 2 if padded else [])
 
 
 def _constants(mod):
@@ -87,7 +99,7 @@ def test_a_model_with_a_padded_chain_matches_onnxruntime(partition, layout, tmp_
     request = CompileRequest(chain_model(), "padded-chain", spec, partition=PartitionSettings(partition))
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
     assert [(p["op"], p["channels"], p["padded"]) for p in artifact.manifest.partition_info["padded"]] == [
-        ("conv2d", 72, 80)]  # recorded, with the rule's reason
+        ("conv2d", 72, 80)] * 2  # recorded, with the rule's reason
     assert "ShuffleNet" in artifact.manifest.partition_info["padded"][0]["why"]
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()
