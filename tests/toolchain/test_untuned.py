@@ -54,7 +54,7 @@ def test_untuned_kernels_get_the_librarys_schedule_refitted_else_a_sample_and_co
     assert sources[PW] == "block" and sources[DW] == "block"
     assert set(sources.values()) <= {"library", "block", "sampled"} and len(sources) == len(group_kernels(mod))
     np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)
-    monkeypatch.setitem(untuned.ORDER, "library", tuple(o for o in untuned.ORDER["library"] if o[0] != "block"))
+    monkeypatch.setitem(untuned.ORDER, "library", tuple(o for o in untuned.ORDER["library"] if o[1] != "block"))
     out, given = untuned.schedule_untuned(mod, SPEC, "library", lib)
     sources = {f.kernel: f.source for f in given}
     assert sources[PW] == "library" and sources[DW] == "library"
@@ -140,3 +140,27 @@ def test_without_a_database_an_ago_join_is_built_as_its_minis_unless_asked_for_j
                                             joins=joins), find_compiler(SPEC), tmp_path / name)
         assert kept.manifest.partition_info["unfused"] == []
         assert len([k for k in kept.manifest.kernels if "conv" in k["name"]]) == 1, name
+
+
+def _spatial(size: int):
+    """A model of one 3×3 conv of 16 → 32 channels (+ bias, ReLU) at ``size`` × ``size``, fused."""
+    from models.builder import GraphBuilder
+
+    g = GraphBuilder("spatial", seed=5)
+    x = g.input("input", (1, 16, size, size))
+    model = g.finish(g.conv(x, 16, 32, 3, name="conv3", act="relu"), (1, 32, size, size))
+    return build.fuse_stock(build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC),
+                            SPEC)
+
+
+def test_a_spatial_conv_gets_its_register_block_before_the_librarys_refitted_records(tmp_path):
+    """A 3×3 conv at 12 × 12 whose like at 8 × 8 the library holds: its register block (the padding a pass before
+    it), not the library's record re-fitted — and it computes what the unscheduled one does."""
+    kernels = {name: f for name, f in group_kernels(_spatial(8)) if "conv2d" in name}
+    lib = library.build([_database(tmp_path / "db", kernels, dict.fromkeys(kernels, 0.05))], tmp_path / "lib")
+    mod = _spatial(12)
+    out, given = untuned.schedule_untuned(mod, SPEC, "library", lib)
+    (conv,) = [f for f in given if "conv2d" in f.kernel]
+    assert conv.source == "block" and conv.detail.endswith("×16")
+    x = np.random.default_rng(1).standard_normal((1, 16, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)

@@ -343,9 +343,9 @@ def unit_of(target) -> VectorUnit:
 
 def register_block(func, target, spatial: bool = False):
     """``func``'s workload scheduled with its register block (:func:`block_kernel`, shape by :func:`choose_block`),
-    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not). ``spatial``, a last resort: a
-    spatial conv's too (its padding in the block's loads: about half a tuned schedule's speed, twice a sample's), and
-    vectors narrower than 4 lanes where no wider one divides the channels (ShuffleNet's 58: 2 lanes)."""
+    not yet postprocessed: (schedule, "rows×vectors×lanes"), or (None, why not). ``spatial``: a spatial conv's too
+    (its padding a pass before the block, or in its loads for a stem's few channels), and vectors narrower than 4
+    lanes where no wider one divides the channels (ShuffleNet's 58: 2 lanes)."""
     from tvm import s_tir
 
     kernel = matmul_like(func)

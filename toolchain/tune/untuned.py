@@ -206,8 +206,8 @@ def _spatial_block(func, spec, _library):
 
 
 #: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as);
-#: a spatial conv's block after the library's records (half their speed per kernel, twice a sample's: RESULTS.md)
-ORDER = {"library": (("own", "library"), ("block", "block"), ("nearest", "library"), ("spatial", "block")),
+#: a spatial conv's block before the library's re-fitted records (a stem 2.7x faster: docs/tuning-internals.md)
+ORDER = {"library": (("own", "library"), ("block", "block"), ("spatial", "block"), ("nearest", "library")),
          "sampled": (), "plain": ()}
 FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest, "spatial": _spatial_block}
 
