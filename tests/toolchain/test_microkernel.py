@@ -1,6 +1,8 @@
 """Register blocks of real kernels (toolchain/tune/microkernel.py): which kernels are matmul-like, the block's shape
 per target, its numerics with the epilogue fused, and on ARM its hot loop read from the assembly (FMAs, no spills)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -177,6 +179,33 @@ def test_the_search_space_of_a_pointwise_conv_holds_its_block_whose_tiles_a_sear
         sch = s_tir.Schedule(workload_module(func))
         other.apply_to_schedule(sch, remove_postproc=True)
         np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_spatial_convs_search_space_and_first_seed_hold_its_block(monkeypatch):
+    """tiny-cnn's 3×3 conv (3 → 8 channels, 16 wide): the block beside the stock space, replaying with another row
+    tile and computing the same; and the block a new task is seeded with (a trial like any seed)."""
+    from tvm import s_tir
+
+    from toolchain.tune import compose, intrinsics
+    from toolchain.tune.adapter import workload_module
+    from toolchain.tune.settings import TuneSettings
+    from toolchain.tune.space import make_space_generator
+
+    func = _kernels("tiny-cnn", (1, 3, 16, 16))["fused_conv2d_add_relu_add1"]
+    choice = make_space_generator(func, HOST.tvm())
+    assert choice.kind == "block+default" and "register block" in choice.reason
+    ctx = intrinsics.tune_context(mod=workload_module(func), target=HOST.tvm(), space_generator=choice.generator,
+                                  rand_state=1, num_threads=1)
+    trace = ctx.generate_design_space()[0].trace
+    rows = next(inst for inst in trace.insts if inst.kind.name == "SamplePerfectTile")
+    plain = _run(func, HOST.tvm())[-1]
+    sch = s_tir.Schedule(workload_module(func))
+    trace.with_decision(rows, [16, 1], True).apply_to_schedule(sch, remove_postproc=True)
+    np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], plain, rtol=1e-5, atol=1e-5)
+    committed = []
+    monkeypatch.setattr(compose, "commit_seed", lambda sch, *a: committed.append(sch) or True)
+    task, plan = SimpleNamespace(name="conv"), SimpleNamespace(funcs={"conv": func})
+    assert compose.seed_from_block(task, plan, None, HOST, {}, TuneSettings()) == "8×1×8" and len(committed) == 1
 
 
 def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_check_sees_what_fusing_it_would_write():

@@ -188,15 +188,15 @@ def space(pair: IntensivePair | None, target, num_cores: int | None = None, chec
 
 
 def block_space(func, target, check: bool = True):
-    """(the register block's ``ScheduleFn``, its shape) for a kernel the block takes (toolchain/tune/microkernel.py)
-    whose block schedules here; None otherwise."""
+    """(the register block's ``ScheduleFn``, its shape) for a matmul-like kernel (toolchain/tune/microkernel.py: a
+    pointwise, depthwise or spatial conv, a matmul, a pool) whose block schedules here; None otherwise."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
     from toolchain.tune import microkernel
 
     kernel = microkernel.matmul_like(func)
-    shape = microkernel.choose_block(kernel, microkernel.unit_of(target)) if kernel and kernel.blocked else None
+    shape = microkernel.choose_block(kernel, microkernel.unit_of(target)) if kernel else None
     if shape is None:
         return None
     fn = microkernel.block_space_fn(kernel, shape)
@@ -259,7 +259,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
         return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
     blocked = block_space(func, target, check) if block else None
-    if blocked is not None:  # a pointwise / depthwise conv, matmul or pool: its register block beside the stock space
+    if blocked is not None:  # a conv, matmul or pool: its register block beside the stock space
         union = ms.space_generator.SpaceGeneratorUnion(
             [blocked[0], stock(None, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
         return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")
