@@ -39,6 +39,7 @@ class Preset:
     mattr: tuple[str, ...]
     linker: str  # "host" | "gnu-cross" | "ndk"
     runs_on_host: bool
+    geometry: str | None = None  # the phone cache geometry AGO's locality defaults follow (toolchain/geometry.py)
 
 
 PRESETS: tuple[Preset, ...] = (
@@ -69,6 +70,7 @@ PRESETS: tuple[Preset, ...] = (
         mattr=("+neon",),
         linker="gnu-cross",
         runs_on_host=platform.machine() in ("aarch64", "arm64"),
+        geometry="a76",
     ),
     Preset(
         name="android-arm64",
@@ -78,6 +80,7 @@ PRESETS: tuple[Preset, ...] = (
         mattr=("+neon",),
         linker="ndk",
         runs_on_host=False,
+        geometry="a76",
     ),
 )
 

@@ -12,88 +12,19 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolchain.artifact import Artifact
 from toolchain.errors import AgocError
+from toolchain.geometry import GEOMETRIES, GEOMETRIES_BY_NAME, KIB, MIB, Cache, Geometry  # noqa: F401 - their home
 
 SCHEMA = "agoc.proxy/1"
-KIB, MIB = 1024, 1024 * 1024
 
 
 class ProxyError(AgocError):
     """The phone-cache proxy cannot run (no valgrind, an AVX-512 artifact, a runner without client requests)."""
 
-
-@dataclass(frozen=True)
-class Cache:
-    size: int  # bytes
-    assoc: int
-    line: int = 64
-
-    @property
-    def label(self) -> str:
-        return f"{self.size // MIB}MiB" if self.size % MIB == 0 else f"{self.size // KIB}KiB"
-
-    def flag(self) -> str:
-        """valgrind's ``size,associativity,line`` form."""
-        return f"{self.size},{self.assoc},{self.line}"
-
-
-@dataclass(frozen=True)
-class Geometry:
-    name: str
-    description: str
-    l1i: Cache
-    l1d: Cache
-    l2: Cache  # the core's private L2: "L2 traffic" = LL misses with LL = this
-    llc: tuple[Cache, ...]  # shared L3 / system-level cache sizes: "DRAM bytes" with LL = each
-    source: str
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "llc": [asdict(c) for c in self.llc]}
-
-
-#: Cache geometries, selectable by name (``agoc bench OUT --proxy a76``).
-GEOMETRIES: tuple[Geometry, ...] = (
-    Geometry(
-        "a76",
-        "Cortex-A76-class big core (Snapdragon 855, Kirin 980, Dimensity 1000): 64 KiB L1D, 512 KiB L2, "
-        "2–4 MiB shared L3",
-        l1i=Cache(64 * KIB, 4),
-        l1d=Cache(64 * KIB, 4),
-        l2=Cache(512 * KIB, 8),
-        llc=(Cache(2 * MIB, 16), Cache(4 * MIB, 16)),
-        source="Arm Cortex-A76 Core TRM (DDI 100798): L1 I and D 64 KiB 4-way, 64 B lines; private L2 "
-        "128/256/512 KiB 8-way. Arm DynamIQ Shared Unit TRM (100453): L3 up to 4 MiB, 16-way. "
-        "Snapdragon 855: 512 KiB L2 on the prime core, 2 MiB L3; Kirin 980: 4 MiB L3 (vendor specs, WikiChip)",
-    ),
-    Geometry(
-        "a55",
-        "Cortex-A55-class little core (the efficiency cluster of the same phones): 32 KiB L1D, 128 KiB L2, "
-        "1–2 MiB shared L3",
-        l1i=Cache(32 * KIB, 4),
-        l1d=Cache(32 * KIB, 4),
-        l2=Cache(128 * KIB, 4),
-        llc=(Cache(1 * MIB, 16), Cache(2 * MIB, 16)),
-        source="Arm Cortex-A55 Core TRM (DDI 100442): L1 I and D 16–64 KiB 4-way, 64 B lines; optional "
-        "private L2 64/128/256 KiB 4-way. Phone parts pair 32 KiB L1 with 128 KiB L2 (Snapdragon 855 "
-        "silver cores); DSU L3 1–2 MiB on mid-range SoCs (WikiChip)",
-    ),
-    Geometry(
-        "small-slc",
-        "A76-class core in a mid-range phone with a small shared cache (Snapdragon 730/730G, Helio G90): "
-        "64 KiB L1D, 256 KiB L2, 1 MiB L3",
-        l1i=Cache(64 * KIB, 4),
-        l1d=Cache(64 * KIB, 4),
-        l2=Cache(256 * KIB, 8),
-        llc=(Cache(1 * MIB, 16),),
-        source="Arm Cortex-A76 Core TRM (DDI 100798) for L1 and the 8-way L2; Snapdragon 730: Kryo 470 Gold "
-        "(Cortex-A76) cores with 256 KiB L2 and a 1 MiB shared L3 (Qualcomm specs, WikiChip)",
-    ),
-)
-GEOMETRIES_BY_NAME = {g.name: g for g in GEOMETRIES}
 
 #: callgrind's events with --cache-sim=yes --simulate-wb=yes (ILdmr/DLdmr/DLdmw: LL misses that
 #: evicted a dirty line, i.e. a write-back to memory).

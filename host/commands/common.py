@@ -20,14 +20,25 @@ def load_supported(model: str, shapes: list[str]):
     return proto, label, frontend.checked_inputs(proto, overrides), overrides
 
 
-def partition_settings(method: str, threshold: Optional[float], keep_inside_kib: int):
-    """The partition flags as their record, validated, and the tile cache cap ``--keep-inside`` sets too:
-    (PartitionSettings, tile_cache bytes)."""
+def partition_settings(method: str, threshold: Optional[float], keep_inside_kib: Optional[int],
+                       target: Optional[str] = None, mcpu: Optional[str] = None, geometry: Optional[str] = None):
+    """The partition flags as their record, validated, the tile cache cap ``--keep-inside`` sets too, and where that
+    size came from: (PartitionSettings, tile_cache bytes, why; "" when off). Without ``--keep-inside`` the size
+    follows the cache geometry — ``--geometry``, else an ARM target's (by ``--mcpu``): half its L2; none on host."""
+    from toolchain import geometry as geometries
     from toolchain import settings
+    from toolchain.targets import PRESETS_BY_NAME
 
     checked = settings.PartitionSettings(method, threshold).validate()  # the flags in the order of --help
-    unit, tile_cache = settings.keep_inside(keep_inside_kib)
-    return replace(checked, locality_unit=unit), tile_cache
+    if keep_inside_kib is not None:
+        kib, why = keep_inside_kib, "--keep-inside"
+    else:
+        preset = PRESETS_BY_NAME.get(target or "host")
+        geo, reason = geometries.of_target(preset.geometry if preset else None, mcpu, geometry)
+        kib = geometries.locality_kib(geo)
+        why = f"half the {geo.name} cache geometry's {geo.l2.label} L2: {reason}" if geo else ""
+    unit, tile_cache = settings.keep_inside(kib)
+    return replace(checked, locality_unit=unit), tile_cache, why if kib else ""
 
 
 def check_search(scheduler: str, transfer: int, population: int, per_iter: Optional[int] = None) -> None:

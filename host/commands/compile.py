@@ -15,7 +15,7 @@ from rich.markup import escape
 from host import render
 from host.commands.common import load_supported, partition_settings
 from host.console import console, err_console
-from host.options import FastMathOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
+from host.options import FastMathOpt, GeometryOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
 from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
 
 JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the joined kernel unless it is slower "
@@ -41,7 +41,8 @@ def compile(
     partition: Annotated[str, typer.Option(help="How ops are grouped into kernels: ago (AGO clustering) or stock "
                                            "(TVM FuseOps).")] = "ago",
     threshold: ThresholdOpt = None,
-    keep_inside: KeepInsideOpt = 0,
+    keep_inside: KeepInsideOpt = None,
+    geometry: GeometryOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs stored for verification.")] = 0,
     dump_dir: Annotated[Optional[Path], typer.Option(help="Write the IR after each stage here.")] = None,
     db: Annotated[Optional[Path], typer.Option(
@@ -79,12 +80,13 @@ def compile(
         return _compile_cuda(model, output, input_shape or [], arch, training)
     rule = _join_rule(joins, db)
     _check_untuned(untuned, library, no_library)
-    parts, _ = partition_settings(partition, threshold, keep_inside)  # a compile tiles nothing: no tile cache
+    # a compile tiles nothing: no tile cache
+    parts, _, kept = partition_settings(partition, threshold, keep_inside, target, mcpu, geometry)
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
-                 mcpu=mcpu, num_cores=num_cores)
+                 mcpu=mcpu, num_cores=num_cores, kept=kept)
     if db is not None:
-        knobs = _from_db(db, knobs, other_target)
+        knobs = {**_from_db(db, knobs, other_target), "kept": "as the database was tuned"}
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
     if library is not None:  # before the long work: the model is loaded, nothing built
         Library.load(library).check(spec)
@@ -150,7 +152,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
         err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
     parts = knobs["partition"]
     partition, threshold, keep_inside = parts.method, parts.td, parts.locality_unit
-    kept = f", keeping tensors of {keep_inside // 1024} KiB or more inside"
+    kept = f", keeping tensors of {keep_inside // 1024} KiB or more inside ({knobs['kept']})"
     shown = ", ".join(f"{i.name}={'x'.join(map(str, i.shape))}" for i in inputs)
     err_console.print(
         f"[dim]compiling {escape(label)} ({escape(shown)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "

@@ -81,14 +81,26 @@ def doctor(
 
 def targets():
     """List the target presets."""
+    from toolchain import geometry
     from toolchain.targets import PRESETS
 
     table = Table(title="target presets", title_justify="left")
-    for col in ("name", "triple", "mcpu", "linker", "description"):
+    for col in ("name", "triple", "mcpu", "linker", "cache geometry", "description"):
         table.add_column(col)
     for p in PRESETS:
-        table.add_row(p.name, p.mtriple or "(host)", p.mcpu or "(detected)", p.linker, p.description)
+        table.add_row(p.name, p.mtriple or "(host)", p.mcpu or "(detected)", p.linker, p.geometry or "-", p.description)
     console.print(table)
+    caches = Table(title="cache geometries (--geometry; an ARM target's by --mcpu: "
+                   + ", ".join(f"{cpu} {name}" for cpu, name in geometry.CPU_GEOMETRIES.items()) + ")",
+                   title_justify="left")
+    for col in ("name", "L1D", "L2", "shared", "kept inside"):
+        caches.add_column(col)
+    for g in geometry.GEOMETRIES:
+        caches.add_row(g.name, g.l1d.label, g.l2.label, " / ".join(c.label for c in g.llc),
+                       f"{geometry.locality_kib(g)} KiB")
+    console.print(caches)
+    for g in geometry.GEOMETRIES:
+        console.print(f"[bold]{g.name}[/bold]: {escape(g.description)}. [dim]Source: {escape(g.source)}[/dim]")
 
 
 def deploy(artifact_dir: ArtifactArg, device: PhoneOpt = None):

@@ -12,7 +12,16 @@ from rich.markup import escape
 from host import render
 from host.commands.common import check_output_file, load_supported, partition_settings, write_file
 from host.console import console
-from host.options import FastMathOpt, InputShapeOpt, KeepInsideOpt, LayoutOpt, ModelArg, PadChannelsOpt, ThresholdOpt
+from host.options import (
+    FastMathOpt,
+    GeometryOpt,
+    InputShapeOpt,
+    KeepInsideOpt,
+    LayoutOpt,
+    ModelArg,
+    PadChannelsOpt,
+    ThresholdOpt,
+)
 from toolchain.errors import UnsupportedModelError
 
 
@@ -22,7 +31,8 @@ def partition(
     threshold: ThresholdOpt = None,
     trivial_cut: Annotated[Optional[float], typer.Option(
         help="Subgraphs lighter than this count as trivial (default 5 ≈ trials).")] = None,
-    keep_inside: KeepInsideOpt = 0,
+    keep_inside: KeepInsideOpt = None,
+    geometry: GeometryOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="Show why merges were declined.")] = False,
     dot: Annotated[Optional[Path], typer.Option(
         "--dot", help="Write the AGO-partitioned graph as Graphviz DOT.")] = None,
@@ -43,7 +53,7 @@ def partition(
 
     check_output_file(dot, "--dot")
     check_output_file(png, "--png")
-    ago, _ = partition_settings("ago", threshold, keep_inside)
+    ago, _, _ = partition_settings("ago", threshold, keep_inside, geometry=geometry)
     if trivial_cut is not None and not trivial_cut >= 0:  # NaN included
         raise UnsupportedModelError(f"--trivial-cut must be a weight of 0 or more (got {trivial_cut}); the default is "
                                     f"{partitioning.TRIVIAL_CUT:g}")

@@ -15,6 +15,7 @@ from host.commands.common import check_search, load_supported, partition_setting
 from host.console import console, err_console
 from host.options import (
     FastMathOpt,
+    GeometryOpt,
     InputShapeOpt,
     KeepInsideOpt,
     LayoutOpt,
@@ -86,7 +87,8 @@ def tune(
     partition: Annotated[str, typer.Option(
         help="ago, or stock (TVM FuseOps kernels + default space: the Ansor-like baseline).")] = "ago",
     threshold: ThresholdOpt = None,
-    keep_inside: KeepInsideOpt = 0,
+    keep_inside: KeepInsideOpt = None,
+    geometry: GeometryOpt = None,
     no_intensive: Annotated[bool, typer.Option(
         "--no-intensive", help="Ablation AGO-NI: no intensive-fusion space.")] = False,
     no_reformer: Annotated[bool, typer.Option(
@@ -120,7 +122,7 @@ def tune(
     if model is None or db is None:
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     where = _Where.of(device or [], tracker, key, rpc, target)
-    parts, tile_cache = partition_settings(partition, threshold, keep_inside)
+    parts, tile_cache, kept = partition_settings(partition, threshold, keep_inside, where.target, None, geometry)
     _check_databases(db, base)
     default_budget = trials is None and time_limit is None
     open_ended = trials is None and time_limit is not None  # the time is the budget (the trials a forecast)
@@ -136,7 +138,7 @@ def tune(
         transfer=transfer, population=population, search_threads=search_threads,
     )
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
-    _describe(label, db, where, settings, spec)
+    _describe(label, db, where, settings, spec, kept)
     if default_budget:
         err_console.print(f"[dim]tuning with no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever "
                           "ends first (--trials N, --time DURATION)[/dim]")
@@ -229,7 +231,7 @@ def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_ch
     return proto, label, frontend.prepare(proto, spec, overrides)[0], spec
 
 
-def _describe(label: str, db: Path, where: _Where, s, spec) -> None:
+def _describe(label: str, db: Path, where: _Where, s, spec, kept: str = "") -> None:
     """The resolved settings, echoed before the long work."""
     err_console.print(
         f"[dim]tuning {escape(label)} into {escape(str(db))} measured on {escape(where.describe())}: "
@@ -237,6 +239,7 @@ def _describe(label: str, db: Path, where: _Where, s, spec) -> None:
         f"reformer {'on' if s.reformer else 'off'}, split {s.split_fraction:g}, {s.per_iter}/batch from a "
         f"population of {s.population}, scheduler {s.scheduler}"
         f"{f' (warm-up {s.warmup})' if s.scheduler == 'latency' else ''}, "
+        f"{f'tensors of {s.partition.locality_unit // 1024} KiB or more kept inside ({kept}), ' if kept else ''}"
         f"weights {'cold' if s.cold_weights else 'warm'}"
         f"{', prepacked' if s.prepack else ', not prepacked'}"
         f"{f', seeds from up to {s.transfer} similar kernels' if s.transfer else ', every search from scratch'}"

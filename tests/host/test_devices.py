@@ -20,6 +20,16 @@ def arm_artifact(tmp_path_factory, runners):
     return out
 
 
+def test_an_arm_build_keeps_inside_what_half_its_cores_l2_holds(arm_artifact, cli):
+    """linux-arm64's Cortex-A76: AGO's locality rule on by default at 256 KiB (half its 512 KiB L2), recorded; `agoc
+    targets` lists the geometry with its source."""
+    info = json.loads((arm_artifact / "manifest.json").read_text())["partition_info"]
+    assert info["keep_inside"] == 256 * 1024
+    result = cli("targets")
+    text = " ".join(result.stdout.split())
+    assert result.exit_code == 0 and "a76: Cortex-A76-class" in text and "Source: Arm Cortex-A76 Core TRM" in text
+
+
 @pytest.fixture
 def qemu_sandbox(tmp_path, monkeypatch):
     monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))

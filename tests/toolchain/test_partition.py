@@ -277,6 +277,14 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     assert "kept together: the 32 KiB tensor between them" in " ".join(result.stdout.split())
     result = cli("partition", "zoo:tiny-dwsep", "--keep-inside", "-1")
     assert result.exit_code == 1 and "--keep-inside must be 0 (off) or a size in KiB" in result.stderr
+    # a cache geometry sets it: half an A55's 128 KiB L2 keeps the 128 KiB tensor of tiny-dwsep at 32 × 32 inside
+    # (Td 1 merges nothing else), on host none, the flag over the geometry
+    wide = ("partition", "zoo:tiny-dwsep@1x8x32x32", "--threshold", "1", "--json")
+    for flags, most in ((("--geometry", "a55"), 2), ((), 1), (("--geometry", "a55", "--keep-inside", "0"), 1)):
+        result = cli(*wide, *flags)
+        assert result.exit_code == 0 and json.loads(result.stdout)["ago"]["max_complex_ops"] == most, flags
+    result = cli("partition", "zoo:tiny-dwsep", "--geometry", "a99")
+    assert result.exit_code == 1 and "unknown cache geometry 'a99'; choose one of: a76" in result.stderr
 
 
 def test_partition_cli_png(cli, tmp_path):

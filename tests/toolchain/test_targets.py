@@ -106,3 +106,22 @@ def test_android_finds_ndk_clang_under_android_ndk_home(monkeypatch, tmp_path):
     assert compiler.path == str(clang)
     assert compiler.version == "Android (fake) clang version 17.0.2"
     assert "-static-libstdc++" in compiler.options
+
+
+def test_arm_presets_follow_a_cache_geometry_by_their_cpu_and_the_host_none():
+    """AGO's locality defaults (--keep-inside) follow the phone's cache: an ARM preset's geometry by --mcpu (else
+    its own), --geometry over both, none on host; half the L2 is kept inside."""
+    from toolchain import geometry
+
+    a76, why = geometry.of_target(PRESETS_BY_NAME["linux-arm64"].geometry, None, None)
+    assert a76.name == "a76" and "preset" in why and geometry.locality_kib(a76) == 256
+    assert geometry.of_target("a76", "cortex-a55", None)[0].name == "a55"
+    assert geometry.locality_kib(geometry.of_target("a76", "cortex-x1", None)[0]) == 512
+    assert "no geometry known for --mcpu neoverse-n1" in geometry.of_target("a76", "neoverse-n1", None)[1]
+    assert geometry.of_target(PRESETS_BY_NAME["host"].geometry, None, None) == (None, "a host target")
+    assert geometry.of_target(None, None, "small-slc")[0].name == "small-slc"
+    assert geometry.of_target("a76", None, "none")[0] is None and geometry.locality_kib(None) == 0
+    with pytest.raises(TargetError, match="unknown cache geometry 'a99'; choose one of: a76, a55"):
+        geometry.of_target("a76", None, "a99")
+    for g in geometry.GEOMETRIES:
+        assert "TRM" in g.source and g.l2.size > g.l1d.size
