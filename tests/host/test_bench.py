@@ -171,7 +171,7 @@ def test_a_variant_that_starts_from_another_is_tuned_after_it_and_fails_clearly_
         (db / "session.json").write_text("{}")
         if base is not None:
             on_event(Imported(base=str(base), tasks={"k": 3}))
-        return {"tasks": [], "estimate_ms": 1.0}
+        return {"tasks": [], "estimate_ms": 1.0, "trials": 0}
 
     monkeypatch.setattr(tune_session, "tune_model", fake_tune)
     case = Case("tiny-dwsep", (1, 8, 16, 16))
