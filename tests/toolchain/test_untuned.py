@@ -164,3 +164,21 @@ def test_a_spatial_conv_gets_its_register_block_before_the_librarys_refitted_rec
     assert conv.source == "block" and conv.detail.endswith("×16")
     x = np.random.default_rng(1).standard_normal((1, 16, 12, 12)).astype("float32")
     np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_pair_kept_together_for_the_cache_is_built_as_its_minis_without_a_database():
+    """--keep-inside (an ARM target's default) makes a pw → dw pair one unit that AGO's clustering never splits;
+    without a tuning database the pair is still built as its minis (its joined schedule would be a sample)."""
+    from toolchain import partition
+    from toolchain.opgraph import op_graph
+    from toolchain.settings import PartitionSettings
+
+    model = models.build("tiny-dwsep", (1, 8, 32, 32))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
+    graph = op_graph(mod)
+    kept = partition.plan(PartitionSettings(threshold=1.0, locality_unit=64 * 1024), mod, SPEC, graph)
+    pairs = [g for g in kept.groups if len(graph.reducing_ids.intersection(g)) == 2]
+    assert pairs  # kept together, although Td 1 merges nothing
+    split, records = untuned.split_untuned(graph, kept)
+    assert all(len(graph.reducing_ids.intersection(g)) <= 1 for g in split.groups) and len(records) == len(pairs)
+    partition.check(graph, split)
