@@ -197,8 +197,9 @@ def test_space_choice():
     assert chosen.kind == "intensive" and chosen.pair.kind == "pw->dw"
     assert make_space_generator(pw_dw, SPEC.tvm(), intensive=False).kind == "default"
     assert make_space_generator(pw_dw, SPEC.tvm(), include_default=True).kind == "intensive+default"
-    fallback = make_space_generator(single, SPEC.tvm())
-    assert fallback.kind == "default" and fallback.pair is None
+    fallback = make_space_generator(single, SPEC.tvm())  # a conv of its own: its register block beside the stock space
+    assert fallback.kind == "block+default" and fallback.pair is None
+    assert make_space_generator(single, SPEC.tvm(), block=False).kind == "default"
 
 
 def test_two_convs_into_one_concat_get_the_stock_space_without_consumer_fusion():
