@@ -25,7 +25,7 @@ BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHA
 
 .PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning bench-phases library bench-library clean
 
-# the C++ runner: make runner TARGET=host|linux-arm64|android-arm64 (see android_runner/README.md)
+# the C++ runner: make runner TARGET=host|linux-arm64|android-arm64|android-arm64-ndk (see android_runner/README.md)
 include android_runner/runner.mk
 
 help:

@@ -1,13 +1,14 @@
 # agoc-runner builds. Included from the top Makefile; also works alone:
-#   make -f android_runner/runner.mk runner TARGET=host|linux-arm64|android-arm64
+#   make -f android_runner/runner.mk runner TARGET=host|linux-arm64|android-arm64|android-arm64-ndk
 #
 #   make runner TARGET=host           build/runner/host/agoc-runner (x86-64 wheel's runtime, from the venv)
 #   make runner TARGET=linux-arm64    build/runner/linux-arm64/agoc-runner + its runtime .so files
-#   make runner TARGET=android-arm64  needs ANDROID_NDK_HOME and TVM_HOME (see android_runner/README.md)
+#   make runner TARGET=android-arm64  the linux-arm64 runner: phones run it through the bundle (no NDK)
+#   make runner TARGET=android-arm64-ndk  bionic: needs ANDROID_NDK_HOME and TVM_HOME (android_runner/README.md)
 #   make runtime-arm64                the aarch64 runtime from the PyPI wheels -> build/runtime-arm64/
 #   make runner-clean                 remove build/runner and build/runtime-*
 
-RUNNER_TARGETS     := host linux-arm64 android-arm64
+RUNNER_TARGETS     := host linux-arm64 android-arm64 android-arm64-ndk
 RUNNER_TARGET      := $(or $(TARGET),host)
 RUNNER_SRC_DIR     := android_runner
 RUNNER_OUT         := build/runner
@@ -24,7 +25,7 @@ ANDROID_API        ?= 28
 NDK_TOOLCHAIN      := $(ANDROID_NDK_HOME)/build/cmake/android.toolchain.cmake
 RUNNER_CMAKE       := cmake -DCMAKE_BUILD_TYPE=Release -S $(RUNNER_SRC_DIR)
 
-.PHONY: runner runner-host runner-linux-arm64 runner-android-arm64 runtime-arm64 runner-clean
+.PHONY: runner runner-host runner-linux-arm64 runner-android-arm64 runner-android-arm64-ndk runtime-arm64 runner-clean
 
 ifeq ($(filter $(RUNNER_TARGET),$(RUNNER_TARGETS)),)
 runner:
@@ -35,6 +36,7 @@ endif
 
 runner-host: $(RUNNER_OUT)/host/agoc-runner
 runner-linux-arm64: $(RUNNER_OUT)/linux-arm64/agoc-runner
+runner-android-arm64: runner-linux-arm64
 runtime-arm64: $(RUNTIME_ARM64)/.extracted
 
 define runner_need_tool
@@ -74,15 +76,15 @@ $(RUNNER_OUT)/linux-arm64/agoc-runner: $(RUNNER_SOURCES) $(RUNNER_SRC_DIR)/cmake
 	  -DAGOC_OUTPUT_DIR=$(abspath $(RUNNER_OUT)/linux-arm64) >/dev/null && \
 	cmake --build $(RUNNER_OUT)/linux-arm64/cmake -j $(RUNNER_JOBS)
 
-# android-arm64: NDK + a TVM checkout (the runtime must be built for bionic; no wheel exists).
+# android-arm64-ndk: NDK + a TVM checkout (the runtime must be built for bionic; no wheel exists).
 # Untested here (no NDK on these machines); the steps follow android_runner/README.md.
-runner-android-arm64:
+runner-android-arm64-ndk:
 	@test -n "$(ANDROID_NDK_HOME)" -a -f "$(NDK_TOOLCHAIN)" || { \
-	  echo "agoc: android-arm64 needs the Android NDK: set ANDROID_NDK_HOME to an NDK (r25+) that has build/cmake/android.toolchain.cmake" >&2; \
+	  echo "agoc: android-arm64-ndk needs the Android NDK: set ANDROID_NDK_HOME to an NDK (r25+) that has build/cmake/android.toolchain.cmake" >&2; \
 	  echo "      (got ANDROID_NDK_HOME='$(ANDROID_NDK_HOME)'); see android_runner/README.md" >&2; exit 1; }
 	@test -n "$(TVM_HOME)" -a -f "$(TVM_HOME)/CMakeLists.txt" -a -d "$(TVM_HOME)/3rdparty/tvm-ffi/include" || { \
-	  echo "agoc: android-arm64 needs a TVM v0.27 source checkout as TVM_HOME (with submodules) to build the bionic runtime:" >&2; \
-	  echo "      git clone --recursive --branch v0.27.0 https://github.com/apache/tvm && make runner TARGET=android-arm64 TVM_HOME=\$$PWD/tvm" >&2; \
+	  echo "agoc: android-arm64-ndk needs a TVM v0.27 source checkout as TVM_HOME (with submodules) to build the bionic runtime:" >&2; \
+	  echo "      git clone --recursive --branch v0.27.0 https://github.com/apache/tvm && make runner TARGET=android-arm64-ndk TVM_HOME=\$$PWD/tvm" >&2; \
 	  echo "      (got TVM_HOME='$(TVM_HOME)'); see android_runner/README.md" >&2; exit 1; }
 	$(call runner_need_tool,cmake,install cmake (apt-get install cmake))
 	cmake -S $(TVM_HOME) -B $(RUNTIME_ANDROID) -DCMAKE_BUILD_TYPE=Release \
@@ -95,16 +97,16 @@ runner-android-arm64:
 	  found=$$(find $(RUNTIME_ANDROID) -name $$lib -type f -not -path '$(RUNTIME_ANDROID)/lib/*' | head -1); \
 	  test -n "$$found" || { echo "agoc: the TVM build made no $$lib" >&2; exit 1; }; \
 	  cp -f "$$found" $(RUNTIME_ANDROID)/lib/; done
-	$(RUNNER_CMAKE) -B $(RUNNER_OUT)/android-arm64/cmake \
+	$(RUNNER_CMAKE) -B $(RUNNER_OUT)/android-arm64-ndk/cmake \
 	  -DCMAKE_TOOLCHAIN_FILE=$(NDK_TOOLCHAIN) -DANDROID_ABI=arm64-v8a -DANDROID_PLATFORM=android-$(ANDROID_API) \
 	  -DANDROID_STL=c++_shared \
 	  -DAGOC_TVM_FFI_INCLUDE_DIR=$(TVM_HOME)/3rdparty/tvm-ffi/include \
 	  -DAGOC_DLPACK_INCLUDE_DIR=$(TVM_HOME)/3rdparty/tvm-ffi/3rdparty/dlpack/include \
 	  -DAGOC_TVM_LIB_DIR=$(abspath $(RUNTIME_ANDROID)/lib) -DAGOC_COPY_RUNTIME=ON \
-	  -DAGOC_OUTPUT_DIR=$(abspath $(RUNNER_OUT)/android-arm64)
-	cmake --build $(RUNNER_OUT)/android-arm64/cmake -j $(RUNNER_JOBS)
+	  -DAGOC_OUTPUT_DIR=$(abspath $(RUNNER_OUT)/android-arm64-ndk)
+	cmake --build $(RUNNER_OUT)/android-arm64-ndk/cmake -j $(RUNNER_JOBS)
 	cp -f $$(find $(ANDROID_NDK_HOME)/toolchains/llvm/prebuilt -path '*aarch64-linux-android/libc++_shared.so' | head -1) \
-	  $(RUNNER_OUT)/android-arm64/
+	  $(RUNNER_OUT)/android-arm64-ndk/
 
 runner-clean:
 	rm -rf $(RUNNER_OUT) build/runtime-arm64 $(RUNTIME_ANDROID)

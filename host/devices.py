@@ -67,7 +67,7 @@ def runner_build(target: str, kernels: list[Path] | None = None) -> tuple[Path, 
     glibc target (linux-arm64), every system library it, the runner and ``kernels`` need, the loader among them
     (host/bundle.py: a device needs nothing of its own)."""
     base = Path(os.environ.get("AGOC_BUILD_DIR", REPO / "build"))
-    runner = base / "runner" / target / "agoc-runner"
+    runner = base / "runner" / RUNNER_OF.get(target, target) / "agoc-runner"
     if not runner.exists():
         raise DeviceError(f"the {target} runner is not built ({runner}); run `make runner TARGET={target}`")
     libs = [] if target == "host" else sorted(runner.parent.glob("*.so*"))
@@ -82,7 +82,9 @@ def runner_build(target: str, kernels: list[Path] | None = None) -> tuple[Path, 
 
 
 #: runner targets shipped as a self-contained bundle, started through its own glibc loader (host/bundle.py)
-BUNDLED = ("linux-arm64",)
+BUNDLED = ("linux-arm64", "android-arm64")
+#: a target whose runner is another's build (a phone without an NDK runs the linux-arm64 runner in its bundle)
+RUNNER_OF = {"android-arm64": "linux-arm64"}
 
 
 def _digest(paths: list[Path]) -> str:
@@ -319,8 +321,8 @@ def adb_device(serial: str) -> RunnerDevice:
         device.get_state()
     except (adbutils.AdbError, OSError) as exc:
         raise DeviceError(f"no adb device '{serial}' ({exc}); check `adb devices`, or use --device qemu") from None
-    android = REPO / "build" / "runner" / "android-arm64" / "agoc-runner"
-    target = "android-arm64" if android.exists() else "linux-arm64"
+    bionic = REPO / "build" / "runner" / "android-arm64-ndk" / "agoc-runner"  # built with the NDK, if anyone did
+    target = "android-arm64-ndk" if bionic.exists() else "linux-arm64"  # android-arm64's code: one target with qemu
     return RunnerDevice(serial, AdbTransport(device), target)
 
 

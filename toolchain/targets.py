@@ -13,9 +13,12 @@ Facts behind the defaults (see design §3):
   vectorised loop, as in XNNPACK / TFLite. ONNX's NCHW leaves only W to vectorise, and W is 4-56
   wide in a mobile CNN at 112×112: measured on this host (MobileNet-V2 @112, seven of its conv
   kernels, MetaSchedule at 48 trials each), the NHWC kernels were 1.3-2.3× faster, 1.7× summed.
-* Kernels built for ``aarch64-linux-android`` also run on aarch64 Linux, but a
-  library *linked* with glibc's g++ does not load on Android (bionic), so
-  android-arm64 needs the NDK's clang and never falls back to g++.
+* A phone runs Linux: an aarch64 glibc program runs under ``adb shell`` when its
+  own loader and libraries come with it (host/bundle.py), so ``android-arm64``
+  builds exactly what ``linux-arm64`` does (Debian's cross g++, no NDK) for that
+  bundle. A library linked with glibc does not load in a bionic process, so
+  ``android-arm64-ndk`` (bionic, for an NDK-built runner) needs the NDK's clang
+  and never falls back to g++.
 """
 
 from __future__ import annotations
@@ -74,7 +77,19 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         name="android-arm64",
-        description="ARM64 Android phones (bionic): Android NDK clang from ANDROID_NDK_HOME",
+        description="ARM64 Android phones through adb, no NDK: Debian cross g++ (glibc), run by the runner bundle "
+        "(its own loader and libraries pushed with it); the same code as linux-arm64",
+        mtriple="aarch64-linux-gnu",
+        mcpu="cortex-a76",
+        mattr=("+neon",),
+        linker="gnu-cross",
+        runs_on_host=False,
+        geometry="a76",
+    ),
+    Preset(
+        name="android-arm64-ndk",
+        description="ARM64 Android phones, bionic builds for an NDK-built runner (optional): Android NDK clang from "
+        "ANDROID_NDK_HOME",
         mtriple="aarch64-linux-android",
         mcpu="cortex-a76",
         mattr=("+neon",),
@@ -215,8 +230,8 @@ def _ndk_compiler(api: int) -> Compiler:
     home = os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
     if not home:
         raise TargetError(
-            "android-arm64 needs the Android NDK: install it (r26 or newer, developer.android.com/ndk) and "
-            "set ANDROID_NDK_HOME=/path/to/android-ndk — or use --target linux-arm64: its builds run on a phone "
+            "android-arm64-ndk needs the Android NDK: install it (r26 or newer, developer.android.com/ndk) and "
+            "set ANDROID_NDK_HOME=/path/to/android-ndk — or use --target android-arm64: its builds run on a phone "
             "through adb with the runner bundle, no NDK needed (docs/devices.md#setting-up-a-real-phone)"
         )
     pattern = os.path.join(home, "toolchains", "llvm", "prebuilt", "*", "bin", f"aarch64-linux-android{api}-clang++")

@@ -112,7 +112,7 @@ def test_unknown_target(cli, tmp_path):
     assert_clean_error(
         cli("compile", "zoo:tiny-cnn", "--target", "riscv", "-o", tmp_path / "o"),
         "unknown target 'riscv'",
-        "host, host-avx2, linux-arm64, android-arm64",
+        "host, host-avx2, linux-arm64, android-arm64, android-arm64-ndk",
     )
 
 
@@ -120,7 +120,7 @@ def test_android_without_ndk(cli, tmp_path, monkeypatch):
     monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
     monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
     assert_clean_error(
-        cli("compile", "zoo:tiny-cnn", "--target", "android-arm64", "-o", tmp_path / "o"), "ANDROID_NDK_HOME"
+        cli("compile", "zoo:tiny-cnn", "--target", "android-arm64-ndk", "-o", tmp_path / "o"), "ANDROID_NDK_HOME"
     )
 
 

@@ -30,6 +30,23 @@ def test_an_arm_build_keeps_inside_what_half_its_cores_l2_holds(arm_artifact, cl
     assert result.exit_code == 0 and "a76: Cortex-A76-class" in text and "Source: Arm Cortex-A76 Core TRM" in text
 
 
+def test_the_phone_target_needs_no_ndk(tmp_path, monkeypatch, runners):
+    """--target android-arm64 builds with Debian's cross g++ (the code linux-arm64 builds, for the runner bundle), no
+    NDK in sight; checked under qemu before it is written."""
+    from typer.testing import CliRunner
+
+    from host.cli import app
+
+    for name in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT", "ANDROID_NDK"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "phone"
+    result = CliRunner().invoke(app, ["compile", "zoo:tiny-cnn", "--target", "android-arm64", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["compiler"]["kind"] == "gnu-cross" and manifest["target"]["preset"] == "android-arm64"
+    assert manifest["check"]["status"] == "passed" and manifest["check"]["device"] == "qemu"
+
+
 @pytest.fixture
 def qemu_sandbox(tmp_path, monkeypatch):
     monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(tmp_path / "qemu"))

@@ -133,12 +133,12 @@ def test_make_runner_rejects_an_unknown_target():
 
 
 def test_make_runner_android_says_what_is_missing(tmp_path):
-    result = make_runner("runner", "TARGET=android-arm64", "ANDROID_NDK_HOME=", "ANDROID_NDK_ROOT=", "ANDROID_NDK=")
+    result = make_runner("runner", "TARGET=android-arm64-ndk", "ANDROID_NDK_HOME=", "ANDROID_NDK_ROOT=", "ANDROID_NDK=")
     assert result.returncode != 0 and "set ANDROID_NDK_HOME" in result.stderr
     fake_ndk = tmp_path / "ndk"
     (fake_ndk / "build" / "cmake").mkdir(parents=True)
     (fake_ndk / "build" / "cmake" / "android.toolchain.cmake").write_text("")
-    result = make_runner("runner", "TARGET=android-arm64", f"ANDROID_NDK_HOME={fake_ndk}", "TVM_HOME=")
+    result = make_runner("runner", "TARGET=android-arm64-ndk", f"ANDROID_NDK_HOME={fake_ndk}", "TVM_HOME=")
     assert result.returncode != 0 and "needs a TVM v0.27 source checkout as TVM_HOME" in result.stderr
 
 

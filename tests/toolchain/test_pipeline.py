@@ -78,11 +78,11 @@ def test_linux_arm64_library_is_an_aarch64_elf(tmp_path):
         LocalDevice().run(arm, arm.read_inputs())
 
 
-def test_android_arm64_links_with_the_ndk_from_android_ndk_home(tmp_path, monkeypatch):
+def test_android_arm64_ndk_links_with_the_ndk_from_android_ndk_home(tmp_path, monkeypatch):
     cxx = require_tool("aarch64-linux-gnu-g++")
     make_fake_ndk(tmp_path / "ndk", cxx)
     monkeypatch.setenv("ANDROID_NDK_HOME", str(tmp_path / "ndk"))
-    art = compile_zoo("tiny-cnn", tmp_path / "android", target="android-arm64")
+    art = compile_zoo("tiny-cnn", tmp_path / "android", target="android-arm64-ndk")
     assert elf_machine(art.library_path) == EM_AARCH64
     assert art.manifest.compiler["kind"] == "ndk"
     assert art.manifest.target["tvm_target"]["mtriple"] == "aarch64-linux-android"

@@ -11,7 +11,7 @@ from toolchain.targets import PRESETS_BY_NAME, find_compiler, resolve_target
 
 
 def test_presets_table_has_the_targets():
-    assert set(PRESETS_BY_NAME) == {"host", "host-avx2", "linux-arm64", "android-arm64"}
+    assert set(PRESETS_BY_NAME) == {"host", "host-avx2", "linux-arm64", "android-arm64", "android-arm64-ndk"}
 
 
 def test_host_avx2_preset_stays_below_avx512_for_valgrind():
@@ -31,7 +31,8 @@ def test_host_preset_names_the_cpu_and_core_count():
 
 
 def test_arm64_presets_set_triple_neon_and_four_cores():
-    for name, triple in [("linux-arm64", "aarch64-linux-gnu"), ("android-arm64", "aarch64-linux-android")]:
+    for name, triple in [("linux-arm64", "aarch64-linux-gnu"), ("android-arm64", "aarch64-linux-gnu"),
+                         ("android-arm64-ndk", "aarch64-linux-android")]:
         spec = resolve_target(name)
         assert spec.tvm_target["mtriple"] == triple
         assert "+neon" in spec.tvm_target["mattr"]
@@ -41,7 +42,8 @@ def test_arm64_presets_set_triple_neon_and_four_cores():
 
 def test_unknown_target_lists_the_choices():
     with pytest.raises(TargetError,
-                       match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64"):
+                       match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64, "
+                             "android-arm64-ndk"):
         resolve_target("x86")
 
 
@@ -69,14 +71,19 @@ def test_linux_arm64_without_cross_gxx_names_the_package(monkeypatch, tmp_path):
 def test_android_without_ndk_says_to_set_android_ndk_home(monkeypatch):
     monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
     monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
-    with pytest.raises(TargetError, match="set ANDROID_NDK_HOME"):
-        find_compiler(resolve_target("android-arm64"))
+    with pytest.raises(TargetError, match="set ANDROID_NDK_HOME.*or use --target android-arm64: its builds run on a phone"):
+        find_compiler(resolve_target("android-arm64-ndk"))
+    # the phone target itself needs no NDK: Debian's cross g++, the code linux-arm64 builds, for the runner bundle
+    cxx = require_tool("aarch64-linux-gnu-g++")
+    spec = resolve_target("android-arm64")
+    assert find_compiler(spec).kind == "gnu-cross" and find_compiler(spec).path.endswith(cxx.split("/")[-1])
+    assert spec.tvm_target == resolve_target("linux-arm64").tvm_target
 
 
 def test_android_with_an_ndk_tree_missing_clang_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("ANDROID_NDK_HOME", str(tmp_path))
     with pytest.raises(TargetError, match="has no aarch64-linux-android28-clang\\+\\+"):
-        find_compiler(resolve_target("android-arm64"))
+        find_compiler(resolve_target("android-arm64-ndk"))
 
 
 def make_fake_ndk(root, real_cxx: str):
@@ -101,7 +108,7 @@ def test_android_finds_ndk_clang_under_android_ndk_home(monkeypatch, tmp_path):
     cxx = require_tool("aarch64-linux-gnu-g++")
     clang = make_fake_ndk(tmp_path, cxx)
     monkeypatch.setenv("ANDROID_NDK_HOME", str(tmp_path))
-    compiler = find_compiler(resolve_target("android-arm64"))
+    compiler = find_compiler(resolve_target("android-arm64-ndk"))
     assert compiler.kind == "ndk"
     assert compiler.path == str(clang)
     assert compiler.version == "Android (fake) clang version 17.0.2"
