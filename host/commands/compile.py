@@ -22,7 +22,8 @@ JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the jo
               "than its minis, timed together; without --db, where nothing was timed, its minis), joined, minis, "
               "or with --db a cache geometry (a76, a55, small-slc: whichever moves fewer simulated DRAM bytes in "
               "that phone cache, judged under valgrind on this machine, or as the database keeps it judged: a "
-              "compile never writes the database).")
+              "compile never writes the database). Default: with --db, the target's cache geometry (--geometry) "
+              "where the database keeps a current judgement for it, else latency.")
 
 
 def compile(
@@ -47,7 +48,7 @@ def compile(
     dump_dir: Annotated[Optional[Path], typer.Option(help="Write the IR after each stage here.")] = None,
     db: Annotated[Optional[Path], typer.Option(
         "--db", help="Apply the verified schedules of this tuning database.")] = None,
-    joins: Annotated[str, typer.Option("--joins", help=JOINS_HELP)] = "latency",
+    joins: Annotated[Optional[str], typer.Option("--joins", help=JOINS_HELP, show_default=False)] = None,
     arch: Annotated[str, typer.Option("--arch", help="CUDA compute capability (--target cuda only).")] = "sm_90",
     training: Annotated[bool, typer.Option(
         "--training", help="Compile forward + loss + backward (--target cuda only).")] = False,
@@ -78,7 +79,7 @@ def compile(
     check_writable(output)
     if target == "cuda":
         return _compile_cuda(model, output, input_shape or [], arch, training)
-    rule = _join_rule(joins, db)
+    rule = _join_rule(joins, db) if joins is not None else None
     _check_untuned(untuned, library, no_library)
     # a compile tiles nothing: no tile cache
     parts, _, kept = partition_settings(partition, threshold, keep_inside, target, mcpu, geometry)
@@ -87,12 +88,14 @@ def compile(
                  mcpu=mcpu, num_cores=num_cores, kept=kept)
     if db is not None:
         knobs = {**_from_db(db, knobs, other_target), "kept": "as the database was tuned"}
+    rule = rule or _default_joins(db, knobs["target"], knobs["mcpu"], geometry)
     spec, compiler, request = _request(model, input_shape or [], knobs, seed, dump_dir, db, rule, check, samples)
     if library is not None:  # before the long work: the model is loaded, nothing built
         Library.load(library).check(spec)
     request = replace(request, untuned=untuned, library=library, no_library=no_library)
     if rule.startswith("traffic:") and request.partition.method == "ago":  # judged for this build: db is only read
-        request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db, joins))
+        request = replace(request, traffic=_judge(request.model, request.model_name, request.input_shapes, db,
+                                                  rule[len("traffic:"):]))
     device = _check_device(spec, compiler) if check else None
     from host.commands.common import interruptible
     from toolchain.pipeline import compile_model
@@ -317,6 +320,23 @@ def _tuned_target(db: Path, tuned: dict, target: Optional[str], mcpu: Optional[s
             f"for --target {target} ({', '.join(f'{k} {asked.get(k)}' for k in keys if asked.get(k))}): drop "
             "--target to build what was tuned, or add --other-target to apply its records anyway")
     return target, mcpu, num_cores
+
+
+def _default_joins(db: Optional[Path], target: Optional[str], mcpu: Optional[str], geometry: Optional[str]) -> str:
+    """``--joins`` unset: the target's cache geometry where the database keeps a current judgement of its joins in
+    it (``python -m host.bench.judge``), else latency."""
+    from host.bench import judge
+    from toolchain import geometry as geometries
+    from toolchain.targets import PRESETS_BY_NAME
+    from toolchain.tune.pairing import TRAFFIC
+
+    preset = PRESETS_BY_NAME.get(target or "host")
+    geo, why = geometries.of_target(preset.geometry if preset else None, mcpu, geometry)
+    if db is None or geo is None or not (judge.current_judgement(db, geo.name) or {}).get("joins"):
+        return "latency"
+    err_console.print(f"[dim]joins as {escape(str(db))} keeps them judged in the {geo.name} cache geometry ({why}; "
+                      "--joins latency builds by measured time)[/dim]", soft_wrap=True)
+    return TRAFFIC + geo.name
 
 
 def _join_rule(joins: str, db: Optional[Path]) -> str:

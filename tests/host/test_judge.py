@@ -143,3 +143,12 @@ def test_compile_judges_for_itself_and_never_writes_the_database(tmp_path, cli, 
     monkeypatch.setattr(proxy, "measure", lambda *args: pytest.fail("a kept judgement is read, not made again"))
     done = cli("compile", ZOO_REF, "--db", db, "--joins", "a76", "--no-check", "-o", tmp_path / "again")
     assert done.exit_code == 0, done.output
+    # --joins unset: the target's geometry where the database keeps a current judgement in it (a host target has
+    # none: --geometry names it), else the measured time
+    done = cli("compile", ZOO_REF, "--db", db, "--geometry", "a76", "--no-check", "-o", tmp_path / "default")
+    assert done.exit_code == 0, done.output
+    assert "keeps them judged in the a76 cache geometry" in " ".join(done.stderr.split())
+    assert load_artifact(tmp_path / "default").manifest.partition_info["joins"] == "traffic:a76"
+    done = cli("compile", ZOO_REF, "--db", db, "--no-check", "-o", tmp_path / "timed")
+    assert done.exit_code == 0, done.output
+    assert load_artifact(tmp_path / "timed").manifest.partition_info["joins"] == "latency"
