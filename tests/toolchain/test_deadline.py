@@ -157,6 +157,7 @@ def test_a_search_calls_population_shrinks_to_fit_the_time_left(dwsep_split, tmp
     tune_model(mod, "a" * 64, SPEC, settings, tmp_path, clock=clock)
     assert populations[0] == 32 and max(populations) < 128 and min(populations) >= 8
     assert now.t <= 120.0 and len(populations) > 3
+    assert Clock.prior("local", TuneDB(tmp_path).clock).candidate_s == clock.candidate_s  # the next session's start
     populations.clear()
     tune_model(mod, "a" * 64, SPEC, replace(settings, trials=40), tmp_path / "b")
     assert populations and set(populations) == {128}

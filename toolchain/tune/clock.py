@@ -101,7 +101,7 @@ class Clock:
 
     def to_json(self) -> dict:
         return {"trial_s": self.trial_s, "verify_s": self.verify_s, "pair_s": self.pair_s, "call_s": self.call_s,
-                "measured": self.measured}
+                "candidate_s": self.candidate_s, "measured": self.measured}
 
     @staticmethod
     def prior(where: str, saved: dict | None = None, now: Callable[[], float] = time.monotonic,
@@ -113,4 +113,5 @@ class Clock:
         return Clock(now=now, deadline=deadline, trial_s=float(saved.get("trial_s") or PRIOR_TRIAL_S[kind]),
                      verify_s=float(saved.get("verify_s") or PRIOR_VERIFY_S),
                      pair_s=float(saved.get("pair_s") or PRIOR_PAIR_S),
-                     call_s=float(saved.get("call_s") or PRIOR_CALL_S[kind]))
+                     call_s=float(saved.get("call_s") or PRIOR_CALL_S[kind]),
+                     candidate_s=float(saved["candidate_s"]) if saved.get("candidate_s") else None)
