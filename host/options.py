@@ -36,7 +36,7 @@ PhoneOpt = Annotated[Optional[str], typer.Option(
 TrackerOpt = Annotated[Optional[str], typer.Option(
     "--tracker", help="HOST:PORT (default: the one `agoc tracker start` started).")]
 ProxyOpt = Annotated[Optional[str], typer.Option("--proxy", help="Simulate this phone cache geometry under valgrind "
-                                                 "(a76, a55, small-slc).")]
+                                                 "(a76, a78, x1, a55, small-slc).")]
 ResultsDirOpt = Annotated[Path, typer.Option("--out", help="Where the JSON (and PNG) go.")]
 ArchOpt = Annotated[str, typer.Option("--arch", help="CUDA compute capability (--target cuda only).")]
 

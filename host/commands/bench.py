@@ -30,8 +30,8 @@ CacheOpt = Annotated[str, typer.Option(
     "caches overwritten before each: weights from memory, as on a phone), warm (back to back, nothing between) or "
     "shared (engines in turn, nothing between: the old protocol).")]
 SuiteProxyOpt = Annotated[Optional[str], typer.Option(
-    "--proxy", help="Also simulate this phone cache geometry (a76, a55, small-slc) for every TVM variant: DRAM "
-    "bytes, L2 traffic, D1 misses, instructions beside latency (needs valgrind).")]
+    "--proxy", help="Also simulate this phone cache geometry (a76, a78, x1, a55, small-slc) for every TVM variant: "
+    "DRAM bytes, L2 traffic, D1 misses, instructions beside latency (needs valgrind).")]
 BundleOpt = Annotated[Optional[Path], typer.Option(
     "--bundle", help="Only compile: write the executables, inputs and reference outputs to this directory, to time "
     "on a GPU machine with --time-bundle (which needs only TVM's runtime).")]

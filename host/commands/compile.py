@@ -20,8 +20,8 @@ from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
 
 JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the joined kernel unless it is slower "
               "than its minis, timed together; without --db, where nothing was timed, its minis), joined, minis, "
-              "or with --db a cache geometry (a76, a55, small-slc: whichever moves fewer simulated DRAM bytes in "
-              "that phone cache, judged under valgrind on this machine, or as the database keeps it judged: a "
+              "or with --db a cache geometry (a76, a78, x1, a55, small-slc: whichever moves fewer simulated DRAM bytes "
+              "in that phone cache, judged under valgrind on this machine, or as the database keeps it judged: a "
               "compile never writes the database). Default: with --db, the target's cache geometry (--geometry) "
               "where the database keeps a current judgement for it, else latency.")
 

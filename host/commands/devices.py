@@ -125,7 +125,7 @@ def bench(
     min_time_ms: Annotated[float, typer.Option(help="Keep timing until this much time has passed.")] = 0.0,
     per_kernel: Annotated[bool, typer.Option("--per-kernel", help="Also time each fused kernel.")] = False,
     proxy: Annotated[Optional[str], typer.Option(
-        "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a55, "
+        "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a78, x1, a55, "
         "small-slc) and report instructions, D1 misses, L2 traffic and DRAM bytes per inference.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (with median_ms).")] = False,
     against: Annotated[Optional[str], typer.Option(
