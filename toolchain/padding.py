@@ -263,12 +263,12 @@ def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
         for var in relax.analysis.free_vars(b.value):  # inside tuples too (a concat's)
             users.setdefault(var, []).append(b)
 
-    def reaches_depthwise(var, channels: int) -> bool:
+    def reaches_chain_end(var, channels: int) -> bool:
         for b in users.get(var, ()):
             if _is_depthwise(b.value, var, channels) or _is_channel_concat(b.value):
                 return True
             if (isinstance(b.var, relax.DataflowVar) and _carries(b.value, var, channels)
-                    and reaches_depthwise(b.var, channels)):
+                    and reaches_chain_end(b.var, channels)):
                 return True
         return False
 
@@ -280,7 +280,7 @@ def _chain_plan(func, rules: tuple[PadRule, ...]) -> dict:
         if w is None or shape is None or not isinstance(b.var, relax.DataflowVar):
             continue
         padded, rule = padded_channels(w.shape[0], shape[0] * shape[2] * shape[3], rules)
-        if rule is not None and reaches_depthwise(b.var, w.shape[0]):
+        if rule is not None and reaches_chain_end(b.var, w.shape[0]):
             plan[b.var] = (w.shape[0], padded, rule)
     return plan
 
