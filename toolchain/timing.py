@@ -26,7 +26,6 @@ just wrote) before each call and times single calls.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -62,13 +61,6 @@ def spread(costs: list[float]) -> float:
         return (deciles[-1] - deciles[0]) / med
     return (max(costs) - min(costs)) / med
 
-
-#: TVM's thread pool: how long its worker threads spin waiting for the next parallel region before they sleep. In a
-#: model the kernels run back to back and the workers never sleep; timed with a cache flush before each call (cold),
-#: they did — under the default, measurements came out at one core's speed in some runs and not others (SqueezeNet
-#: @224's stem block 0.375 ms in a tuning session, 0.19 in the model; docs/tuning.md, Timing candidates). Spinning
-#: through the flush, the tuner's runner sees the model's speed. A value set in the environment is kept.
-SPIN_ENV, SPIN_COUNT = "TVM_THREAD_POOL_SPIN_COUNT", 100_000_000
 
 #: TVM's pre-call hook (in every runtime, phones' included) that flushes all arguments but the first
 COLD_PREPROC = "cache_flush_cpu_non_first_arg"
@@ -177,7 +169,6 @@ def local_runner(timing: Timing | None = None, timeout_sec: int = 60):
     from tvm.s_tir import meta_schedule as ms
 
     timing = timing or Timing()
-    os.environ.setdefault(SPIN_ENV, str(SPIN_COUNT))  # the runner's worker process inherits it (see SPIN_COUNT)
     return ms.runner.LocalRunner(
         evaluator_config=ms.runner.EvaluatorConfig(
             number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,

@@ -105,17 +105,3 @@ def test_cold_timing_runs_on_the_tvm_runtime():
     assert len(costs) == 12 and all(c > 0 for c in costs)
     np.testing.assert_array_equal(args[2].numpy(), 2.0)
 
-
-def test_the_tuners_runner_keeps_the_pools_threads_spinning_through_a_flush(monkeypatch):
-    """A model's kernels run back to back, so TVM's pool threads never sleep between them; a cold measurement
-    flushes before each call, and under TVM's default spin they slept through it (one core's speed): the runner's
-    worker process inherits a spin that outlasts the flush — unless the environment already sets one."""
-    import os
-
-    monkeypatch.setenv(timing.SPIN_ENV, "0")  # recorded as it was before, restored after the test
-    monkeypatch.delenv(timing.SPIN_ENV)
-    timing.local_runner(timing.Timing(cold=True))
-    assert os.environ[timing.SPIN_ENV] == str(timing.SPIN_COUNT) and timing.SPIN_COUNT >= 10**7
-    monkeypatch.setenv(timing.SPIN_ENV, "5")
-    timing.local_runner(timing.Timing(cold=True))
-    assert os.environ[timing.SPIN_ENV] == "5"
