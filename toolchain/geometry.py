@@ -134,6 +134,14 @@ def of_target(default: str | None, mcpu: str | None, given: str | None) -> tuple
     return find(default), "the target preset's" + (f" (no geometry known for --mcpu {mcpu})" if mcpu else "")
 
 
+def of_preset(target: str | None, mcpu: str | None, given: str | None) -> tuple[Geometry | None, str]:
+    """:func:`of_target` for a target preset's name (None: host; a name no preset has: no default)."""
+    from toolchain.targets import PRESETS_BY_NAME
+
+    preset = PRESETS_BY_NAME.get(target or "host")
+    return of_target(preset.geometry if preset else None, mcpu, given)
+
+
 def locality_kib(geo: Geometry | None) -> int:
     """``--keep-inside`` by default: :data:`LOCALITY_SHARE` of ``geo``'s L2 in KiB (0, off, without a geometry)."""
     return 0 if geo is None else int(geo.l2.size * LOCALITY_SHARE) // KIB

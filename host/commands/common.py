@@ -27,14 +27,12 @@ def partition_settings(method: str, threshold: Optional[float], keep_inside_kib:
     follows the cache geometry — ``--geometry``, else an ARM target's (by ``--mcpu``): half its L2; none on host."""
     from toolchain import geometry as geometries
     from toolchain import settings
-    from toolchain.targets import PRESETS_BY_NAME
 
     checked = settings.PartitionSettings(method, threshold).validate()  # the flags in the order of --help
     if keep_inside_kib is not None:
         kib, why = keep_inside_kib, "--keep-inside"
     else:
-        preset = PRESETS_BY_NAME.get(target or "host")
-        geo, reason = geometries.of_target(preset.geometry if preset else None, mcpu, geometry)
+        geo, reason = geometries.of_preset(target, mcpu, geometry)
         kib = geometries.locality_kib(geo)
         why = f"half the {geo.name} cache geometry's {geo.l2.label} L2: {reason}" if geo else ""
     unit, tile_cache = settings.keep_inside(kib)

@@ -327,11 +327,9 @@ def _default_joins(db: Optional[Path], target: Optional[str], mcpu: Optional[str
     it (``python -m host.bench.judge``), else latency."""
     from host.bench import judge
     from toolchain import geometry as geometries
-    from toolchain.targets import PRESETS_BY_NAME
     from toolchain.tune.pairing import TRAFFIC
 
-    preset = PRESETS_BY_NAME.get(target or "host")
-    geo, why = geometries.of_target(preset.geometry if preset else None, mcpu, geometry)
+    geo, why = geometries.of_preset(target, mcpu, geometry)
     if db is None or geo is None or not (judge.current_judgement(db, geo.name) or {}).get("joins"):
         return "latency"
     err_console.print(f"[dim]joins as {escape(str(db))} keeps them judged in the {geo.name} cache geometry ({why}; "

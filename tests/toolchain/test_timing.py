@@ -104,4 +104,3 @@ def test_cold_timing_runs_on_the_tvm_runtime():
     costs, _ = timing.measure(lib.mod, dev, [args], timing.Timing(warmup_ms=0, cold=True, cold_calls=12))
     assert len(costs) == 12 and all(c > 0 for c in costs)
     np.testing.assert_array_equal(args[2].numpy(), 2.0)
-
