@@ -111,7 +111,7 @@ def evaluate(session, rt_mod, device, evaluator_config, repeated_args, hygiene: 
         except Exception:
             pass
     before = _sysinfo(session)
-    costs, measurements = measure(rt_mod, device, repeated_args, hygiene.timing)
+    costs, measurements, _ = measure(rt_mod, device, repeated_args, hygiene.timing)  # remote: no run-queue meter
     after = _sysinfo(session)
     log_line(log, {
         "status": "ok", "purpose": "pairing" if pairing else "candidate", **({"pairing": pairing} if pairing else {}),

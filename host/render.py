@@ -419,7 +419,15 @@ def phases_line(run: dict) -> str:
     wall = run.get("wall_s") or 0.0
     parts = [f"{name} {secs:.0f} s ({secs / wall:.0%})" for name, secs in run["seconds"].items() if secs and wall]
     per = f", {run['s_per_trial']:.2f} s/trial" if run.get("s_per_trial") else ""
-    return f"last run: {wall:.0f} s for {run.get('trials', 0)} trials{per}: " + ", ".join(parts)
+    line = f"last run: {wall:.0f} s for {run.get('trials', 0)} trials{per}: " + ", ".join(parts)
+    return line + (f". {disturbed_note(run)}" if run.get("disturbed") else "")
+
+
+def disturbed_note(run: dict) -> str:
+    """What a session's candidates timed while other programs held the cores mean (toolchain/timing.py)."""
+    return (f"{run['disturbed']} candidate(s) could be timed only while other programs kept this machine's cores "
+            f"busy (their threads waited {run.get('waited', 0):.0%} of the time): those times are too slow and "
+            "may have kept a worse schedule; tune again on an idle machine")
 
 
 def tune_compare_table(comparison: dict, db_dir, other) -> Table:

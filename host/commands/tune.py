@@ -148,6 +148,8 @@ def tune(
     console.print(render.tune_status_table(summary, db))
     if report is not None:
         console.print(render.rpc_report_table(report))
+    if summary.get("phases") and summary["phases"][-1].get("disturbed"):
+        err_console.print(f"[yellow]warning: {escape(render.disturbed_note(summary['phases'][-1]))}[/yellow]")
     console.print(f"[green]✓[/green] build with: {escape(_build_command(model, db, input_shape))}")
 
 

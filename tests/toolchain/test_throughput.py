@@ -146,3 +146,20 @@ def test_the_check_server_answers_each_check_in_a_fresh_child_and_catches_an_unw
     assert candidates._check_isolated(request, SPEC, 300)["ok"]  # answered by a process of its own
     fresh = candidates.check_server(SPEC.num_cores)
     assert fresh is not dead and fresh.proc.pid != pid
+
+
+def test_candidates_timed_only_disturbed_are_counted_per_session_and_told(tmp_path):
+    from host.render import phases_line
+    from toolchain.timing import Measured, report_disturbed
+
+    report_disturbed(phases.report_path(), Measured([1.0], 5, 0.6))  # an earlier session's
+    saved = []
+    with phases.session(saved.append):
+        for waited in (0.4, 0.9, 0.5):
+            report_disturbed(phases.report_path(), Measured([2.0], 5, waited))
+    assert saved[0]["disturbed"] == 3 and saved[0]["waited"] == 0.5
+    assert phases.Phases.from_json(saved[0]).disturbed == 3
+    assert "3 candidate(s) could be timed only while other programs" in phases_line(saved[0])
+    with phases.session(saved.append):
+        pass
+    assert "disturbed" not in saved[1] and "other programs" not in phases_line(saved[1])

@@ -49,18 +49,18 @@ def test_warm_up_runs_for_the_given_time_and_at_least_the_given_calls():
 def test_the_fastest_of_two_measurements_is_kept():
     slow, fast = [2.0, 2.1, 2.0], [1.0, 1.05, 1.0]  # a whole measurement at half speed (second core late)
     mod = FakeModule([slow, fast])
-    costs, n = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0))
+    costs, n, _ = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0))
     assert costs == fast and n == 2 and mod.calls >= 1
 
 
 def test_spread_repeats_are_measured_again_up_to_the_limit():
     noisy = [1.3, 1.9, 1.3]
     mod = FakeModule([noisy, noisy, [1.2, 1.21, 1.2], [9.0, 9.0, 9.0]])
-    costs, n = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, max_spread=0.15, remeasure=2))
+    costs, n, _ = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, max_spread=0.15, remeasure=2))
     assert n == 3 and costs == [1.2, 1.21, 1.2]  # the third is tight: no fourth measurement
     assert mod.measurements == [[9.0, 9.0, 9.0]]
     mod = FakeModule([noisy] * 5)
-    _, n = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, measurements=1, remeasure=2))
+    _, n, _ = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, measurements=1, remeasure=2))
     assert n == 3
 
 
@@ -101,6 +101,80 @@ def test_cold_timing_runs_on_the_tvm_runtime():
     lib = tvm.compile(te.create_prim_func([a, b, c]), target="llvm")
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(np.ones(4096, "float32"), dev) for _ in range(3)]
-    costs, _ = timing.measure(lib.mod, dev, [args], timing.Timing(warmup_ms=0, cold=True, cold_calls=12))
+    costs, _, _ = timing.measure(lib.mod, dev, [args], timing.Timing(warmup_ms=0, cold=True, cold_calls=12))
     assert len(costs) == 12 and all(c > 0 for c in costs)
     np.testing.assert_array_equal(args[2].numpy(), 2.0)
+
+
+def scripted_meter(deltas):
+    """A run-queue meter whose readings grow by ``deltas`` (seconds waited) from one measurement to the next."""
+    readings = [0.0]
+    for d in deltas:
+        readings += [readings[-1], readings[-1] + d]  # before and after each measurement
+    readings = readings[1:]
+    return lambda: readings.pop(0)
+
+
+def test_a_measurement_other_programs_disturbed_is_taken_again_and_not_kept(monkeypatch):
+    monkeypatch.setattr(timing, "_streak", [0])
+    mod = FakeModule([[0.5] * 3, [1.0] * 3, [1.0] * 3])  # the first fast but disturbed (a fake's figures)
+    kept = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0), meter=scripted_meter([1.0, 0.0, 0.0]))
+    assert kept.costs == [1.0] * 3 and kept.measurements == 3 and not kept.disturbed
+    assert timing._streak == [0]
+
+
+def test_disturbed_retries_are_bounded_and_the_fastest_is_kept_flagged(monkeypatch):
+    monkeypatch.setattr(timing, "_streak", [0])
+    times = [[2.0] * 3, [1.5] * 3, [2.5] * 3, [3.0] * 3, [2.0] * 3, [9.0] * 3]
+    mod = FakeModule(times)
+    kept = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, disturbed_retries=3),
+                          meter=scripted_meter([1.0] * 6))
+    assert kept.measurements == 5 and kept.costs == [1.5] * 3 and kept.disturbed  # 3 retries, then 2 counted
+    assert mod.measurements == [[9.0] * 3] and timing._streak == [1]
+
+
+def test_a_machine_that_stays_busy_is_not_waited_for(monkeypatch):
+    monkeypatch.setattr(timing, "_streak", [timing.BUSY_STREAK])
+    mod = FakeModule([[2.0] * 3, [2.0] * 3, [9.0] * 3])
+    kept = timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0), meter=scripted_meter([1.0] * 3))
+    assert kept.measurements == 2 and kept.disturbed and timing._streak == [timing.BUSY_STREAK + 1]
+    monkeypatch.setattr(timing, "_streak", [timing.BUSY_STREAK])
+    timing.measure(FakeModule([[1.0] * 3] * 2), DEVICE, [()], timing.Timing(warmup_ms=0),
+                   meter=scripted_meter([0.0] * 2))
+    assert timing._streak == [0]  # one clean candidate: waiting out bursts again
+
+
+def test_the_local_evaluator_reports_a_candidate_timed_only_disturbed(monkeypatch, tmp_path):
+    report = tmp_path / "disturbed.jsonl"
+    monkeypatch.setattr(timing, "_streak", [timing.BUSY_STREAK])
+    monkeypatch.setattr(timing, "run_queue_wait", scripted_meter([0.5] * 2))
+    config = SimpleNamespace(number=1, repeat=3, min_repeat_ms=0)
+    t = timing.Timing(warmup_ms=0, report=str(report))
+    assert timing.evaluate_local(FakeModule([[1.0] * 3] * 2), DEVICE, config, [()], t) == [1.0] * 3
+    monkeypatch.setattr(timing, "run_queue_wait", scripted_meter([0.0] * 2))
+    timing.evaluate_local(FakeModule([[1.0] * 3] * 2), DEVICE, config, [()], t)
+    (line,) = timing.disturbed_in(str(report))
+    assert line["median_s"] == 1.0 and line["waited"] > timing.MAX_WAIT
+
+
+def test_run_queue_wait_sees_other_programs_holding_the_cores():
+    """With a busy process more than there are cores, a busy thread of this one waits on a run queue."""
+    import os
+    import subprocess
+    import sys
+
+    before = timing.run_queue_wait()
+    assert before is not None  # Linux keeps schedstat
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+            for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.3)
+        started, waited0 = time.perf_counter(), timing.run_queue_wait()
+        while time.perf_counter() - started < 1.0:
+            pass
+        share = (timing.run_queue_wait() - waited0) / (time.perf_counter() - started)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert share > timing.MAX_WAIT

@@ -110,7 +110,7 @@ def make_runner(settings: TuneSettings, runner=None):
     if isinstance(runner, Measure):
         runner = runner.runner
     if runner is None:
-        timing = Timing(cold=settings.cold_weights)
+        timing = Timing(cold=settings.cold_weights, report=phases.report_path())
         runner = workers.kept_runner(timing) if REUSE_WORKERS else local_runner(timing)
     return workers.timed_runner()(runner)
 

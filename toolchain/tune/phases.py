@@ -4,8 +4,12 @@ Why and the numbers: docs/tuning-internals.md (Where a trial's time goes)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import os
+import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -26,17 +30,20 @@ class Phases:
     trials: int = 0
     wall_s: float = 0.0
     calls: dict[str, int] = field(default_factory=dict)
+    disturbed: int = 0  # candidates timed only while other programs held this machine's cores (timing.py)
+    waited: float = 0.0  # their threads' median run-queue wait, a share of the wall time
 
     def to_json(self) -> dict:
         return {"seconds": {k: round(self.seconds.get(k, 0.0), 3) for k in PHASES}, "trials": self.trials,
                 "calls": {k: self.calls[k] for k in PHASES if self.calls.get(k)},
                 "wall_s": round(self.wall_s, 3),
-                "s_per_trial": round(self.wall_s / self.trials, 3) if self.trials else None}
+                "s_per_trial": round(self.wall_s / self.trials, 3) if self.trials else None,
+                **({"disturbed": self.disturbed, "waited": round(self.waited, 3)} if self.disturbed else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "Phases":
         return cls(dict(data.get("seconds", {})), int(data.get("trials", 0)), float(data.get("wall_s", 0.0)),
-                   dict(data.get("calls", {})))
+                   dict(data.get("calls", {})), int(data.get("disturbed", 0)), float(data.get("waited", 0.0)))
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the wall time."""
@@ -52,6 +59,7 @@ class _Clock:
     stack: list[list] = field(default_factory=list)  # [phase, seconds its inner phases took]
     trials: int = 0
     started: float = field(default_factory=time.perf_counter)
+    reported: int = 0  # candidates the report (:func:`report_path`) held when the session started
 
 
 _CLOCK = _Clock()
@@ -102,12 +110,30 @@ def timing(phase: str):
     return wrap
 
 
+@functools.cache
+def report_path() -> str:
+    """The file this process's local runner reports candidates it could time only disturbed to (one per process:
+    the kept runner's worker outlives a session); removed when the process exits."""
+    path = os.path.join(tempfile.gettempdir(), f"agoc-disturbed-{os.getpid()}.jsonl")
+    open(path, "w").close()
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    return path
+
+
+def _reported() -> list[dict]:
+    from toolchain.timing import disturbed_in
+
+    return disturbed_in(report_path())
+
+
 def snapshot() -> Phases:
     """What has been counted since :func:`start`; the wall time not inside any phase is ``other``."""
     wall = time.perf_counter() - _CLOCK.started
     seconds = {k: v for k, v in _CLOCK.seconds.items() if k in PHASES}
     seconds["other"] = max(0.0, wall - sum(seconds.values()))
-    return Phases(seconds, _CLOCK.trials, wall, dict(_CLOCK.calls))
+    disturbed = _reported()[_CLOCK.reported:]
+    waited = statistics.median(d["waited"] for d in disturbed) if disturbed else 0.0
+    return Phases(seconds, _CLOCK.trials, wall, dict(_CLOCK.calls), len(disturbed), waited)
 
 
 @contextlib.contextmanager
@@ -115,6 +141,7 @@ def session(save):
     """Count a session from here (:func:`start`) and hand what was counted to ``save`` (``TuneDB.save_phases``)
     at its end, an interrupted one's too."""
     start()
+    _CLOCK.reported = len(_reported())
     try:
         yield
     finally:
