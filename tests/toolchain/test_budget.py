@@ -20,6 +20,7 @@ from toolchain.tune.budget import (
     split_budget,
     stabilised,
     task_ms,
+    trial_seconds,
     unspent,
 )
 from toolchain.tune.settings import Task
@@ -129,6 +130,15 @@ def test_the_next_round_goes_where_it_saves_the_most_model_time():
     assert gains == {"a": 1.0, "b": 0.5} and next_round(gains) == "a"
     floors = round_gains({"a": 2.0, "b": 1.0}, {"a": [1.0], "b": [2.0]}, 16, {"a": 1.0, "b": 1.0})
     assert floors["a"] == 0.0 and next_round(floors) == "b"  # a is at its floor
+
+
+def test_under_a_deadline_the_next_round_goes_where_it_saves_the_most_per_second():
+    gains = {"big": 1.0, "small": 0.6, "new": 0.5}
+    progress = {"big": {"searched": 32, "search_s": 64.0}, "small": {"searched": 32, "search_s": 16.0}, "new": {}}
+    per_trial = trial_seconds(progress, gains)
+    assert per_trial == {"big": 2.0, "small": 0.5}  # "new" has not searched: it counts the median
+    assert next_round(gains) == "big" and next_round(gains, per_trial) == "small"
+    assert next_round({"big": 1.0, "new": 0.9}, {"big": 2.0}) == "big"  # both at 2 s a trial
 
 
 def test_the_scheduler_imports_no_tvm():

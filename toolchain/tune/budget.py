@@ -4,6 +4,7 @@ The reasons behind each rule: docs/tuning-internals.md (Budgets, Schedulers)."""
 from __future__ import annotations
 
 import math
+import statistics
 
 #: How a session spreads its trial budget over the tasks of a model.
 SCHEDULERS = {
@@ -193,6 +194,17 @@ def round_gains(times: dict[str, float], latencies: dict[str, list[float]], per_
     return {n: t * expected_gain(latencies[n], per_iter) for n, t in times.items()}
 
 
-def next_round(gains: dict[str, float]) -> str:
-    """The task whose next round saves the most."""
-    return max(gains, key=gains.get)
+def next_round(gains: dict[str, float], trial_s: dict[str, float] | None = None) -> str:
+    """The task whose next round saves the most — per second of tuning when each task's seconds per trial are
+    given (``trial_s``; under a deadline the time is the budget, and a big kernel's trials take longer; a task
+    not timed yet counts the median)."""
+    if not trial_s:
+        return max(gains, key=gains.get)
+    usual = statistics.median(trial_s.values())
+    return max(gains, key=lambda n: gains[n] / max(trial_s.get(n, usual), 1e-6))
+
+
+def trial_seconds(progress: dict, names) -> dict[str, float]:
+    """Each task's seconds per search trial this database has measured ({} until one has)."""
+    return {n: progress[n]["search_s"] / progress[n]["searched"] for n in names
+            if progress.get(n, {}).get("searched")}

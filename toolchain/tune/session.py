@@ -20,6 +20,7 @@ from toolchain.tune.budget import (
     round_gains,
     stabilised,
     task_ms,
+    trial_seconds,
     unspent,
 )
 from toolchain.tune.clock import Clock
@@ -406,6 +407,9 @@ class Run:
                 return done, error, 0
             lat = self.latencies(task.name)  # in commit order: what stabilised() reads
             self.clock.searched(len(lat) - done, self.clock.now() - searched, population=population)
+            own = self.progress.setdefault(task.name, {})  # this task's seconds per trial (rounds under a deadline)
+            own["searched"], own["search_s"] = (own.get("searched", 0) + len(lat) - done,
+                                                own.get("search_s", 0.0) + self.clock.now() - searched)
             done = len(lat)
             self.record_progress(task, lat, budget)
             if exhausted:  # every distinct schedule measured: the rest of its budget goes on
@@ -480,7 +484,7 @@ class Run:
                 peaks = roofline.peaks(costs, {n: task_ms(n, verified, progress) for n in plan.funcs})
                 floors = {n: roofline.floor_ms(costs[n], peaks) / 1e3 if peaks else 0.0 for n in times}
             gains = round_gains(times, lats, settings.per_iter, floors)
-            name = next_round(gains)
+            name = next_round(gains, trial_seconds(progress, times) if self.clock.deadline is not None else None)
             task, done = self.tasks[name], len(lats[name])
             target = done + self.trials_now(settings.per_iter)
             self.on_event(Round(task=name, model_ms=times[name], gain_ms=gains[name],
