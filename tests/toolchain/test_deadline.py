@@ -210,3 +210,18 @@ def test_the_estimate_says_how_many_kernels_it_leaves_out(tmp_path):
     db.save_verified({"a-1": {"status": "verified", "latency_ms": 0.25, "trials": 16}})
     summary = status(tmp_path)
     assert summary["estimate_ms"] == 0.5 and summary["unscheduled"] == 1
+
+
+def test_each_task_keeps_its_seconds_per_trial_for_rounds_by_gain_per_second(dwsep_split, tmp_path, timed):
+    """What ``budget.trial_seconds`` reads: every searched task's trials and the seconds its searches took."""
+    from toolchain.tune.budget import trial_seconds
+
+    mod, graph, *_ = dwsep_split
+    trials, now = timed
+    settings = TuneSettings(trials=40, per_iter=8, stable_window=64, partition=PartitionSettings(threshold=1e9))
+    clock = Clock(now=now, deadline=200.0, trial_s=TRIAL_S, verify_s=VERIFY_S)
+    tune_model(mod, "a" * 64, SPEC, settings, tmp_path, lambda e: None, clock=clock, open_ended=True)
+    progress = TuneDB(tmp_path).progress
+    per_trial = trial_seconds(progress, progress)
+    assert per_trial and all(s == pytest.approx(TRIAL_S) for s in per_trial.values())
+    assert sum(p.get("searched", 0) for p in progress.values()) > 40
