@@ -88,7 +88,7 @@ def has_layout_ops(mod) -> bool:
 def legalize(mod, spec: TargetSpec):
     """High-level Relax ops → ``call_tir`` of PrimFuncs, constants folded; in ``spec.layout``, output channels
     padded where ``spec.pad_channels`` (toolchain/padding.py), transcendental ops as polynomials where
-    ``spec.fast_math`` (toolchain/fastmath.py)."""
+    ``spec.fast_math`` (toolchain/fastmath.py), in float16 where ``spec.precision`` says (toolchain/targets.py)."""
     import tvm
     from tvm import relax
 
@@ -114,6 +114,8 @@ def legalize(mod, spec: TargetSpec):
             fast = getattr(spec, "fast_math", False) and fastmath.count_fast(mod) > 0
             if fast:  # after the layout change: a call_tir has no layout rule
                 mod = fastmath.fast_math(mod)
+            if getattr(spec, "precision", "fp32") == "fp16":  # convs, matmuls and what follows them; edges cast
+                mod = relax.transform.ToMixedPrecision(out_dtype="float16")(relax.transform.ConvertToDataflow()(mod))
             out = tvm.transform.Sequential(passes)(constfold.fold_layout_constants(mod))
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc

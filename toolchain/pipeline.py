@@ -145,7 +145,7 @@ def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool,
     toolchain.verify) otherwise, if one is given. The record for the manifest; :class:`SelfCheckError` naming every
     output over tolerance."""
     from toolchain.runtime import VMSession
-    from toolchain.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare
+    from toolchain.verify import compare, tolerance
 
     if device is None and not runs_here:
         return {"status": "unchecked", "reason": f"nothing here runs {artifact.target_preset} code (no qemu "
@@ -158,7 +158,8 @@ def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool,
         where = "this machine"
     else:
         actual, where = device.run(artifact, feeds), device.name
-    checks = [compare(name, actual[name], ref, DEFAULT_ATOL, DEFAULT_RTOL) for name, ref in expected.items()]
+    atol, rtol = tolerance(artifact.manifest.target)
+    checks = [compare(name, actual[name], ref, atol, rtol) for name, ref in expected.items()]
     failed = [c for c in checks if not c.passed]
     if failed:
         worst = "; ".join(f"'{c.name}': " + (f"shape {list(c.shape)} vs {list(c.ref_shape)}" if c.shape != c.ref_shape
@@ -168,7 +169,7 @@ def self_check(artifact: Artifact, feeds: dict, expected: dict, runs_here: bool,
             f"the built library disagrees with onnxruntime on {where} — {worst}; nothing was written. This is a "
             "compiler bug: report it; `--layout NCHW`, `--partition stock` or `--mcpu haswell` may avoid it, and "
             "`--no-check` writes the artifact anyway")
-    return {"status": "passed", "device": where, "atol": DEFAULT_ATOL, "rtol": DEFAULT_RTOL,
+    return {"status": "passed", "device": where, "atol": atol, "rtol": rtol,
             "max_abs": max((c.max_abs for c in checks), default=0.0),
             "max_rel": max((c.max_rel for c in checks), default=0.0)}
 

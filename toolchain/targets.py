@@ -109,6 +109,16 @@ LAYOUTS = {
 }
 DEFAULT_LAYOUT = "NHWC"
 
+#: --precision: what convs, matmuls and the ops between them compute in (the model's inputs and outputs stay
+#: float32; casts at the edges). Tolerances: toolchain/verify.py TOLERANCES.
+PRECISIONS = {
+    "fp32": "float32 throughout (the default)",
+    "fp16": "float16 weights, activations and accumulators (ARMv8.2-A FP16 arithmetic: the ARM presets only); "
+            "half the weight bytes, twice the lanes per NEON register, outputs within 1 % of their largest value",
+}
+#: the LLVM feature an fp16 build turns on (every ARMv8.2-A core: Cortex-A55, A75 and later)
+FP16_MATTR = "+fullfp16"
+
 #: Android API level used for the NDK compiler name (aarch64-linux-android<API>-clang++).
 DEFAULT_ANDROID_API = 28
 
@@ -137,6 +147,7 @@ class TargetSpec:
     layout: str = DEFAULT_LAYOUT  # activation layout (LAYOUTS)
     pad_channels: bool = True  # convs / matmuls compute padded output channels (toolchain/padding.py)
     fast_math: bool = True  # exp / erf / tanh / sigmoid / softmax as polynomials (toolchain/fastmath.py)
+    precision: str = "fp32"  # PRECISIONS
 
     @property
     def num_cores(self) -> int:
@@ -144,7 +155,8 @@ class TargetSpec:
 
     def to_json(self) -> dict:
         return {"preset": self.preset, "tvm_target": self.tvm_target, "layout": self.layout,
-                "pad_channels": self.pad_channels, "fast_math": self.fast_math}
+                "pad_channels": self.pad_channels, "fast_math": self.fast_math,
+                **({"precision": self.precision} if self.precision != "fp32" else {})}
 
     def tvm(self):
         import tvm
@@ -183,13 +195,29 @@ def check_layout(layout: str) -> str:
     return layout.upper()
 
 
+def check_precision(precision: str, preset: Preset) -> str:
+    """``precision`` as a :data:`PRECISIONS` key (any case) that ``preset`` computes in; raises :class:`TargetError`
+    naming the fix."""
+    precision = precision.lower()
+    if precision not in PRECISIONS:
+        raise TargetError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    if precision == "fp16" and not (preset.mtriple or _host_triple()).startswith("aarch64"):
+        arm = ", ".join(p.name for p in PRESETS if (p.mtriple or "").startswith("aarch64"))
+        raise TargetError(f"--precision fp16 needs FP16 arithmetic, which target '{preset.name}' has not here (x86 "
+                          f"would convert every element to float32 and back); build for an ARM target ({arm}) or "
+                          "drop --precision")
+    return precision
+
+
 def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None,
-                   layout: str | None = None, pad_channels: bool = True, fast_math: bool = True) -> TargetSpec:
+                   layout: str | None = None, pad_channels: bool = True, fast_math: bool = True,
+                   precision: str = "fp32") -> TargetSpec:
     """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
     preset = PRESETS_BY_NAME.get(name)
     if preset is None:
         raise TargetError(f"unknown target '{name}'; choose one of: {', '.join(PRESETS_BY_NAME)}")
     layout = check_layout(layout or DEFAULT_LAYOUT)
+    precision = check_precision(precision, preset)
     if num_cores is not None and num_cores < 1:
         raise TargetError(f"--num-cores must be at least 1 (got {num_cores})")
     triple = preset.mtriple or _host_triple()
@@ -198,12 +226,12 @@ def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = N
     target: dict = {"kind": "llvm", "mcpu": cpu}
     if preset.mtriple:
         target["mtriple"] = preset.mtriple
-    if preset.mattr:
-        target["mattr"] = list(preset.mattr)
+    if preset.mattr or precision == "fp16":
+        target["mattr"] = list(preset.mattr) + ([FP16_MATTR] if precision == "fp16" else [])
     default_cores = (os.cpu_count() or 1) if preset.runs_on_host else 4  # 4: a phone's big+mid cluster
     target["num-cores"] = int(num_cores or default_cores)
     return TargetSpec(preset=preset.name, tvm_target=target, linker=preset.linker, runs_on_host=preset.runs_on_host,
-                      layout=layout, pad_channels=pad_channels, fast_math=fast_math)
+                      layout=layout, pad_channels=pad_channels, fast_math=fast_math, precision=precision)
 
 
 def preset_of(tvm_target: dict) -> str:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from host import render
 from host.commands.common import load_supported, partition_settings
 from host.console import console, err_console
-from host.options import FastMathOpt, GeometryOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, ThresholdOpt
+from host.options import FastMathOpt, GeometryOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, PrecisionOpt, ThresholdOpt
 from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
 
 JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the joined kernel unless it is slower "
@@ -39,6 +39,7 @@ def compile(
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
+    precision: PrecisionOpt = "fp32",
     partition: Annotated[str, typer.Option(help="How ops are grouped into kernels: ago (AGO clustering) or stock "
                                            "(TVM FuseOps).")] = "ago",
     threshold: ThresholdOpt = None,
@@ -85,7 +86,10 @@ def compile(
     parts, _, kept = partition_settings(partition, threshold, keep_inside, target, mcpu, geometry)
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
-                 mcpu=mcpu, num_cores=num_cores, kept=kept)
+                 mcpu=mcpu, num_cores=num_cores, kept=kept, precision=precision)
+    if db is not None and precision.lower() != "fp32":
+        raise UnsupportedModelError(f"--precision {precision} with --db: tuning databases hold float32 kernels; drop "
+                                    "--db (the float16 kernels get register blocks untuned) or --precision")
     if db is not None:
         knobs = {**_from_db(db, knobs, other_target), "kept": "as the database was tuned"}
     rule = rule or _default_joins(db, knobs["target"], knobs["mcpu"], geometry)
@@ -147,7 +151,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
 
     spec = resolve_target("host" if knobs["target"] is None else knobs["target"], mcpu=knobs["mcpu"],
                           num_cores=knobs["num_cores"], layout=knobs["layout"], pad_channels=knobs["pad_channels"],
-                          fast_math=knobs["fast_math"])
+                          fast_math=knobs["fast_math"], precision=knobs.get("precision", "fp32"))
     compiler = find_compiler(spec)
     proto, label, inputs, overrides = load_supported(model, shapes)
     check_sizes(inputs)
@@ -161,6 +165,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
         f"[dim]compiling {escape(label)} ({escape(shown)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
         f"{'' if spec.pad_channels else ', channels not padded'}{'' if spec.fast_math else ', exact math'}"
+        f"{', float16' if spec.precision == 'fp16' else ''}"
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
         f"{kept if partition == 'ago' and keep_inside else ''}"
         "[/dim]",

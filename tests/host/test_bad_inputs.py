@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -412,6 +413,11 @@ def _compile_cases():
         case("compile-empty-target", ["compile", "{model}", *OUT, "--target", ""], "unknown target"),
         case("compile-unknown-layout", ["compile", "{model}", *OUT, "--layout", "NWHC"], "layout"),
         case("compile-unknown-partition", ["compile", "{model}", *OUT, "--partition", "greedy"], "partition"),
+        case("compile-unknown-precision", ["compile", "{model}", *OUT, "--precision", "bf16"], "unknown precision"),
+        case("compile-fp16-with-db", ["compile", "{model}", *OUT, "--target", "linux-arm64", "--precision", "fp16",
+                                      "--db", "{t}/nodb"], "tuning databases hold float32 kernels"),
+        *([case("compile-fp16-on-x86", ["compile", "{model}", *OUT, "--precision", "fp16"], "needs FP16 arithmetic")]
+          if platform.machine() == "x86_64" else []),
         case("compile-num-cores-zero", ["compile", "{model}", *OUT, "--num-cores", "0"], "--num-cores"),
         case("compile-num-cores-negative", ["compile", "{model}", *OUT, "--num-cores", "-4"], "--num-cores"),
         case("compile-unknown-mcpu", ["compile", "{model}", *OUT, "--mcpu", "pentium-9000"], "pentium-9000"),

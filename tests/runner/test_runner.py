@@ -270,6 +270,30 @@ def test_qemu_arm64_bench_matches_onnxruntime(arm64_runner, artifacts, name, tmp
     check_outputs_match_expected(doc, artifact)
 
 
+def test_a_float16_build_runs_under_qemu_within_its_tolerance(arm64_runner, tmp_path):
+    """--precision fp16: the ARM build computes in float16 (ARMv8.2-A arithmetic, on 8-lane vectors), its weights
+    are stored in half the bytes, and the outputs the arm64 runner gives stay within the fp16 tolerance of
+    onnxruntime's float32 ones — and outside float32's: it really computes in float16."""
+    from toolchain.verify import TOLERANCES
+
+    art = {}
+    for precision in ("fp32", "fp16"):
+        spec = resolve_target("linux-arm64", precision=precision)
+        art[precision] = compile_model(CompileRequest(models.build("tiny-cnn"), "tiny-cnn", spec, check=False),
+                                       find_compiler(spec), tmp_path / precision)
+    assert art["fp16"].manifest.target["precision"] == "fp16" and "precision" not in art["fp32"].manifest.target
+    assert "+fullfp16" in art["fp16"].manifest.target["tvm_target"]["mattr"]
+    weights = {p: sum(k["weight_bytes"] for k in a.manifest.kernels) for p, a in art.items()}
+    assert weights["fp16"] * 2 == pytest.approx(weights["fp32"], rel=0.05), weights
+    doc = bench(arm64_runner, "--artifact", art["fp16"].root, "--warmup", 0, "--repeat", 1, "--outputs-dir", tmp_path)
+    expected = art["fp16"].read_expected()
+    (out,) = doc["outputs"]
+    got = np.fromfile(out["file"], dtype=np.float32).reshape(out["shape"])
+    error = max_rel(got, expected[out["name"]])
+    atol, rtol = TOLERANCES["fp16"]
+    assert TOLERANCES["fp32"][1] < error < rtol, error
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, shape", [("mobilenet-v2", (1, 3, 56, 56)), ("bert-tiny", (1, 16))])
 def test_qemu_arm64_bench_matches_onnxruntime_zoo_models(arm64_runner, artifacts, name, shape, tmp_path):

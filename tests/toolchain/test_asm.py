@@ -15,11 +15,11 @@ TARGETS = {
 }
 
 
-def matmul(rows: int, vectors: int, lanes: int, m: int = 48, k: int = 64):
+def matmul(rows: int, vectors: int, lanes: int, m: int = 48, k: int = 64, dtype: str = "float32"):
     from tvm import s_tir, te
 
     n = 2 * vectors * lanes
-    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    a, b = te.placeholder((m, k), name="A", dtype=dtype), te.placeholder((k, n), name="B", dtype=dtype)
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
     sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
@@ -83,3 +83,21 @@ def test_the_register_block_computes_the_matmul_in_parallel_without_a_race():
     out = tvm.runtime.tensor(np.zeros((48, 48), "float32"), dev)
     lib["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), out)
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_float16_block_fills_the_neon_registers_with_eight_lanes():
+    """--precision fp16: the same registers hold twice the lanes, the block keeps its shape, and the hot loop's FMAs
+    are whole-register ``fmla v.8h`` (a float32 block's 4 lanes would use half of each register)."""
+    import re
+
+    import tvm
+
+    arch, unit, target = TARGETS["neon"]
+    half = unit.of("float16")
+    assert (half.lanes, half.element_bytes) == (8, 2) and block_shape(half) == block_shape(unit)
+    rows, vectors = block_shape(half)
+    code = asm.assembly(matmul(rows, vectors, half.lanes, dtype="float16"),
+                        tvm.target.Target({**target, "mattr": ["+neon", "+fullfp16"]}))
+    loop = asm.hottest(asm.innermost_loops(code, arch))
+    assert loop is not None and loop.spills == 0 and loop.fmas >= rows * vectors, loop
+    assert re.search(r"fmla\s+v\d+\.8h", code) and not re.search(r"fmla\s+v\d+\.4h", code)

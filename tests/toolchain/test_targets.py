@@ -40,6 +40,18 @@ def test_arm64_presets_set_triple_neon_and_four_cores():
     assert resolve_target("linux-arm64", mcpu="cortex-a55", num_cores=2).tvm_target["mcpu"] == "cortex-a55"
 
 
+def test_float16_turns_on_arm_fp16_arithmetic_and_is_refused_where_there_is_none():
+    spec = resolve_target("linux-arm64", precision="FP16")
+    assert spec.precision == "fp16" and spec.tvm_target["mattr"] == ["+neon", "+fullfp16"]
+    assert spec.to_json()["precision"] == "fp16"
+    assert "precision" not in resolve_target("linux-arm64").to_json()  # fp32 artifacts' manifests as before
+    if not spec.runs_on_host:
+        with pytest.raises(TargetError, match="--precision fp16 needs FP16 arithmetic.*linux-arm64, android-arm64"):
+            resolve_target("host", precision="fp16")
+    with pytest.raises(TargetError, match="unknown precision 'bf16'; choose one of: fp32, fp16"):
+        resolve_target("linux-arm64", precision="bf16")
+
+
 def test_unknown_target_lists_the_choices():
     with pytest.raises(TargetError,
                        match="unknown target 'x86'; choose one of: host, host-avx2, linux-arm64, android-arm64, "

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class VectorUnit:
     registers: int  # architectural vector registers
-    lanes: int  # FP32 lanes per register
+    lanes: int  # lanes per register of the element type (FP32 in UNITS)
+    element_bytes: int = 4
+
+    def of(self, dtype: str) -> VectorUnit:
+        """The same registers holding ``dtype`` (float16: twice the FP32 lanes, NEON's ``fmla v.8h``)."""
+        nbytes = max(1, int("".join(c for c in dtype if c.isdigit()) or 32) // 8)
+        return VectorUnit(self.registers, self.lanes * self.element_bytes // nbytes, nbytes)
 
 
 #: the vector units of the targets' ISAs (the key: toolchain.asm's architecture, or "avx2" for x86 without AVX-512)
@@ -25,7 +31,7 @@ MAX_ROWS, MAX_VECTORS = 8, 4
 #: a tile's accumulators must take fewer bytes than this (TVM's ``kMaxStackAlloca``) to be a stack array, which LLVM
 #: keeps in registers; at or above it, or in "local" scope whatever its size, TVM lowers the buffer to a heap workspace
 #: allocated and freed per tile (docs/tuning-internals.md, Register blocks)
-STACK_BYTES, FLOAT_BYTES = 1024, 4
+STACK_BYTES = 1024
 #: a block whose last tile's rows are masked (their test inside the reduction loop: LLVM keeps those rows'
 #: accumulators in memory) only where it uses this many times the accumulators of the best block that divides
 MASKED_GAIN = 1.5
@@ -38,7 +44,7 @@ def block_shape(unit: VectorUnit) -> tuple[int, int]:
     for the broadcast row value (rows · vectors + vectors + 1 ≤ registers) and stay a stack array
     (:data:`STACK_BYTES`), the rows the more when they tie."""
     fits = [(r * v, r, v) for r in range(1, MAX_ROWS + 1) for v in range(1, MAX_VECTORS + 1)
-            if r * v + v + 1 <= unit.registers and r * v * unit.lanes * FLOAT_BYTES < STACK_BYTES]
+            if r * v + v + 1 <= unit.registers and r * v * unit.lanes * unit.element_bytes < STACK_BYTES]
     _, rows, vectors = max(fits)
     return rows, vectors
 
@@ -83,6 +89,7 @@ class MatmulLike:
     depthwise: bool = False
     rest: tuple[str, ...] = ()  # spatial blocks after the epilogue over another domain (a slice): one pass after it
     gathers: tuple[str, ...] = ()  # producers that are not a one-load copy (a concatenation, a scaling): passes first
+    dtype: str = "float32"  # what the block accumulates in (its vectors' lanes: VectorUnit.of)
 
     @property
     def channels(self) -> int:
@@ -187,7 +194,8 @@ def matmul_like(func) -> MatmulLike | None:
         return None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
-                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)))
+                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)),
+                      str(store.buffer.dtype))
 
 
 def _names(blocks) -> tuple[str, ...]:
@@ -249,7 +257,7 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
 
     fits = [(r * v * used(r), used(r), r * v, v, r) for r in range(1, min(MAX_ROWS, width) + 1)
             for v in range(1, unit.registers)
-            if r * v + v + 1 <= unit.registers and r * v * lanes * FLOAT_BYTES < STACK_BYTES
+            if r * v + v + 1 <= unit.registers and r * v * lanes * unit.element_bytes < STACK_BYTES
             and (kernel.channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
     whole = max(f for f in fits if width % f[-1] == 0)  # rows 1 always divide
     best = max(fits)
@@ -353,7 +361,7 @@ def register_block(func, target, spatial: bool = False):
         return None, "not a matmul-like kernel"
     if not (kernel.blocked or spatial):
         return None, "a spatial conv (its padding would sit in the block's loads)"
-    shape = choose_block(kernel, unit_of(target), perfect=False, min_lanes=1 if spatial else 4)
+    shape = choose_block(kernel, unit_of(target).of(kernel.dtype), perfect=False, min_lanes=1 if spatial else 4)
     if shape is None:
         return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
     return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape), "×".join(map(str, shape))

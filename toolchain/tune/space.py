@@ -196,7 +196,7 @@ def block_space(func, target, check: bool = True):
     from toolchain.tune import microkernel
 
     kernel = microkernel.matmul_like(func)
-    shape = microkernel.choose_block(kernel, microkernel.unit_of(target)) if kernel else None
+    shape = microkernel.choose_block(kernel, microkernel.unit_of(target).of(kernel.dtype)) if kernel else None
     if shape is None:
         return None
     fn = microkernel.block_space_fn(kernel, shape)
