@@ -114,7 +114,7 @@ DEFAULT_LAYOUT = "NHWC"
 PRECISIONS = {
     "fp32": "float32 throughout (the default)",
     "fp16": "float16 weights, activations and accumulators (ARMv8.2-A FP16 arithmetic: the ARM presets only); "
-            "half the weight bytes, twice the lanes per NEON register, outputs within 1 % of their largest value",
+            "half the weight bytes, twice the lanes per NEON register, outputs within 2 % of their largest value",
 }
 #: the LLVM feature an fp16 build turns on (every ARMv8.2-A core: Cortex-A55, A75 and later)
 FP16_MATTR = "+fullfp16"

@@ -24,8 +24,8 @@ from toolchain.reference import run_onnxruntime
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
 #: (atol, rtol) by --precision (toolchain/targets.py PRECISIONS): float16 keeps 11 significant bits, and a deep
-#: network's outputs drift by a few tenths of a per cent of their largest value (docs/ops.md, Precision)
-TOLERANCES = {"fp32": (DEFAULT_ATOL, DEFAULT_RTOL), "fp16": (1e-3, 1e-2)}
+#: network's outputs drift by up to about 1 % of their largest value (docs/partitioning.md, Precision)
+TOLERANCES = {"fp32": (DEFAULT_ATOL, DEFAULT_RTOL), "fp16": (1e-3, 2e-2)}
 
 
 def tolerance(target: dict) -> tuple[float, float]:
