@@ -124,9 +124,12 @@ def reference_outputs(artifact: Artifact, inputs: dict[str, np.ndarray], threads
 
 
 def verify_artifact(
-    artifact: Artifact, device: Device, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL
+    artifact: Artifact, device: Device, atol: float | None = None, rtol: float | None = None
 ) -> VerifyReport:
-    """Run the artifact's sample inputs on ``device`` and compare with onnxruntime."""
+    """Run the artifact's sample inputs on ``device`` and compare with onnxruntime, within ``atol`` / ``rtol``
+    (default: the :func:`tolerance` of the precision it was built in)."""
+    default_atol, default_rtol = tolerance(artifact.manifest.target)
+    atol, rtol = default_atol if atol is None else atol, default_rtol if rtol is None else rtol
     inputs = artifact.read_inputs()
     actual = device.run(artifact, inputs)
     source, ref = reference_outputs(artifact, inputs)

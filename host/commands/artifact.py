@@ -27,7 +27,7 @@ def verify(
     from host.devices import get_device
     from toolchain.artifact import load_artifact
     from toolchain.errors import VerifyError
-    from toolchain.verify import tolerance, verify_artifact
+    from toolchain.verify import verify_artifact
 
     for name, value in (("--atol", atol), ("--rtol", rtol)):
         if value is not None and not value >= 0:  # NaN included
@@ -36,8 +36,7 @@ def verify(
     dev = get_device(device, default="local")
     if dev.kind != "local":
         err_console.print(f"[dim]running {escape(str(artifact_dir))} on {escape(dev.name)} ({dev.kind})[/dim]")
-    default_atol, default_rtol = tolerance(art.manifest.target)  # the precision it was built in
-    report = verify_artifact(art, dev, default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
+    report = verify_artifact(art, dev, atol, rtol)  # None: the tolerance of the precision it was built in
     if as_json:
         print(json.dumps(report.to_json()))
     else:
