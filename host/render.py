@@ -383,6 +383,11 @@ def against_table(model: str, result) -> Table:
         cell = f"{ratio:.2f}×" if ratio is not None else "; ".join(result.failures.get(regime, {}).values())[:60]
         table.add_row(regime, *(f"{medians[e]:.3f}" if e in medians else "—" for e in ("agoc", "onnxruntime")),
                       f"[{'green' if ratio and ratio >= 1 else 'yellow'}]{cell}[/]")
+    busy = {f"{engine} {n}/{result.rounds} {regime}" for regime, counts in result.disturbed.items()
+            for engine, n in counts.items()}
+    if busy:
+        table.caption = (f"[yellow]rounds timed while other programs kept this machine's cores busy: "
+                         f"{', '.join(sorted(busy))} — those times are too slow; time again on an idle machine[/]")
     return table
 
 

@@ -30,10 +30,11 @@ class Comparison:
     median_ms: dict  # regime -> engine -> ms
     speedup: dict  # regime -> onnxruntime median / agoc median
     failures: dict  # regime -> engine -> why it did not run
+    disturbed: dict  # regime -> engine -> rounds timed while another program held its cores (toolchain/timing.py)
 
     def to_json(self) -> dict:
         return {"threads": self.threads, "rounds": self.rounds, "calls": self.calls, "median_ms": self.median_ms,
-                "speedup": self.speedup, "failures": self.failures}
+                "speedup": self.speedup, "failures": self.failures, "disturbed_rounds": self.disturbed}
 
 
 def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, calls: int = 10,
@@ -41,7 +42,7 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
     """Time the artifact beside onnxruntime, each engine in a worker process of its own (host/bench/worker.py),
     in each regime of :data:`REGIMES`: ``rounds`` rounds of ``calls`` calls, engines in a random order."""
     threads = threads or os.cpu_count() or 1
-    medians, speedup, failures = {}, {}, {}
+    medians, speedup, failures, disturbed = {}, {}, {}, {}
     for regime in REGIMES:
         settings = Settings(threads=threads, rounds=rounds, calls_per_round=calls, warmup=warmup, gap_s=0.05,
                             seed=seed, quick=False, cache=regime)
@@ -54,8 +55,9 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
         finally:
             for w in workers:
                 w.close()
+        disturbed[regime] = {name: w.disturbed for w in workers for name in w.names if w.disturbed}
         failures[regime] = {**failed, **broke}
         medians[regime] = {name: float(np.median(s)) for name, s in samples.items() if s}
         if {"agoc", "onnxruntime"} <= set(medians[regime]):
             speedup[regime] = medians[regime]["onnxruntime"] / medians[regime]["agoc"]
-    return Comparison(threads, rounds, calls, medians, speedup, failures)
+    return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed)

@@ -37,6 +37,7 @@ from host.bench.variants import (
     proxy_baselines,
     proxy_variant,
 )
+from toolchain.timing import MAX_WAIT
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class Worker:
         self.names = [name for name in members if name not in self.errors]
         # how the timed calls were prepared (host.bench.cache_regime): flushes and untimed calls, all runs
         self.cache = {"regime": self.hello.get("cache"), "flushes": 0, "rehearsals": 0}
+        # rounds whose threads waited on a run queue (another program held their cores: toolchain/timing.py)
+        self.disturbed = 0
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -80,6 +83,7 @@ class Worker:
             raise RuntimeError(reply["error"])
         self.cache["flushes"] += reply.get("flushes", 0)
         self.cache["rehearsals"] += reply.get("rehearsals", 0)
+        self.disturbed += (reply.get("waited") or 0.0) > MAX_WAIT
         return reply["samples_ms"]
 
     def hold(self, held: bool) -> None:
@@ -273,7 +277,8 @@ def _load_and_measure(case: Case, artifacts: dict[str, Path], settings: Settings
         for worker in workers:
             peak = worker.close().get("peak_rss_mb")
             for name in worker.names:
-                results[name]["worker"].update(peak_rss_mb=peak, cache=dict(worker.cache))
+                results[name]["worker"].update(peak_rss_mb=peak, cache=dict(worker.cache),
+                                               disturbed_rounds=worker.disturbed)
 
 
 def _record_latencies(results: dict, samples: dict, round_medians: dict, failures: dict, suite: Suite) -> None:

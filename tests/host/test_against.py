@@ -17,9 +17,30 @@ def test_a_host_artifact_is_timed_beside_onnxruntime_in_both_regimes_and_nothing
         ms = doc["median_ms"][regime]
         assert ms["agoc"] > 0 and ms["onnxruntime"] > 0 and not doc["failures"][regime]
         assert abs(doc["speedup"][regime] - ms["onnxruntime"] / ms["agoc"]) < 1e-9
+    assert set(doc["disturbed_rounds"]) == {"warm", "cold"}
     table = cli("bench", out, "--against", "onnxruntime", "--repeat", "30")
     assert table.exit_code == 0 and "speed-up" in table.stdout and "cold" in table.stdout
 
 
     assert_clean_error(cli("bench", out, "--against", "tflite"), "--against onnxruntime")
     assert_clean_error(cli("bench", out, "--against", "onnxruntime", "--device", "qemu"), "leave out --device")
+
+
+def test_rounds_timed_while_other_programs_hold_the_cores_are_flagged(cli, tmp_path):
+    """A busy process more than there are cores: every engine's rounds wait on a run queue, and the table says so."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "art"
+    assert cli("compile", "zoo:tiny-cnn", "-o", out).exit_code == 0
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 60: pass"])
+            for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        result = cli("bench", out, "--against", "onnxruntime", "--repeat", "30", "--threads", "1")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert result.exit_code == 0, result.stderr
+    assert "other programs kept this machine's cores busy" in " ".join(result.stdout.split())
