@@ -238,6 +238,17 @@ def thermal(phone: Phone) -> Finding:
     return ok("thermal zones", f"{len(temps)} readable, hottest {hottest:.0f} °C")
 
 
+def fp16(phone: Phone) -> Finding:
+    """ARMv8.2-A FP16 arithmetic (``asimdhp`` in /proc/cpuinfo), which ``--precision fp16`` builds need."""
+    info = phone.read("/proc/cpuinfo") or ""
+    features = set(re.findall(r"^Features\s*:\s*(.*)$", info, re.M)[0].split()) if "Features" in info else set()
+    if "asimdhp" in features:
+        return ok("FP16 arithmetic", "asimdhp: --precision fp16 builds run here")
+    return warn("FP16 arithmetic", "no asimdhp in /proc/cpuinfo" if info else "/proc/cpuinfo not readable",
+                "compile for this phone with --precision fp32 (the default): an fp16 build would stop on an "
+                "illegal instruction")
+
+
 def runner_starts(device) -> Finding:
     """The runner and its runtime libraries pushed (once per content) and started with ``--help``."""
     from toolchain.errors import AgocError
@@ -271,7 +282,7 @@ def phone_findings(serial: str, client) -> list[Finding]:
     found = [first, abi(phone)]
     if found[-1].status == "fail":
         return found
-    found += [push_dir(phone), free_space(phone), *cores(phone), thermal(phone)]
+    found += [push_dir(phone), free_space(phone), *cores(phone), fp16(phone), thermal(phone)]
     if all(f.status != "fail" for f in found):
         found.append(runner_starts(dv.adb_device(serial)))
     return found

@@ -41,6 +41,7 @@ def test_a_phone_is_checked_end_to_end_and_its_caveats_are_warnings(cli, phone, 
     assert cores.startswith("8: cpu 0-3 at 1.80 GHz; cpu 4-6 at 2.40 GHz; cpu 7 at 2.84 GHz") and "--cores 7" in cores
     assert found["governors"]["status"] == "warn" and "schedutil" in found["governors"]["detail"]
     assert found["thermal zones"]["status"] == "warn"  # the emulated phone has none
+    assert found["FP16 arithmetic"]["status"] == "ok"  # its cores list asimdhp
     assert found["runner"]["status"] == "ok", found["runner"]
     assert not phone.host_path("/data/local/tmp/agoc/doctor-exec.sh").exists()  # its probe removed
 
@@ -54,3 +55,14 @@ def test_an_unknown_serial_and_a_phone_of_another_abi_fail_with_the_fix_named(cl
         result = cli("doctor", "--device", "x86-phone", "--json")
         found = {f["check"]: f for f in json.loads(result.stdout)}
     assert result.exit_code == 1 and found["ABI"]["status"] == "fail" and "runner" not in found
+
+
+def test_a_phone_without_fp16_arithmetic_is_told_to_build_fp32():
+    from types import SimpleNamespace
+
+    from host import doctor
+
+    a53 = SimpleNamespace(read=lambda path: "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 cpuid\n")
+    found = doctor.fp16(a53)
+    assert found.status == "warn" and "--precision fp32" in found.fix
+    assert doctor.fp16(SimpleNamespace(read=lambda path: None)).detail == "/proc/cpuinfo not readable"
