@@ -301,15 +301,18 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
          cooldown: float, clock=None, library=None, open_ended: bool = False) -> tuple[dict, Optional[dict]]:
     """The session, on this machine or through an RPC session (whose device report is kept in the database):
     (summary, device report or None)."""
+    from host.commands.common import interruptible
     from host.progress import TuneProgress
     from toolchain import onnx_import
     from toolchain import tune as tuning
 
     view = TuneProgress(err_console, settings.trials, settings.unit, settings.scheduler)
+    # the session in a worker thread, this one waiting: Ctrl-C or SIGTERM raised inside one of MetaSchedule's Python
+    # callbacks (the cost model, the runner) came back from TVM as a RuntimeError the session survived
     if where.local_only:
         with view:
-            return tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view, base=base,
-                                     clock=clock, library=library, open_ended=open_ended), None
+            return interruptible(tuning.tune_model, mod, onnx_import.model_hash(proto), spec, settings, db, view,
+                                 base=base, clock=clock, library=library, open_ended=open_ended), None
     from host import rpc as rpc_mod
     from host.measure import Hygiene
     from toolchain.timing import Timing
@@ -321,9 +324,9 @@ def _run(mod, proto, spec, settings, db: Path, base: Optional[Path], where: _Whe
         db / "measurements.jsonl", work_dir=db / "agents",
     )
     with view, session:
-        summary = tuning.tune_model(mod, onnx_import.model_hash(proto), spec, settings, db, view,
-                                    measure=session.measure(), base=base, clock=clock, library=library,
-                                    open_ended=open_ended)
+        summary = interruptible(tuning.tune_model, mod, onnx_import.model_hash(proto), spec, settings, db, view,
+                                measure=session.measure(), base=base, clock=clock, library=library,
+                                open_ended=open_ended)
         report = session.report()
     (db / "devices.json").write_text(json.dumps(report, indent=2))
     return summary, report

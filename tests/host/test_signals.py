@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM stop a compile within seconds, remove its staging directory and touch nothing else."""
+"""Ctrl-C and SIGTERM stop a compile within seconds, remove its staging directory and touch nothing else; they stop
+a tune within seconds too, from inside MetaSchedule's search, its database kept."""
 
 import os
 import signal
@@ -51,3 +52,43 @@ def test_a_signal_mid_build_stops_within_two_seconds_and_cleans_up(tmp_path, sig
     assert took < 2.0, f"took {took:.1f} s to stop"
     assert "interrupted" in err or "terminated" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_search_stops_a_tune_within_seconds_and_keeps_its_database(tmp_path, sig, code):
+    """The search calls back into Python (the cost model, the runner) from TVM, which turned a KeyboardInterrupt raised
+    there into a RuntimeError the session survived: a tune went on after Ctrl-C. Its process group is gone after."""
+    db = tmp_path / "db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    words = ["tune", "zoo:tiny-cnn", "--db", str(db), "--trials", "400", "--no-library"]
+
+    def child_setup():
+        os.setsid()  # its own process group: what it starts is found by it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, "-m", "host.cli", *words], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=child_setup)
+    try:
+        deadline = time.time() + 180
+        while not (db / "logs").is_dir() or not any((db / "logs").iterdir()):  # MetaSchedule's search has begun
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside the search
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err[-2000:]
+    assert took < 5.0, f"took {took:.1f} s to stop"
+    assert (db / "session.json").is_file()  # the database is the user's result so far: kept
+    for _ in range(100):  # its workers (runner, builders, checker) follow it out
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the tune's worker processes outlived it")
