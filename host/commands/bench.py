@@ -88,8 +88,10 @@ def bench_suite(
     if not cases:
         raise UnsupportedModelError("no (model, shape) pairs selected; check --models and --shapes")
     _describe_suite(suite, cases, chosen or bench.SUITES[suite].variants, settings, proxy)
-    with SuiteProgress(err_console, len(cases), settings.rounds) as view:
-        document = bench.run_suite(bench.SUITES[suite], cases, settings, work_dir, chosen, view)
+    from host.commands.common import interruptible
+
+    with SuiteProgress(err_console, len(cases), settings.rounds) as view:  # Ctrl-C stops it mid-tune too (tune.py)
+        document = interruptible(bench.run_suite, bench.SUITES[suite], cases, settings, work_dir, chosen, view)
     json_path, png_path = bench.write_results(document, out)
     _suite_tables(document, proxy)
     console.print(f"[green]✓[/green] {escape(str(json_path))}  {escape(str(png_path))}  ({document['seconds']:.0f} s)")
