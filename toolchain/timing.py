@@ -46,6 +46,9 @@ WARMUP_CALLS = 1
 #: a measurement whose threads waited on a run queue (runnable, another program on their core) longer
 #: than this share of its wall time was disturbed
 MAX_WAIT = 0.05
+#: a wait shorter than this is a thread's wake-up latency (a futex wake, a migration), not another program (which holds
+#: a core for a scheduler slice: milliseconds)
+MIN_WAIT_S = 0.25e-3
 #: seconds to let another program's burst pass before a disturbed measurement is taken again
 DISTURBED_PAUSE_S = 0.05
 #: after this many disturbed candidates in a row the machine is taken as busy for good: no more pauses
@@ -120,11 +123,14 @@ class Measured(NamedTuple):
         return self.waited > MAX_WAIT
 
 
-def run_queue_wait() -> float | None:
-    """Seconds this process's threads have spent runnable but not running (another program held their
-    core): the second field of ``/proc/self/task/*/schedstat``; None where the kernel does not keep it."""
+def run_queue_wait(exclude: frozenset[int] = frozenset()) -> float | None:
+    """Seconds this process's threads (but those whose ids are in ``exclude``) have spent runnable but not running
+    (another program held their core): the second field of ``/proc/self/task/*/schedstat``; None where the kernel
+    does not keep it."""
     total, found = 0, False
     for path in glob.glob("/proc/self/task/*/schedstat"):
+        if exclude and int(path.split("/")[-2]) in exclude:
+            continue
         try:
             with open(path) as f:
                 total += int(f.read().split()[1])

@@ -90,12 +90,14 @@ class Flusher:
         self._done = threading.Barrier(len(self.cpus) + 1)
         self._stop = False
         self.flushes = 0
+        self.thread_ids: set[int] = set()  # the flushing threads' (left out of the run-queue wait a round reports)
         self._threads = [threading.Thread(target=self._loop, args=(cpu, buf), daemon=True)
                          for cpu, buf in zip(self.cpus, self._buffers)]
         for t in self._threads:
             t.start()
 
     def _loop(self, cpu: int, buf) -> None:
+        self.thread_ids.add(threading.get_native_id())
         try:
             os.sched_setaffinity(0, {cpu})  # Linux: the calling thread only
         except (AttributeError, OSError):

@@ -37,7 +37,6 @@ from host.bench.variants import (
     proxy_baselines,
     proxy_variant,
 )
-from toolchain.timing import MAX_WAIT
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class Worker:
         self.names = [name for name in members if name not in self.errors]
         # how the timed calls were prepared (host.bench.cache_regime): flushes and untimed calls, all runs
         self.cache = {"regime": self.hello.get("cache"), "flushes": 0, "rehearsals": 0}
-        # rounds whose threads waited on a run queue (another program held their cores: toolchain/timing.py)
+        # rounds timed while another program held the engine's cores (toolchain/timing.py's run-queue wait)
         self.disturbed = 0
 
     def _read(self) -> dict:
@@ -83,7 +82,8 @@ class Worker:
             raise RuntimeError(reply["error"])
         self.cache["flushes"] += reply.get("flushes", 0)
         self.cache["rehearsals"] += reply.get("rehearsals", 0)
-        self.disturbed += (reply.get("waited") or 0.0) > MAX_WAIT
+        # a round whose median call waited on a run queue: half its calls or more were disturbed
+        self.disturbed += 2 * reply.get("disturbed_calls", 0) >= sum(len(v) for v in reply["samples_ms"].values()) > 0
         return reply["samples_ms"]
 
     def hold(self, held: bool) -> None:
@@ -101,7 +101,11 @@ class Worker:
             self.proc.stdin.flush()
             reply = self._read()
         finally:
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a worker slowed down by other programs: its figures are in
+                self.proc.kill()
+                self.proc.wait()
         return reply
 
 

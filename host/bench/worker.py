@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, which records the variant as failed
             errors[entry["name"]] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
     from host.bench.cache_regime import DEFAULT, Flusher, regime
-    from toolchain.timing import run_queue_wait
+    from toolchain.timing import MAX_WAIT, MIN_WAIT_S, run_queue_wait
 
     cache = regime(config.get("cache", DEFAULT))
     flusher = None  # made at the first run: a worker that only loads (memory alone) needs none
@@ -100,7 +100,8 @@ def main(argv: list[str]) -> int:
                         else [(name, False) for _ in range(n) for name in order])
             samples: dict[str, list[float]] = {name: [] for name in order}
             flushes = rehearsals = 0
-            waited_before, started = run_queue_wait(), time.perf_counter()
+            disturbed = 0  # timed calls whose threads waited on a run queue (toolchain/timing.py MAX_WAIT of the call)
+            flushing = frozenset(flusher.thread_ids) if flusher is not None else frozenset()  # the worker's own
             for name, first in sequence:
                 if first:
                     calls[name]()
@@ -108,13 +109,14 @@ def main(argv: list[str]) -> int:
                 if flusher is not None:
                     flusher.flush()
                     flushes += 1
+                before = run_queue_wait(flushing)
                 t0 = time.perf_counter_ns()
                 calls[name]()
                 samples[name].append((time.perf_counter_ns() - t0) / 1e6)
-            waited_after = run_queue_wait()  # another program on the engine's cores (toolchain/timing.py)
-            waited = (None if None in (waited_before, waited_after)
-                      else (waited_after - waited_before) / max(time.perf_counter() - started, 1e-9))
-            _reply({"samples_ms": samples, "flushes": flushes, "rehearsals": rehearsals, "waited": waited})
+                after = run_queue_wait(flushing)  # another program on the engine's cores
+                if None not in (before, after) and after - before > max(MIN_WAIT_S, MAX_WAIT * samples[name][-1] / 1e3):
+                    disturbed += 1
+            _reply({"samples_ms": samples, "flushes": flushes, "rehearsals": rehearsals, "disturbed_calls": disturbed})
         elif command["cmd"] == "quit":
             # the flusher's buffers are the benchmark's, not the engines': left out of the peak
             flush_mb = flusher.bytes_per_cpu * len(flusher.cpus) / 2**20 if flusher else 0.0

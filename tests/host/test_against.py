@@ -3,6 +3,8 @@ warm and cold; the ratio is theirs. Timings are not asserted, only that both ran
 
 import json
 
+import pytest
+
 from tests.host.test_cli import assert_clean_error
 
 
@@ -26,8 +28,9 @@ def test_a_host_artifact_is_timed_beside_onnxruntime_in_both_regimes_and_nothing
     assert_clean_error(cli("bench", out, "--against", "onnxruntime", "--device", "qemu"), "leave out --device")
 
 
+@pytest.mark.slow  # ~1 minute: the engines crawl beside the busy processes
 def test_rounds_timed_while_other_programs_hold_the_cores_are_flagged(cli, tmp_path):
-    """A busy process more than there are cores: every engine's rounds wait on a run queue, and the table says so."""
+    """A busy process on every core: the engines' threads (one per core) wait on a run queue, and the table says so."""
     import os
     import subprocess
     import sys
@@ -37,10 +40,27 @@ def test_rounds_timed_while_other_programs_hold_the_cores_are_flagged(cli, tmp_p
     hogs = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 60: pass"])
             for _ in range((os.cpu_count() or 1) + 1)]
     try:
-        result = cli("bench", out, "--against", "onnxruntime", "--repeat", "30", "--threads", "1")
+        result = cli("bench", out, "--against", "onnxruntime", "--repeat", "30")  # a thread per core, each held
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
     assert result.exit_code == 0, result.stderr
     assert "other programs kept this machine's cores busy" in " ".join(result.stdout.split())
+
+
+def test_the_table_names_the_rounds_other_programs_disturbed():
+    from rich.console import Console
+
+    from host.bench.against import Comparison
+    from host.render import against_table
+
+    def shown(disturbed):
+        result = Comparison(2, 5, 10, {"warm": {"agoc": 1.0, "onnxruntime": 1.2}}, {"warm": 1.2}, {"warm": {}},
+                            disturbed)
+        console = Console(width=200, record=True)
+        console.print(against_table("m", result))
+        return " ".join(console.export_text().split())
+
+    assert "onnxruntime 2/5 warm" in shown({"warm": {"onnxruntime": 2}})
+    assert "other programs" not in shown({"warm": {}})
