@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
             samples: dict[str, list[float]] = {name: [] for name in order}
             flushes = rehearsals = 0
             disturbed = 0  # timed calls whose threads waited on a run queue (toolchain/timing.py MAX_WAIT of the call)
-            flushing = frozenset(flusher.thread_ids) if flusher is not None else frozenset()  # the worker's own
+            flushing = frozenset(getattr(flusher, "thread_ids", ()))  # the flusher's threads: the worker's own
             for name, first in sequence:
                 if first:
                     calls[name]()

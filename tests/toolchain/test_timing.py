@@ -3,6 +3,8 @@
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from toolchain import timing
 
 
@@ -37,6 +39,13 @@ class FakeModule:
 DEVICE = SimpleNamespace(sync=lambda: None)
 
 
+@pytest.fixture
+def quiet(monkeypatch):
+    """The local evaluator's run-queue meter reading an idle machine (the suite's other worker may be busy)."""
+    monkeypatch.setattr(timing, "run_queue_wait", lambda: 0.0)
+    monkeypatch.setattr(timing, "_streak", [0])
+
+
 def test_warm_up_runs_for_the_given_time_and_at_least_the_given_calls():
     mod = FakeModule([])
     started = time.perf_counter()
@@ -64,13 +73,13 @@ def test_spread_repeats_are_measured_again_up_to_the_limit():
     assert n == 3
 
 
-def test_local_runner_evaluator_reads_the_config_when_no_timing_is_given():
+def test_local_runner_evaluator_reads_the_config_when_no_timing_is_given(quiet):
     mod = FakeModule([[1.0, 1.0], [0.5, 0.5]])
     config = SimpleNamespace(number=1, repeat=2, min_repeat_ms=0)
     assert timing.evaluate_local(mod, DEVICE, config, [()]) == [0.5, 0.5]
 
 
-def test_cold_timing_flushes_all_but_the_first_argument_before_each_single_call():
+def test_cold_timing_flushes_all_but_the_first_argument_before_each_single_call(quiet):
     mod = FakeModule([[1.0] * 30, [1.0] * 30])
     timing.measure(mod, DEVICE, [()], timing.Timing(warmup_ms=0, cold=True, cold_calls=30))
     assert mod.evaluator == {"number": 1, "repeat": 30, "min_repeat_ms": 0,
