@@ -35,19 +35,28 @@ def wait_for_staging(tmp_path, proc, timeout=120.0):
     pytest.fail("the compile never started building")
 
 
+def signal_and_wait(proc, sig, timeout: float) -> tuple[str, float]:
+    """Send ``sig`` a second into the work; (stderr, seconds until the process ended). Killed in any case."""
+    try:
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=timeout)
+        return err, time.monotonic() - sent
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_mid_build_stops_within_two_seconds_and_cleans_up(tmp_path, sig, code):
     (tmp_path / "keep.txt").write_text("the user's")
     proc = start_compile(tmp_path, tmp_path / "out")
     try:
         wait_for_staging(tmp_path, proc)
-        time.sleep(1.0)  # into the build proper
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - sent
-    finally:
+    except BaseException:
         proc.kill()
+        raise
+    err, took = signal_and_wait(proc, sig, 30)  # into the build proper
     assert proc.returncode == code, err
     assert took < 2.0, f"took {took:.1f} s to stop"
     assert "interrupted" in err or "terminated" in err
@@ -68,18 +77,13 @@ def test_a_signal_mid_search_stops_a_tune_within_seconds_and_keeps_its_database(
 
     proc = subprocess.Popen([sys.executable, "-m", "host.cli", *words], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=child_setup)
-    try:
-        deadline = time.time() + 180
-        while not (db / "logs").is_dir() or not any((db / "logs").iterdir()):  # MetaSchedule's search has begun
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(1.0)  # inside the search
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        proc.kill()
+    deadline = time.time() + 180
+    while not (db / "logs").is_dir() or not any((db / "logs").iterdir()):  # MetaSchedule's search has begun
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"the tune ended or never searched: {proc.communicate()}")
+        time.sleep(0.05)
+    err, took = signal_and_wait(proc, sig, 60)  # inside the search
     assert proc.returncode == code, err[-2000:]
     assert took < 5.0, f"took {took:.1f} s to stop"
     assert (db / "session.json").is_file()  # the database is the user's result so far: kept
