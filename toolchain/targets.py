@@ -203,9 +203,9 @@ def check_precision(precision: str, preset: Preset) -> str:
         raise TargetError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
     if precision == "fp16" and not (preset.mtriple or _host_triple()).startswith("aarch64"):
         arm = ", ".join(p.name for p in PRESETS if (p.mtriple or "").startswith("aarch64"))
-        raise TargetError(f"--precision fp16 needs FP16 arithmetic, which target '{preset.name}' has not here (x86 "
-                          f"would convert every element to float32 and back); build for an ARM target ({arm}) or "
-                          "drop --precision")
+        raise TargetError(f"--precision fp16 needs FP16 arithmetic, which target '{preset.name}' does not have on "
+                          f"this machine (x86 would convert every element to float32 and back); build for an ARM "
+                          f"target ({arm}) or drop --precision")
     return precision
 
 
