@@ -45,6 +45,9 @@ class Preset:
     geometry: str | None = None  # the phone cache geometry AGO's locality defaults follow (toolchain/geometry.py)
 
 
+#: what every ARM preset assumes of the phone: a Cortex-A76 big core, NEON, its cache geometry (``--mcpu`` changes both)
+_A76 = {"mcpu": "cortex-a76", "mattr": ("+neon",), "geometry": "a76"}
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         name="host",
@@ -69,33 +72,27 @@ PRESETS: tuple[Preset, ...] = (
         description="aarch64 Linux (glibc): Debian cross g++; runs under qemu-aarch64, on ARM64 boards and on Android "
         "phones through adb (the runner bundle brings its glibc)",
         mtriple="aarch64-linux-gnu",
-        mcpu="cortex-a76",
-        mattr=("+neon",),
         linker="gnu-cross",
         runs_on_host=platform.machine() in ("aarch64", "arm64"),
-        geometry="a76",
+        **_A76,
     ),
     Preset(
         name="android-arm64",
         description="ARM64 Android phones through adb, no NDK: Debian cross g++ (glibc), run by the runner bundle "
         "(its own loader and libraries pushed with it); the same code as linux-arm64",
         mtriple="aarch64-linux-gnu",
-        mcpu="cortex-a76",
-        mattr=("+neon",),
         linker="gnu-cross",
         runs_on_host=False,
-        geometry="a76",
+        **_A76,
     ),
     Preset(
         name="android-arm64-ndk",
         description="ARM64 Android phones, bionic builds for an NDK-built runner (optional): Android NDK clang from "
         "ANDROID_NDK_HOME",
         mtriple="aarch64-linux-android",
-        mcpu="cortex-a76",
-        mattr=("+neon",),
         linker="ndk",
         runs_on_host=False,
-        geometry="a76",
+        **_A76,
     ),
 )
 

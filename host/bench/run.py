@@ -82,8 +82,9 @@ class Worker:
             raise RuntimeError(reply["error"])
         self.cache["flushes"] += reply.get("flushes", 0)
         self.cache["rehearsals"] += reply.get("rehearsals", 0)
-        # a round whose median call waited on a run queue: half its calls or more were disturbed
-        self.disturbed += 2 * reply.get("disturbed_calls", 0) >= sum(len(v) for v in reply["samples_ms"].values()) > 0
+        calls = sum(len(v) for v in reply["samples_ms"].values())
+        if calls and 2 * reply.get("disturbed_calls", 0) >= calls:  # its median call waited on a run queue
+            self.disturbed += 1
         return reply["samples_ms"]
 
     def hold(self, held: bool) -> None:
