@@ -97,6 +97,24 @@ def _stable(view: TuneProgress, e: ev.Stable) -> None:
              "[/dim]")
 
 
+def _roof(view: TuneProgress, e: ev.Roof) -> None:
+    if e.gflops is None:
+        view.say(f"[dim]no compute roof measured ({escape(e.probe)}: {escape(e.reason)}): every kernel is searched to "
+                 "its budget[/dim]")
+        return
+    if e.reason:  # timed again
+        view.say(f"[dim]roof now {e.gflops:.0f} GFLOP/s ({escape(e.reason)})[/dim]")
+        return
+    view.say(f"[dim]roof: {e.gflops:.0f} GFLOP/s ({escape(e.probe)}, timed here); a kernel at {e.share:.0%} of it is "
+             "searched no further (--roof)[/dim]")
+
+
+def _at_roof(view: TuneProgress, e: ev.AtRoof) -> None:
+    left = f"; its {e.left} remaining trials go on" if e.left > 0 else ""
+    view.say(f"[dim]{escape(e.task)}: at {e.share:.0%} of the roof after {e.done} trials, searched no further{left}"
+             "[/dim]")
+
+
 def _exhausted(view: TuneProgress, e: ev.Exhausted) -> None:
     view.say(f"[dim]{escape(e.task)}: every schedule of its space measured after {e.done} trials; {e.left} left go "
              "to the next kernel[/dim]")
@@ -152,7 +170,7 @@ def _task_done(view: TuneProgress, e: ev.TaskDone) -> None:
 RENDERERS: dict[type, Callable] = {
     ev.Planned: _planned, ev.OutOfTime: _out_of_time, ev.Round: _round, ev.TaskStarted: _task_started,
     ev.Trials: _trials,
-    ev.Stable: _stable, ev.Exhausted: _exhausted, ev.SearchFailed: _search_failed, ev.JoinYields: _join_yields,
+    ev.Stable: _stable, ev.Roof: _roof, ev.AtRoof: _at_roof, ev.Exhausted: _exhausted, ev.SearchFailed: _search_failed, ev.JoinYields: _join_yields,
     ev.Seeded: _seeded, ev.Imported: _imported, ev.Pairing: _pairing, ev.Paired: _paired, ev.TaskDone: _task_done,
 }
 

@@ -411,6 +411,7 @@ def tune_status_table(summary: dict, db_dir) -> Table:
         table.add_row(r["task"], r["phase"], str(r["calls"]), f"{r['trials']}/{r['budget']}", best,
                       str(r["rejected"]), r["status"] + (" (search failed)" if r.get("search_error") else "")
                       + (" (space exhausted)" if r.get("exhausted") else "")
+                      + (f" (at {r['at_roof']:.0%} of the roof)" if r.get("at_roof") else "")
                       + (f" ({r['handed_back']} trials to its minis)" if r.get("handed_back") else "")
                       + (f" (seeded from {r['seeded_from']} kernel(s) like it)" if r.get("seeded_from") else "")
                       + _join_note(r))

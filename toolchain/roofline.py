@@ -25,6 +25,7 @@ from dataclasses import dataclass
 class Cost:
     work: int  # iteration points of the kernel's blocks
     bytes: int  # its arguments' bytes
+    reduce: int = 0  # iteration points of its reduction blocks alone (a conv's multiply-adds; the roof's measure)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,10 @@ def cost(func) -> Cost:
     """The work and the argument bytes of a PrimFunc."""
     from toolchain.opgraph import block_nests
 
-    work = sum(math.prod(e for _, e, _ in b.iters) for b in block_nests(func))
-    return Cost(work, arg_bytes(func))
+    nests = block_nests(func)
+    work = sum(math.prod(e for _, e, _ in b.iters) for b in nests)
+    reduce = sum(math.prod(e for _, e, _ in b.iters) for b in nests if any(k == "R" for *_, k in b.iters))
+    return Cost(work, arg_bytes(func), reduce)
 
 
 def arg_bytes(func) -> int:
@@ -67,6 +70,37 @@ def peaks(costs: dict[str, Cost], latency_ms: dict[str, float | None]) -> Peaks 
 def floor_ms(c: Cost, p: Peaks) -> float:
     """The least time ``c`` takes at the peaks: the slower of its work and its traffic."""
     return max(c.work / p.work_per_ms, c.bytes / p.bytes_per_ms)
+
+
+#: the kernel whose rate is a target's compute roof in a tuning session (``agoc tune --roof``): C = A · B of
+#: (M × K) · (K × N) float32, with its register block — a kernel of the kind the models' convs are, its operands a
+#: few hundred KiB (in cache), its work divisible by every block shape and vector width
+ROOF_PROBE = (480, 256, 192)
+
+
+def roof_probe():
+    """The PrimFunc of :data:`ROOF_PROBE`."""
+    from tvm import te
+
+    m, k, n = ROOF_PROBE
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+def roof_share(c: Cost, best_ms: float | None, roof_per_ms: float | None) -> float | None:
+    """The share of the roof (reduction iteration points per ms: multiply-adds) a kernel's best time reaches
+    (None: either unknown). Its elementwise blocks do not count: a conv of few input channels would seem faster
+    than it is."""
+    if not best_ms or best_ms <= 0 or not roof_per_ms:
+        return None
+    return c.reduce / best_ms / roof_per_ms
+
+
+def gflops(per_ms: float) -> float:
+    """A rate of multiply-adds per ms in GFLOP/s (two flops each)."""
+    return 2 * per_ms / 1e6
 
 
 

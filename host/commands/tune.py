@@ -61,6 +61,10 @@ TrialsOpt = Annotated[Optional[int], typer.Option(
 TimeOpt = Annotated[Optional[str], typer.Option(
     "--time", metavar="DURATION", help="Wall-clock limit for the whole command, e.g. 90s, 10m, 1h30m: the search "
     "stops in time to verify what it found (the database is usable at once).")]
+RoofOpt = Annotated[float, typer.Option(
+    "--roof", metavar="SHARE", help="Search a kernel no further once it runs at this share of the compute roof (a "
+    "register-blocked matmul timed where candidates run, at the session's start); its trials go to the others. "
+    "0: every kernel to its budget.")]
 SearchThreadsOpt = Annotated[int, typer.Option(
     help="Threads of the evolutionary search: 1 makes a session reproducible (the same seed, budget and "
     "library give the same candidates); 0: all cores (faster search, candidates depend on thread timing).")]
@@ -107,6 +111,7 @@ def tune(
     transfer: TransferOpt = 2,
     seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
     search_threads: SearchThreadsOpt = 1,
+    roof: RoofOpt = 0.85,
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
@@ -131,11 +136,13 @@ def tune(
     _check(scheduler, transfer, population, per_iter, warmup, trials, split_fraction, max_spread, cooldown)
     if search_threads < 0:
         raise UnsupportedModelError(f"--search-threads {search_threads}: give 1 (reproducible), more, or 0 (all cores)")
+    if not 0 <= roof <= 1:
+        raise UnsupportedModelError(f"--roof {roof:g}: give a share of the roof between 0 (never stop) and 1")
     settings = tuning.TuneSettings(
         trials=trials, partition=parts, tile_cache=tile_cache,
         intensive=not no_intensive, reformer=not no_reformer, split_fraction=split_fraction, per_iter=per_iter,
         seed=seed, cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
-        transfer=transfer, population=population, search_threads=search_threads,
+        transfer=transfer, population=population, search_threads=search_threads, roof_share=roof,
     )
     proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
     _describe(label, db, where, settings, spec, kept)

@@ -628,6 +628,8 @@ def _tune_cases():
         case("tune-threshold-nan", [*TUNE, "--threshold", "nan"], "--threshold"),
         case("tune-split-fraction-two", [*TUNE, "--split-fraction", "2"], "--split-fraction"),
         case("tune-split-fraction-nan", [*TUNE, "--split-fraction", "nan"], "--split-fraction"),
+        case("tune-roof-above-one", [*TUNE, "--roof", "1.5"], "--roof"),
+        case("tune-roof-nan", [*TUNE, "--roof", "nan"], "--roof"),
         case("tune-max-spread-zero", [*TUNE, "--max-spread", "0"], "--max-spread"),
         case("tune-cooldown-negative", [*TUNE, "--cooldown", "-1"], "--cooldown"),
         case("tune-unknown-partition", [*TUNE, "--partition", "greedy"], "greedy"),

@@ -22,7 +22,33 @@ def _matmul():
 
 def test_cost_counts_iteration_points_and_argument_bytes():
     c = roofline.cost(_matmul())
-    assert c == roofline.Cost(work=4 * 16 * 8, bytes=(4 * 8 + 8 * 16 + 4 * 16) * 4)
+    assert c == roofline.Cost(work=4 * 16 * 8, bytes=(4 * 8 + 8 * 16 + 4 * 16) * 4, reduce=4 * 16 * 8)
+
+
+def test_the_roofs_measure_is_multiply_adds_not_the_epilogue():
+    """A conv of few input channels with a bias and a relu: its elementwise blocks are work, not multiply-adds."""
+    from tvm import te, topi
+
+    x, w = te.placeholder((1, 3, 16, 16), name="x"), te.placeholder((8, 3, 3, 3), name="w")
+    y = topi.nn.relu(topi.nn.conv2d_nchw(x, w, 1, 1, 1) + 1.0)
+    c = roofline.cost(te.create_prim_func([x, w, y]))
+    macs = 8 * 16 * 16 * 3 * 3 * 3
+    assert c.reduce == macs and c.work > macs  # padding, add and relu counted as work
+    assert roofline.roof_share(c, 1.0, macs / 2) == pytest.approx(2.0)
+    assert roofline.roof_share(c, None, 1.0) is None and roofline.roof_share(c, 1.0, None) is None
+    assert roofline.gflops(1e6) == pytest.approx(2.0)  # a multiply-add is two flops
+
+
+@pytest.mark.parametrize("target", ["host", "linux-arm64"])
+def test_the_roof_probe_is_a_matmul_with_a_register_block_on_every_target(target):
+    from toolchain.targets import resolve_target
+    from toolchain.tune.untuned import block_schedule
+
+    probe = roofline.roof_probe()
+    m, k, n = roofline.ROOF_PROBE
+    assert roofline.cost(probe).reduce == m * k * n
+    sch, shape = block_schedule(probe, resolve_target(target))
+    assert sch is not None and shape.count("×") == 2
 
 
 def test_floor_is_the_slower_of_work_and_traffic_at_the_best_rates():

@@ -14,7 +14,8 @@ from toolchain import build, onnx_import, partition
 from toolchain.opgraph import op_graph
 from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
-from toolchain.tune import adapter, candidates, compose, pairing
+from toolchain import roofline
+from toolchain.tune import adapter, candidates, compose, pairing, session
 from toolchain.tune.adapter import (
     latency,
     postprocess,
@@ -29,7 +30,7 @@ from toolchain.tune.apply import unfuse_slower
 from toolchain.tune.budget import budgets, expected_gain, roofline_gain, stabilised
 from toolchain.tune.compose import compose_joined, restore_unroll
 from toolchain.tune.db import TuneDB, compare, import_records, status
-from toolchain.tune.events import Exhausted, JoinYields, Round, SearchFailed, Seeded, TaskStarted
+from toolchain.tune.events import AtRoof, Exhausted, JoinYields, Roof, Round, SearchFailed, Seeded, TaskStarted
 from toolchain.tune.plan import block_names, first_pass_trials, floor_trials, map_blocks, plan_tasks
 from toolchain.tune.session import model_times, tune_model
 from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
@@ -312,6 +313,7 @@ def fake_search(monkeypatch):
     # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
     monkeypatch.setattr(pairing, "pair_joins", lambda *a, **k: 0)
     monkeypatch.setattr(pairing, "first_batch_vs_minis", lambda *a, **k: None)
+    monkeypatch.setattr(session.Run, "measure_roof", lambda self: None)  # no roof: tests below set one
     monkeypatch.setattr(candidates, "verify_task", lambda task, func, *a, **k: {
         "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": ms(func),
         "trials": len(trials.get(func.script(), []))})
@@ -584,6 +586,97 @@ def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_
     assert used[others[0].name] == others[0].budget + last.budget - 5
     tune_model(mod, "a" * 64, SPEC, flat, tmp_path)  # resumed: nothing left to spend
     assert {t.name: len(fake_search[plan.funcs[t.name].script()]) for t in plan.tasks} == used
+
+
+def _roof(monkeypatch, rates: list[float]):
+    """The session's roof probe timed at ``rates`` (multiply-adds per ms), one per timing; returns the timings."""
+    timed = []
+
+    def measure_roof(run):
+        run.probe = ("probe", "a fake probe")
+        run.roof = run.probe_rate(None)
+        run.on_event(Roof(gflops=roofline.gflops(run.roof), share=run.settings.roof_share, probe="a fake probe"))
+
+    def probe_rate(run, sch):
+        timed.append(rates[min(len(timed), len(rates) - 1)])
+        return timed[-1]
+
+    monkeypatch.setattr(session.Run, "measure_roof", measure_roof)
+    monkeypatch.setattr(session.Run, "probe_rate", probe_rate)
+    return timed
+
+
+def test_a_kernel_at_the_roof_is_searched_no_further_and_its_trials_go_to_the_others(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A kernel whose best reaches the roof's share stops after its first batch; the trials it leaves go to
+    the kernel still below it, so the budget is spent; with --roof 0 every kernel takes its own budget."""
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    fast, slow = plan.tasks[0], plan.tasks[1]
+    work = {t.name: roofline.cost(plan.funcs[t.name]).reduce for t in plan.tasks}
+    assert work[fast.name] and fast.budget > 2 * flat.per_iter
+    roof = work[fast.name] / 1.0  # its 1 ms: the roof's rate
+    for t in plan.tasks:  # every other kernel at a tenth of it
+        if t.name != fast.name:
+            fake_search.speed_ms[plan.funcs[t.name].script()] = 10 * work[t.name] / roof
+    _roof(monkeypatch, [roof])
+    events = []
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    used = {t.name: len(fake_search.get(plan.funcs[t.name].script(), [])) for t in plan.tasks}
+    stops = [e for e in events if isinstance(e, AtRoof)]
+    assert [(e.task, e.done) for e in stops] == [(fast.name, 2 * flat.per_iter)]  # after its first search call
+    assert stops[0].share == pytest.approx(1.0) and stops[0].left == fast.budget - 2 * flat.per_iter
+    assert used[fast.name] == 2 * flat.per_iter and used[slow.name] > slow.budget
+    assert sum(used.values()) == flat.trials  # the rest went on: the budget spent, not more
+    assert json.loads((tmp_path / "progress.json").read_text())[fast.name]["at_roof"] == pytest.approx(1.0)
+    rows = {r["task"]: r for r in status(tmp_path)["tasks"]}
+    assert rows[fast.name]["at_roof"] == pytest.approx(1.0) and rows[slow.name]["at_roof"] is None
+
+    fake_search.clear()
+    tune_model(mod, "a" * 64, SPEC, dataclasses.replace(flat, roof_share=0.0), tmp_path / "off")
+    assert {t.name: len(fake_search.get(plan.funcs[t.name].script(), [])) for t in plan.tasks}[fast.name] \
+        == fast.budget
+
+
+def test_when_every_kernel_is_at_the_roof_the_session_ends_before_its_budget(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    roof = max(roofline.cost(f).reduce for f in plan.funcs.values())  # the heaviest at 1 ms
+    for t in plan.tasks:  # every kernel at 90 % of it
+        work = roofline.cost(plan.funcs[t.name]).reduce
+        fake_search.speed_ms[plan.funcs[t.name].script()] = work / roof / 0.9 if work else 1.0
+    _roof(monkeypatch, [roof])
+    events = []
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    reduce = [t for t in plan.tasks if roofline.cost(plan.funcs[t.name]).reduce]
+    assert {e.task for e in events if isinstance(e, AtRoof)} == {t.name for t in reduce if t.budget}
+    spent = sum(len(v) for v in fake_search.values())
+    assert spent < flat.trials and not any(isinstance(e, Round) and e.task in {t.name for t in reduce}
+                                           for e in events)
+
+
+def test_a_kernel_well_above_the_roof_has_the_probe_timed_again_and_raises_the_roof(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A probe timed while the machine was slow for a moment sets the roof too low: the first kernel measured
+    at twice its rate has it timed again (the roof then the faster of the two), at most twice a session."""
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    work = {t.name: roofline.cost(plan.funcs[t.name]).reduce for t in plan.tasks}
+    first = plan.tasks[0]
+    true_roof = work[first.name] / 1.0
+    for t in plan.tasks:  # every kernel at half the true roof
+        fake_search.speed_ms[plan.funcs[t.name].script()] = 2 * work[t.name] / true_roof if work[t.name] else 1.0
+    timed = _roof(monkeypatch, [true_roof / 4, true_roof])  # the first probe slow: every kernel 2× "the roof"
+    events = []
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    roofs = [e for e in events if isinstance(e, Roof)]
+    assert len(timed) == 2 and roofs[1].reason.startswith("timed again")
+    assert roofs[1].gflops == pytest.approx(roofline.gflops(true_roof))
+    assert not any(isinstance(e, AtRoof) for e in events)  # at half the true roof: searched on
 
 
 def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(

@@ -480,18 +480,34 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
 
     if not passes_static_checks(sch, func):
         return False
-    built = make_builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
-    if built.error_msg:
+    run_secs = measure_schedule(sch, spec, settings, measure)
+    if run_secs is None:
         return False
     args = ms.arg_info.ArgInfo.from_prim_func(as_built(sch.mod)["main"])
-    result = make_runner(settings, measure).run([RunnerInput(built.artifact_path, "cpu", args)])[0].result()
-    if result.error_msg or not result.run_secs:
-        return False
-    run_secs = [float(getattr(x, "value", x)) for x in result.run_secs]
     workload = database.commit_workload(workload_module(func))
     database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, spec.tvm(), args))
     phases.add_trials(1)
     return True
+
+
+def measure_schedule(sch, spec, settings: TuneSettings, measure: "Measure | None" = None) -> list[float] | None:
+    """A postprocessed schedule built and timed like any candidate: its run seconds, or None when the build or the
+    run fails."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    built = make_builder(spec, measure, 1).build([BuilderInput(sch.mod, spec.tvm())])[0]
+    if built.error_msg:
+        return None
+    try:
+        args = ms.arg_info.ArgInfo.from_prim_func(as_built(sch.mod)["main"])
+        result = make_runner(settings, measure).run([RunnerInput(built.artifact_path, "cpu", args)])[0].result()
+    finally:
+        _remove_built(built.artifact_path)
+    if result.error_msg or not result.run_secs:
+        return None
+    return [float(getattr(x, "value", x)) for x in result.run_secs]
 
 
 def time_together(kernels: list[tuple[object, object]], spec, settings, measure=None,
@@ -512,14 +528,19 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
         together = getattr(measure, "together", None) or functools.partial(_rounds_on_runner, settings, measure)
         return together(paths, [as_built(m)["main"] for m in mods], rounds)  # the parameters as built
     finally:
-        for b in built:  # the builder's files (each in a temporary directory of its own)
-            if b.artifact_path:
-                path = Path(b.artifact_path)
-                path.unlink(missing_ok=True)
-                try:
-                    path.parent.rmdir()
-                except OSError:
-                    pass
+        for b in built:
+            _remove_built(b.artifact_path)
+
+
+def _remove_built(artifact_path: str | None) -> None:
+    """A builder's file and its temporary directory (its own; left when anything else is in it)."""
+    if artifact_path:
+        path = Path(artifact_path)
+        path.unlink(missing_ok=True)
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass
 
 
 def round_order(n: int, r: int) -> list[int]:

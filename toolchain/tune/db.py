@@ -15,13 +15,14 @@ from toolchain.tune.settings import Task, TuneSettings, TuningError, known_setti
 
 #: settings added since databases were first made, at the value a database made before them implicitly used
 BEFORE_SETTING = {"cold_weights": False, "scheduler": "weight", "warmup": 8, "prepack": False, "tile_cache": 0,
-                  "search_threads": 0}
+                  "search_threads": 0, "roof_share": 0.0}
 
 
 #: settings a database may be resumed with at another value: the budget, how many sibling seeds a task
 #: not yet started gets (a seed is measured like any candidate; the records stay comparable), and the
-#: search's population and threads (how candidates are found, not how they are measured)
-RESUMABLE_SETTINGS = ("trials", "transfer", "population", "search_threads")
+#: search's population and threads (how candidates are found, not how they are measured), and where a kernel's search
+#: stops at the roof (how the budget is spent)
+RESUMABLE_SETTINGS = ("trials", "transfer", "population", "search_threads", "roof_share")
 
 
 def settings_but_trials(settings: dict) -> dict:
@@ -343,6 +344,7 @@ def status(db_dir: Path) -> dict:
                 "handed_back": p.get("handed_trials", 0),  # trials a join left to its minis
                 "seeded_from": len(p.get("siblings", [])),  # kernels whose schedules it started from
                 "exhausted": bool(p.get("exhausted")),  # its search space ran out before its budget
+                "at_roof": p.get("at_roof"),  # the share of the compute roof at which its search stopped
             }
         )
         if t.phase != "mini":  # what compile --db builds: the join or its minis (see pairing.choose)

@@ -83,6 +83,29 @@ class Stable:
 
 
 @dataclass(frozen=True)
+class Roof:
+    """The session's compute roof, measured where candidates run (``gflops``; None: the probe failed, ``reason``),
+    and the share of it at which a kernel is searched no further."""
+
+    kind: ClassVar[str] = "roof"
+    gflops: Optional[float]
+    share: float
+    probe: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class AtRoof:
+    """A task stopped: its best time reaches ``share`` of the roof; ``left`` trials of its budget go on."""
+
+    kind: ClassVar[str] = "at_roof"
+    task: str
+    done: int
+    share: float
+    left: int
+
+
+@dataclass(frozen=True)
 class Exhausted:
     """Every schedule of a task's space is measured; ``left`` trials go on."""
 
@@ -175,8 +198,8 @@ class Paired:
     error: Optional[str] = None
 
 
-Event = Union[Planned, Imported, TaskStarted, Seeded, Trials, Stable, Exhausted, SearchFailed, JoinYields,
-              Verifying, TaskDone, Round, OutOfTime, Pairing, Paired]
+Event = Union[Planned, Imported, TaskStarted, Seeded, Trials, Stable, Roof, AtRoof, Exhausted, SearchFailed,
+              JoinYields, Verifying, TaskDone, Round, OutOfTime, Pairing, Paired]
 #: ``on_event(event)``: how a session reports an :data:`Event`
 Events = Callable[[Event], None]
 EVENTS = Event.__args__

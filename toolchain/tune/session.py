@@ -4,6 +4,7 @@ on as tasks stop early, the rest in rounds, joins paired. Resumable; the design:
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,12 +27,14 @@ from toolchain.tune.budget import (
 from toolchain.tune.clock import Clock
 from toolchain.tune.db import TuneDB, import_records, status
 from toolchain.tune.events import (
+    AtRoof,
     Events,
     Exhausted,
     Imported,
     JoinYields,
     OutOfTime,
     Planned,
+    Roof,
     Round,
     SearchFailed,
     Seeded,
@@ -44,6 +47,9 @@ from toolchain.tune.events import (
 )
 from toolchain.tune.plan import TaskPlan, plan_tasks
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
+
+#: a kernel this many times the roof's rate has the probe timed again, at most REPROBES times a session
+REPROBE_ABOVE, REPROBES = 1.1, 2
 
 #: the trial budget of an open-ended session after its plan (``--time`` alone: the deadline bounds it)
 UNBOUNDED_TRIALS = 1 << 30
@@ -85,6 +91,7 @@ def tune_model(
         run.cost_models = adapter.session_cost_models(plan, database, spec, pretrained=library.cost_model
                                                       if library is not None else None)
         run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
+        run.measure_roof()
         for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
             if run.out_of_time:
                 break
@@ -158,6 +165,10 @@ class Run:
     given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
     spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
     carry: int = 0  # trials a kernel whose search failed left: the next kernel gets them
+    roof: float | None = None  # the compute roof where candidates run (work per ms; None: not measured)
+    probe: tuple | None = None  # (the roof probe's schedule, its description) once measured
+    probes: int = 0  # times the probe was timed again (raise_roof)
+    costs: dict = field(default_factory=dict)  # task -> roofline.Cost, counted when first needed
 
     @property
     def tasks(self) -> dict[str, Task]:
@@ -203,6 +214,71 @@ class Run:
         fit = self.clock.trials_that_fit(reserve_s=self.clock.verify_s * (1 + len(later)))
         wanted = search + sum(later)
         return search if fit >= wanted or wanted <= 0 else int(search * fit / wanted)
+
+    # ------------------------------------------------------------------------- the roof
+
+    def measure_roof(self) -> None:
+        """The session's compute roof: :data:`roofline.ROOF_PROBE` with its register block, timed where candidates
+        run (said; a probe that does not build or run leaves every kernel searched to its budget)."""
+        if self.settings.roof_share <= 0 or self.past_time():
+            return
+        from toolchain.tune.untuned import block_schedule
+
+        sch, shape = block_schedule(roofline.roof_probe(), self.spec)
+        name = f"a {'×'.join(map(str, roofline.ROOF_PROBE))} matmul" + (f" in {shape} register blocks" if shape else "")
+        rate = self.probe_rate(sch) if sch is not None else None
+        if rate is None:
+            self.on_event(Roof(gflops=None, share=self.settings.roof_share, probe=name,
+                               reason="it has no register block here" if sch is None else "it did not build or run"))
+            return
+        self.roof, self.probe = rate, (sch, name)
+        self.on_event(Roof(gflops=roofline.gflops(rate), share=self.settings.roof_share, probe=name))
+
+    def probe_rate(self, sch) -> float | None:
+        """The roof probe's multiply-adds per ms, timed like a candidate (None: it did not build or run)."""
+        secs = adapter.measure_schedule(sch, self.spec, self.settings, self.measure)
+        if not secs or min(secs) <= 0:
+            return None
+        return roofline.cost(roofline.roof_probe()).reduce / (statistics.median(secs) * 1e3)
+
+    def raise_roof(self, name: str) -> None:
+        """A kernel measured well above the roof: the probe timed once more (at most :data:`REPROBES` times a
+        session: a probe timed while the machine was slow for a moment sets the roof too low), then the roof the
+        fastest of the probe and the kernel."""
+        share = self.roof_share_of(name)
+        if share is None or share <= REPROBE_ABOVE:
+            return
+        rate = self.roof * share
+        if self.probes < REPROBES and self.probe is not None:
+            self.probes += 1
+            again = self.probe_rate(self.probe[0]) or 0.0
+            self.on_event(Roof(gflops=roofline.gflops(max(again, rate)), share=self.settings.roof_share,
+                               probe=self.probe[1], reason=f"timed again: {name} ran {share:.0%} of it"))
+            rate = max(again, rate)
+        self.roof = max(self.roof, rate)
+
+    def roof_share_of(self, name: str) -> float | None:
+        """The share of the roof ``name``'s best time reaches (None: no roof, or no time measured)."""
+        if self.roof is None:
+            return None
+        if name not in self.costs:
+            self.costs[name] = roofline.cost(self.plan.funcs[name])
+        return roofline.roof_share(self.costs[name], self.progress.get(name, {}).get("best_ms"), self.roof)
+
+    def at_roof(self, name: str) -> bool:
+        share = self.roof_share_of(name)
+        return share is not None and share >= self.settings.roof_share > 0
+
+    def stop_at_roof(self, task: Task, done: int, budget: int) -> bool:
+        """Whether ``task``'s search stops here: its best reaches the roof's share (recorded and said)."""
+        self.raise_roof(task.name)
+        if not self.at_roof(task.name):
+            return False
+        share = self.roof_share_of(task.name)
+        self.progress[task.name]["at_roof"] = round(share, 3)
+        self.db.save_progress(self.progress)
+        self.on_event(AtRoof(task=task.name, done=done, share=share, left=max(0, budget - done)))
+        return True
 
     # ------------------------------------------------------------------------- the first pass
 
@@ -383,6 +459,8 @@ class Run:
         settings = self.settings
         checked = False
         while done < budget:
+            if self.stop_at_roof(task, done, budget):  # nothing left for a search to find
+                break
             if check_join and not checked and done >= settings.unit:
                 checked = True
                 if self.join_yields(task, done, budget):
@@ -474,7 +552,7 @@ class Run:
             lats = adapter.trial_latencies_of(self.db.ms_dir, plan.funcs, hashes)
             left = total - sum(len(v) for v in lats.values())
             times = {n: t for n, t in model_times(plan, verified, progress).items()
-                     if n not in out and not progress.get(n, {}).get("exhausted")
+                     if n not in out and not progress.get(n, {}).get("exhausted") and not self.at_roof(n)
                      and not verified.get(n, {}).get("search_error")}
             if left <= 0 or not times or self.trials_now(settings.per_iter) <= 0:
                 break

@@ -42,6 +42,8 @@ class TuneSettings:
     # it (MetaSchedule's RewriteLayout; folded at build time, build.prepack_weights)
     transfer: int = 2  # a kernel's search starts from the verified schedules of up to this many kernels
     # with the same blocks, re-fitted to its loops (toolchain/tune/transfer.py; each one a trial of its budget)
+    roof_share: float = 0.85  # a kernel whose best reaches this share of the session's compute roof (a register-
+    # blocked matmul measured where candidates run: roofline.ROOF_PROBE) is searched no further; 0: never stops so
     search_threads: int = 1  # threads of MetaSchedule's evolutionary search; 1: the same seed, budget and library
     # give the same database (more sample candidates in whichever thread is free: faster, not reproducible); 0: all
 
