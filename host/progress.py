@@ -170,7 +170,8 @@ def _task_done(view: TuneProgress, e: ev.TaskDone) -> None:
 RENDERERS: dict[type, Callable] = {
     ev.Planned: _planned, ev.OutOfTime: _out_of_time, ev.Round: _round, ev.TaskStarted: _task_started,
     ev.Trials: _trials,
-    ev.Stable: _stable, ev.Roof: _roof, ev.AtRoof: _at_roof, ev.Exhausted: _exhausted, ev.SearchFailed: _search_failed, ev.JoinYields: _join_yields,
+    ev.Stable: _stable, ev.Roof: _roof, ev.AtRoof: _at_roof, ev.Exhausted: _exhausted,
+    ev.SearchFailed: _search_failed, ev.JoinYields: _join_yields,
     ev.Seeded: _seeded, ev.Imported: _imported, ev.Pairing: _pairing, ev.Paired: _paired, ev.TaskDone: _task_done,
 }
 

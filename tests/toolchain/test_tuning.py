@@ -10,11 +10,10 @@ import re
 import pytest
 
 import models
-from toolchain import build, onnx_import, partition
+from toolchain import build, onnx_import, partition, roofline
 from toolchain.opgraph import op_graph
 from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
-from toolchain import roofline
 from toolchain.tune import adapter, candidates, compose, pairing, session
 from toolchain.tune.adapter import (
     latency,

@@ -475,8 +475,6 @@ def commit_seed(sch, func, database, spec, settings: TuneSettings, measure: "Mea
     candidate and committed as one of ``func``'s records (a search then starts from it). False when
     it fails a check, the build or the run."""
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.builder import BuilderInput
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     if not passes_static_checks(sch, func):
         return False
