@@ -556,6 +556,31 @@ def test_an_exhausted_kernel_leaves_its_trials_to_the_next_and_is_not_searched_a
     assert not any(isinstance(e, Exhausted) for e in events) and len(fake_search[small]) == 5  # resumed: done
 
 
+def test_a_kernel_whose_search_measures_nothing_ends_instead_of_searching_until_the_deadline(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """A space whose every sample fails the static checks gives a search call nothing to measure: the task ends as
+    an exhausted one (its trials to the next kernel) after one call, not one call after another until the deadline."""
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    first, second = plan.tasks[:2]
+    fake, dry = adapter.tune_trials, plan.funcs[first.name].script()
+    calls = []
+
+    def tune_trials(func, spec, database, n, *args, **kwargs):
+        if func.script() != dry:
+            return fake(func, spec, database, n, *args, **kwargs)
+        calls.append(n)
+        return False  # nothing measured, and MetaSchedule's exhaustion callback never ran
+
+    monkeypatch.setattr(adapter, "tune_trials", tune_trials)
+    events = []
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    assert len(calls) == 1 and Exhausted(task=first.name, done=0, left=first.budget) in events
+    assert len(fake_search[plan.funcs[second.name].script()]) == second.budget + first.budget
+    assert json.loads((tmp_path / "progress.json").read_text())[first.name]["exhausted"]
+
+
 def test_what_the_last_kernel_leaves_goes_round_by_round_so_the_whole_budget_is_spent(
         dwsep_split, tmp_path, fake_search, monkeypatch):
     """The weight plan's carry has no task after the last kernel: it goes in rounds to the kernels

@@ -491,9 +491,13 @@ class Run:
             own = self.progress.setdefault(task.name, {})  # this task's seconds per trial (rounds under a deadline)
             own["searched"], own["search_s"] = (own.get("searched", 0) + len(lat) - done,
                                                 own.get("search_s", 0.0) + self.clock.now() - searched)
-            done = len(lat)
+            measured, done = len(lat) - done, len(lat)
             self.record_progress(task, lat, budget)
-            if exhausted:  # every distinct schedule measured: the rest of its budget goes on
+            if measured <= 0 and self.past_time():  # stopped for the deadline before a batch
+                break
+            if exhausted or measured <= 0:  # every distinct schedule measured, or none of its space passes the
+                # static checks (a join whose every sample failed them: the same search again found nothing, each
+                # call ~20 s, until the deadline); the rest of its budget goes on
                 self.progress[task.name]["exhausted"] = True
                 self.db.save_progress(self.progress)
                 self.on_event(Exhausted(task=task.name, done=done, left=budget - done))
