@@ -277,12 +277,16 @@ class Library:
             self._funcs[workload_hash] = tvm.ir.load_json(self.entries[workload_hash].workload)["main"]
         return self._funcs[workload_hash]
 
+    def own(self, func) -> Entry | None:
+        """The library's record of this very kernel (the same workload), or None."""
+        from toolchain.tune.adapter import workload_hash
+
+        return self.entries.get(workload_hash(func))
+
     def nearest(self, func, k: int) -> list[Entry]:
         """Up to ``k`` records to start ``func``'s search from: its own (the same workload) first, then
         the kernels :func:`transfer.siblings` picks among those of its signature or core signature."""
-        from toolchain.tune.adapter import workload_hash
-
-        own = self.entries.get(workload_hash(func))
+        own = self.own(func)
         sig = _as_json_key(transfer.signature(func))
         core = transfer.core_signature(func)
         core = None if core is None else _as_json_key(core)

@@ -152,6 +152,8 @@ def schedule_untuned(fused_mod, spec, rule: str = DEFAULT, library=None, seed: i
     if rule == "plain" or not todo:
         return fused_mod, [Fallback(name, "plain", "--untuned plain") for name in todo if rule == "plain"]
     marked = build.mark_weights(fused_mod) if prepack else fused_mod  # a schedule may store a weight as it reads it
+    if library is not None:  # read here, once: each kernel is scheduled in a forked child, which would read it again
+        _ = library.entries
     by_name = dict(group_kernels(marked))
     kernels, out, done = [], [], {}
     for name in todo:
@@ -178,8 +180,8 @@ def _own_record(func, spec, library):
     """The library's record of this very kernel (a tuned, measured schedule), replayed."""
     if library is None:
         return None, ""
-    own = [e for e in library.nearest(func, 1) if e.workload_hash == workload_hash(func)]
-    return from_library(library, func, spec, own) if own else (None, "")
+    own = library.own(func)  # not nearest(): that loads every kernel like it to rank them
+    return from_library(library, func, spec, [own]) if own is not None else (None, "")
 
 
 def block_schedule(func, spec, spatial: bool = False):
