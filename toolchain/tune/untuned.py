@@ -11,7 +11,7 @@ from toolchain import build
 from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
 from toolchain.tune import forked, intrinsics, microkernel
-from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_hash, workload_module
+from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
 from toolchain.tune.space import make_space_generator
