@@ -91,7 +91,8 @@ def tune_model(
         run.cost_models = adapter.session_cost_models(plan, database, spec, pretrained=library.cost_model
                                                       if library is not None else None)
         run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
-        run.measure_roof()
+        if open_ended or run.allowance() > 0:  # a resumed session with nothing left to search measures nothing
+            run.measure_roof()
         for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
             if run.out_of_time:
                 break
