@@ -166,7 +166,7 @@ class Run:
     given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
     spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
     carry: int = 0  # trials a kernel whose search failed left: the next kernel gets them
-    roof: float | None = None  # the compute roof where candidates run (work per ms; None: not measured)
+    roof: float | None = None  # the compute roof where candidates run (multiply-adds per ms; None: not measured)
     probe: tuple | None = None  # (the roof probe's schedule, its description) once measured
     probes: int = 0  # times the probe was timed again (raise_roof)
     costs: dict = field(default_factory=dict)  # task -> roofline.Cost, counted when first needed
@@ -227,8 +227,8 @@ class Run:
 
         sch, shape = block_schedule(roofline.roof_probe(), self.spec)
         name = f"a {'×'.join(map(str, roofline.ROOF_PROBE))} matmul" + (f" in {shape} register blocks" if shape else "")
-        # timed twice, the faster kept: the runner's first measurement of a session ran at half the rate in two
-        # sessions of five (docs/tuning.md, Stopping at the roof)
+        # timed twice, the faster kept: a session's first measurement may run at half the rate (docs/tuning.md,
+        # Stopping at the roof)
         rates = [r for r in (self.probe_rate(sch) for _ in range(2)) if r] if sch is not None else []
         rate = max(rates, default=None)
         if rate is None:
