@@ -66,10 +66,37 @@ def tiled_output(A: T.Buffer((2048,), "float32"), B: T.Buffer((2048,), "float32"
                 B[v] = A[v] * T.float32(2)
 
 
+@T.prim_func(s_tir=True)
+def vectors_across_rows(A: T.Buffer((14, 14, 96), "float32"), B: T.Buffer((14, 14, 96), "float32")):
+    # an elementwise epilogue fused over its three axes and split into vectors of 64: a vector crosses a row of
+    # 96 channels, so each axis's range meets its neighbour's, the elements do not (MobileNet-V3-Small's SE join)
+    for f in T.parallel(294):
+        for v in T.vectorized(64):
+            with T.sblock("scale"):
+                h = T.axis.spatial(14, (f * 64 + v) // 1344)
+                w = T.axis.spatial(14, (f * 64 + v) % 1344 // 96)
+                c = T.axis.spatial(96, (f * 64 + v) % 96)
+                B[h, w, c] = A[h, w, c] * T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def rows_overlapping(A: T.Buffer((14, 96), "float32"), B: T.Buffer((14, 96), "float32")):
+    # each iteration writes its row and the next one's first channels: the offsets meet too
+    for f in T.parallel(13):
+        for v in range(100):
+            with T.sblock("scale"):
+                h = T.axis.spatial(14, (f * 96 + v) // 96)
+                c = T.axis.spatial(96, (f * 96 + v) % 96)
+                B[h, c] = A[h, c] * T.float32(2)
+
+
 def test_parallel_iterations_writing_overlapping_parts_of_an_output_are_a_race():
     (race,) = parallel_races(overlapping_output)
     assert race.overlap and race.block == "reshape" and "overlap" in str(race)
     assert parallel_races(tiled_output) == []
+    assert parallel_races(vectors_across_rows) == []  # the elements' offsets: 0–63, then 64–127
+    (race,) = parallel_races(rows_overlapping)
+    assert race.overlap
 
 
 def test_shared_intermediate_in_a_parallel_loop_is_a_race():

@@ -125,14 +125,17 @@ class _RaceWalk:
                 if buf.__chandle__() not in private[handle] and handle not in index_deps:
                     self.races.append(Race(block.name_hint, buf.name, name))
             if parallel and buf.__chandle__() in self.arguments and parallel[-1][0] in index_deps \
-                    and self.neighbours_overlap(parallel[-1][0], [r.min for r in region.region]):
+                    and self.neighbours_overlap(parallel[-1][0], [r.min for r in region.region], buf):
                 self.races.append(Race(block.name_hint, buf.name, parallel[-1][1], overlap=True))
 
-    def neighbours_overlap(self, loop: int, index: list) -> bool:
+    def neighbours_overlap(self, loop: int, index: list, buf=None) -> bool:
         """Whether iterations 0 and 1 of the parallel loop ``loop`` write a common element at ``index`` (one
-        expression per dimension), every loop inside it over its whole range: all dimensions' ranges meet."""
+        expression per dimension), every loop inside it over its whole range: all dimensions' ranges meet, and
+        so do the ranges of the element's offset in ``buf`` (row-major; a fused loop split into vectors that
+        cross a row — 64 lanes over 96 channels — has dimension ranges that meet, offsets that do not)."""
         from tvm import ir, sym
 
+        index = list(index) + ([_offset(index, buf.shape)] if buf is not None and _static(buf.shape) else [])
         inner = False
         ranges = []
         for i in range(2):
@@ -150,3 +153,16 @@ class _RaceWalk:
             bounds = [analyzer.const_int_bound(analyzer.simplify(e)) for e in index]
             ranges.append([(int(b.min_value), int(b.max_value)) for b in bounds])
         return all(lo0 <= hi1 and lo1 <= hi0 for (lo0, hi0), (lo1, hi1) in zip(*ranges))
+
+
+def _static(shape) -> bool:
+    return all(hasattr(d, "value") or isinstance(d, int) for d in shape)
+
+
+def _offset(index: list, shape):
+    """The row-major offset of the element at ``index`` in a buffer of ``shape``."""
+    offset, stride = 0, 1
+    for e, d in reversed(list(zip(index, shape))):
+        offset = offset + e * stride
+        stride *= int(d)
+    return offset
