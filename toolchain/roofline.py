@@ -103,7 +103,6 @@ def gflops(per_ms: float) -> float:
     return 2 * per_ms / 1e6
 
 
-
 def kernel_rates(timed: list[dict], built: list[dict], peak_gflops: float | None) -> list[dict]:
     """The runner's per-kernel times (``timed``: name, calls_per_run, median_ms) with each kernel's work from the
     manifest (``built``: name, flops and arg_bytes of one call): GFLOP/s, GB/s of its arguments and the fraction of

@@ -14,7 +14,7 @@ from toolchain import build, onnx_import, partition, roofline
 from toolchain.opgraph import op_graph
 from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
-from toolchain.tune import adapter, candidates, compose, pairing, session
+from toolchain.tune import adapter, candidates, compose, pairing
 from toolchain.tune.adapter import (
     latency,
     postprocess,
@@ -31,6 +31,7 @@ from toolchain.tune.compose import compose_joined, restore_unroll
 from toolchain.tune.db import TuneDB, compare, import_records, status
 from toolchain.tune.events import AtRoof, Exhausted, JoinYields, Roof, Round, SearchFailed, Seeded, TaskStarted
 from toolchain.tune.plan import block_names, first_pass_trials, floor_trials, map_blocks, plan_tasks
+from toolchain.tune.roof import RoofMeter
 from toolchain.tune.session import model_times, tune_model
 from toolchain.tune.settings import SCHEMA, TuneSettings, TuningError
 from toolchain.tune.traces import plain, rename_blocks, replay_tolerant, unroll_of
@@ -312,7 +313,7 @@ def fake_search(monkeypatch):
     # (no schedules to time; tests/toolchain/test_pairing.py times real ones)
     monkeypatch.setattr(pairing, "pair_joins", lambda *a, **k: 0)
     monkeypatch.setattr(pairing, "first_batch_vs_minis", lambda *a, **k: None)
-    monkeypatch.setattr(session.Run, "measure_roof", lambda self: None)  # no roof: tests below set one
+    monkeypatch.setattr(RoofMeter, "start", lambda self, on_event: None)  # no roof: tests below set one
     monkeypatch.setattr(candidates, "verify_task", lambda task, func, *a, **k: {
         "status": "verified" if trials.get(func.script()) else "untuned", "latency_ms": ms(func),
         "trials": len(trials.get(func.script(), []))})
@@ -616,17 +617,17 @@ def _roof(monkeypatch, rates: list[float]):
     """The session's roof probe timed at ``rates`` (multiply-adds per ms), one per timing; returns the timings."""
     timed = []
 
-    def measure_roof(run):
-        run.probe = ("probe", "a fake probe")
-        run.roof = run.probe_rate(None)
-        run.on_event(Roof(gflops=roofline.gflops(run.roof), share=run.settings.roof_share, probe="a fake probe"))
+    def start(meter, on_event):
+        meter.probe = ("probe", "a fake probe")
+        meter.rate = meter.time(None)
+        on_event(Roof(gflops=roofline.gflops(meter.rate), share=meter.settings.roof_share, probe="a fake probe"))
 
-    def probe_rate(run, sch):
+    def time(meter, sch):
         timed.append(rates[min(len(timed), len(rates) - 1)])
         return timed[-1]
 
-    monkeypatch.setattr(session.Run, "measure_roof", measure_roof)
-    monkeypatch.setattr(session.Run, "probe_rate", probe_rate)
+    monkeypatch.setattr(RoofMeter, "start", start)
+    monkeypatch.setattr(RoofMeter, "time", time)
     return timed
 
 

@@ -4,7 +4,6 @@ on as tasks stop early, the rest in rounds, joins paired. Resumable; the design:
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +33,6 @@ from toolchain.tune.events import (
     JoinYields,
     OutOfTime,
     Planned,
-    Roof,
     Round,
     SearchFailed,
     Seeded,
@@ -46,10 +44,8 @@ from toolchain.tune.events import (
     ignore,
 )
 from toolchain.tune.plan import TaskPlan, plan_tasks
+from toolchain.tune.roof import RoofMeter
 from toolchain.tune.settings import SCHEMA, Task, TuneSettings
-
-#: a kernel this many times the roof's rate has the probe timed again, at most REPROBES times a session
-REPROBE_ABOVE, REPROBES = 1.1, 2
 
 #: the trial budget of an open-ended session after its plan (``--time`` alone: the deadline bounds it)
 UNBOUNDED_TRIALS = 1 << 30
@@ -86,13 +82,13 @@ def tune_model(
         where = measure.where if measure is not None else "local"
         clock = clock or Clock.prior(where, db.clock)
         run = Run(plan, db, database, spec, settings, measure, on_event, db.verified, db.progress,
-                  library=library, clock=clock)
+                  library=library, clock=clock, roof=RoofMeter(spec, settings, measure))
         on_event(planned_event(plan, settings, clock, run.allowance()))
         run.cost_models = adapter.session_cost_models(plan, database, spec, pretrained=library.cost_model
                                                       if library is not None else None)
         run.given = handed_in(plan, run.tasks, run.progress)  # resumed: trials minis were handed by their joins
-        if open_ended or run.allowance() > 0:  # a resumed session with nothing left to search measures nothing
-            run.measure_roof()
+        if (open_ended or run.allowance() > 0) and not run.past_time():  # resumed with nothing left: no probe
+            run.roof.start(on_event)
         for i, task in enumerate(plan.tasks):  # minis come first, then kernels/joined subgraphs
             if run.out_of_time:
                 break
@@ -166,10 +162,7 @@ class Run:
     given: dict[str, int] = field(default_factory=dict)  # trials minis were handed by their joins (resumed)
     spent: dict[str, int] = field(default_factory=dict)  # trials each task has used (minis may stop early)
     carry: int = 0  # trials a kernel whose search failed left: the next kernel gets them
-    roof: float | None = None  # the compute roof where candidates run (multiply-adds per ms; None: not measured)
-    probe: tuple | None = None  # (the roof probe's schedule, its description) once measured
-    probes: int = 0  # times the probe was timed again (raise_roof)
-    costs: dict = field(default_factory=dict)  # task -> roofline.Cost, counted when first needed
+    roof: RoofMeter | None = None  # the compute roof where candidates run
 
     @property
     def tasks(self) -> dict[str, Task]:
@@ -218,67 +211,16 @@ class Run:
 
     # ------------------------------------------------------------------------- the roof
 
-    def measure_roof(self) -> None:
-        """The session's compute roof: :data:`roofline.ROOF_PROBE` with its register block, timed where candidates
-        run (said; a probe that does not build or run leaves every kernel searched to its budget)."""
-        if self.settings.roof_share <= 0 or self.past_time():
-            return
-        from toolchain.tune.untuned import block_schedule
-
-        sch, shape = block_schedule(roofline.roof_probe(), self.spec)
-        name = f"a {'×'.join(map(str, roofline.ROOF_PROBE))} matmul" + (f" in {shape} register blocks" if shape else "")
-        # timed twice, the faster kept: a session's first measurement may run at half the rate (docs/tuning.md,
-        # Stopping at the roof)
-        rates = [r for r in (self.probe_rate(sch) for _ in range(2)) if r] if sch is not None else []
-        rate = max(rates, default=None)
-        if rate is None:
-            self.on_event(Roof(gflops=None, share=self.settings.roof_share, probe=name,
-                               reason="it has no register block here" if sch is None else "it did not build or run"))
-            return
-        self.roof, self.probe = rate, (sch, name)
-        self.on_event(Roof(gflops=roofline.gflops(rate), share=self.settings.roof_share, probe=name))
-
-    def probe_rate(self, sch) -> float | None:
-        """The roof probe's multiply-adds per ms, timed like a candidate (None: it did not build or run)."""
-        secs = adapter.measure_schedule(sch, self.spec, self.settings, self.measure)
-        if not secs or min(secs) <= 0:
-            return None
-        return roofline.cost(roofline.roof_probe()).reduce / (statistics.median(secs) * 1e3)
-
-    def raise_roof(self, name: str) -> None:
-        """A kernel measured well above the roof: the probe timed once more (at most :data:`REPROBES` times a
-        session: a probe timed while the machine was slow for a moment sets the roof too low), then the roof the
-        fastest of the probe and the kernel."""
-        share = self.roof_share_of(name)
-        if share is None or share <= REPROBE_ABOVE:
-            return
-        rate = self.roof * share
-        if self.probes < REPROBES and self.probe is not None:
-            self.probes += 1
-            again = self.probe_rate(self.probe[0]) or 0.0
-            self.on_event(Roof(gflops=roofline.gflops(max(again, rate)), share=self.settings.roof_share,
-                               probe=self.probe[1], reason=f"timed again: {name} ran {share:.0%} of it"))
-            rate = max(again, rate)
-        self.roof = max(self.roof, rate)
-
-    def roof_share_of(self, name: str) -> float | None:
-        """The share of the roof ``name``'s best time reaches (None: no roof, or no time measured)."""
-        if self.roof is None:
-            return None
-        if name not in self.costs:
-            self.costs[name] = roofline.cost(self.plan.funcs[name])
-        return roofline.roof_share(self.costs[name], self.progress.get(name, {}).get("best_ms"), self.roof)
-
     def at_roof(self, name: str) -> bool:
-        share = self.roof_share_of(name)
-        return share is not None and share >= self.settings.roof_share > 0
+        return self.roof.reached(name, self.plan.funcs[name], self.progress.get(name, {}).get("best_ms"))
 
     def stop_at_roof(self, task: Task, done: int, budget: int) -> bool:
         """Whether ``task``'s search stops here: its best reaches the roof's share (recorded and said)."""
-        self.raise_roof(task.name)
-        if not self.at_roof(task.name):
+        func, best = self.plan.funcs[task.name], self.progress.get(task.name, {}).get("best_ms")
+        self.roof.raise_for(task.name, func, best, self.on_event)
+        if not self.roof.reached(task.name, func, best):
             return False
-        share = self.roof_share_of(task.name)
+        share = self.roof.share(task.name, func, best)
         self.progress[task.name]["at_roof"] = round(share, 3)
         self.db.save_progress(self.progress)
         self.on_event(AtRoof(task=task.name, done=done, share=share, left=max(0, budget - done)))
@@ -555,7 +497,6 @@ class Run:
         plan, settings, verified, progress = self.plan, self.settings, self.verified, self.progress
         out: set[str] = set()  # tasks whose search failed or ran dry in a round: no more rounds
         hashes = {name: adapter.workload_hash(func) for name, func in plan.funcs.items()}  # once, not every round
-        costs: dict = {}  # roofline: each task's work and bytes, counted at the first round
         while True:
             lats = adapter.trial_latencies_of(self.db.ms_dir, plan.funcs, hashes)
             left = total - sum(len(v) for v in lats.values())
@@ -566,7 +507,7 @@ class Run:
                 break
             floors = None
             if settings.scheduler == "roofline":  # the gap to each task's floor at the session's best rates
-                costs = costs or {n: roofline.cost(f) for n, f in plan.funcs.items()}
+                costs = {n: self.roof.cost(n, f) for n, f in plan.funcs.items()}  # counted once, kept by the meter
                 peaks = roofline.peaks(costs, {n: task_ms(n, verified, progress) for n in plan.funcs})
                 floors = {n: roofline.floor_ms(costs[n], peaks) / 1e3 if peaks else 0.0 for n in times}
             gains = round_gains(times, lats, settings.per_iter, floors)
