@@ -78,12 +78,12 @@ def floor_ms(c: Cost, p: Peaks) -> float:
 ROOF_PROBE = (480, 256, 192)
 
 
-def roof_probe():
-    """The PrimFunc of :data:`ROOF_PROBE`."""
+def roof_probe(dtype: str = "float32"):
+    """The PrimFunc of :data:`ROOF_PROBE`, in ``dtype`` (a float16 session's roof: twice the lanes)."""
     from tvm import te
 
     m, k, n = ROOF_PROBE
-    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    a, b = te.placeholder((m, k), name="A", dtype=dtype), te.placeholder((k, n), name="B", dtype=dtype)
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
     return te.create_prim_func([a, b, c])

@@ -87,9 +87,6 @@ def compile(
     _check_request(seed, dump_dir)
     knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
                  mcpu=mcpu, num_cores=num_cores, kept=kept, precision=precision)
-    if db is not None and precision.lower() != "fp32":
-        raise UnsupportedModelError(f"--precision {precision} with --db: tuning databases hold float32 kernels; drop "
-                                    "--db (the float16 kernels get register blocks untuned) or --precision")
     if db is not None:
         knobs = {**_from_db(db, knobs, other_target), "kept": "as the database was tuned"}
     rule = rule or _default_joins(db, knobs["target"], knobs["mcpu"], geometry)
@@ -137,10 +134,15 @@ def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
     if session is None:
         raise TuningError(f"{db} is not a tuning database (no session.json); create one with `agoc tune`")
     target, mcpu, num_cores = _tuned_target(db, session["target"], knobs["target"], knobs["mcpu"],
-                                            knobs["num_cores"], other_target)
+                                            knobs["num_cores"], other_target, tuned.precision)
+    asked = knobs["precision"].lower()
+    if asked != "fp32" and asked != tuned.precision:  # fp32 is the option's default: the database's then decides
+        raise UnsupportedModelError(f"--precision {asked} with --db {db}: its kernels were tuned in "
+                                    f"{tuned.precision}; tune them with `agoc tune --precision {asked}`, or drop "
+                                    "--precision (the database's is used)")
     return {**knobs, "partition": tuned.settings.partition, "layout": tuned.activation_layout,
-            "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "target": target, "mcpu": mcpu,
-            "num_cores": num_cores}
+            "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "precision": tuned.precision,
+            "target": target, "mcpu": mcpu, "num_cores": num_cores}
 
 
 def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db, rule: str, check: bool, samples):
@@ -306,9 +308,9 @@ def _check_device(spec, compiler):
 
 
 def _tuned_target(db: Path, tuned: dict, target: Optional[str], mcpu: Optional[str], num_cores: Optional[int],
-                  other: bool) -> tuple[str, Optional[str], Optional[int]]:
-    """compile --db: the target the database was tuned for (preset, mcpu, cores), or the one asked for when it
-    is the same target; another target only with ``other`` (--other-target)."""
+                  other: bool, precision: str = "fp32") -> tuple[str, Optional[str], Optional[int]]:
+    """compile --db: the target the database was tuned for (preset, mcpu, cores; in ``precision``), or the one asked
+    for when it is the same target; another target only with ``other`` (--other-target)."""
     from toolchain.errors import TargetError
     from toolchain.targets import preset_of, resolve_target
 
@@ -317,7 +319,7 @@ def _tuned_target(db: Path, tuned: dict, target: Optional[str], mcpu: Optional[s
         err_console.print(f"[dim]building for {preset} (mcpu {escape(str(tuned.get('mcpu')))}): the target "
                           f"{escape(str(db))} was tuned for[/dim]", soft_wrap=True)
         return preset, mcpu or tuned.get("mcpu"), num_cores or tuned.get("num-cores")
-    asked = resolve_target(target, mcpu=mcpu, num_cores=num_cores).tvm_target
+    asked = resolve_target(target, mcpu=mcpu, num_cores=num_cores, precision=precision).tvm_target
     keys = ("mtriple", "mcpu", "mattr")
     if any(asked.get(k) != tuned.get(k) for k in keys) and not other:
         raise TargetError(

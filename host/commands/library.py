@@ -71,4 +71,5 @@ def describe(library: Optional[object]) -> str:
         return "tuning without a record library: every kernel's search starts from its own model's schedules"
     counts = library.meta.get("counts", {})
     return (f"tuning from the record library {library.path} ({counts.get('kernels', 0)} kernels of "
-            f"{len(library.sources)} models, {library.key}): new kernels start from the schedules of kernels like them")
+            f"{len(library.sources)} models, {library.key}{', float16' if library.precision == 'fp16' else ''}): "
+            "new kernels start from the schedules of kernels like them")

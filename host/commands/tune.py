@@ -21,6 +21,7 @@ from host.options import (
     LayoutOpt,
     NoPrepackOpt,
     PadChannelsOpt,
+    PrecisionOpt,
     PopulationOpt,
     SchedulerOpt,
     ThresholdOpt,
@@ -115,6 +116,7 @@ def tune(
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
+    precision: PrecisionOpt = "fp32",
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
     started = time.monotonic()
@@ -127,6 +129,7 @@ def tune(
     if model is None or db is None:
         raise UnsupportedModelError("give MODEL and --db DIR (or --status DIR to look at a database)")
     where = _Where.of(device or [], tracker, key, rpc, target)
+    _check_precision(precision, where.target)
     parts, tile_cache, kept = partition_settings(partition, threshold, keep_inside, where.target, None, geometry)
     _check_databases(db, base)
     default_budget = trials is None and time_limit is None
@@ -144,7 +147,7 @@ def tune(
         seed=seed, cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
         transfer=transfer, population=population, search_threads=search_threads, roof_share=roof,
     )
-    proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math)
+    proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math, precision)
     _describe(label, db, where, settings, spec, kept)
     if default_budget:
         err_console.print(f"[dim]tuning with no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever "
@@ -218,6 +221,14 @@ def _check(scheduler: str, transfer: int, population: int, per_iter: int, warmup
         raise UnsupportedModelError("--max-spread must be above 0 and --cooldown 0 or more")
 
 
+def _check_precision(precision: str, target: Optional[str]) -> None:
+    """``--precision`` checked against where the candidates run, before the model is even loaded."""
+    from toolchain.targets import PRESETS_BY_NAME, check_precision
+
+    if target in PRESETS_BY_NAME:
+        check_precision(precision, PRESETS_BY_NAME[target])
+
+
 def _check_databases(db: Path, base: Optional[Path]) -> None:
     from toolchain import tune as tuning
 
@@ -227,8 +238,10 @@ def _check_databases(db: Path, base: Optional[Path]) -> None:
                                  "`agoc tune` made")
 
 
-def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_channels: bool, fast_math: bool):
-    """(ModelProto, name, legalized module, target spec): the model as the devices will run it."""
+def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_channels: bool, fast_math: bool,
+               precision: str = "fp32"):
+    """(ModelProto, name, legalized module, target spec): the model as the devices will run it (in
+    ``precision``: an fp16 session tunes the float16 kernels an fp16 build runs)."""
     from toolchain import frontend
     from toolchain.targets import resolve_target
 
@@ -236,7 +249,8 @@ def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_ch
     cores = None
     if where.devices and where.devices[0].kind != "local":
         cores = where.devices[0].describe().get("cores")
-    spec = resolve_target(where.target, num_cores=cores, layout=layout, pad_channels=pad_channels, fast_math=fast_math)
+    spec = resolve_target(where.target, num_cores=cores, layout=layout, pad_channels=pad_channels, fast_math=fast_math,
+                          precision=precision)
     return proto, label, frontend.prepare(proto, spec, overrides)[0], spec
 
 
@@ -252,7 +266,8 @@ def _describe(label: str, db: Path, where: _Where, s, spec, kept: str = "") -> N
         f"weights {'cold' if s.cold_weights else 'warm'}"
         f"{', prepacked' if s.prepack else ', not prepacked'}"
         f"{f', seeds from up to {s.transfer} similar kernels' if s.transfer else ', every search from scratch'}"
-        f"{'' if spec.pad_channels else ', channels not padded'}, target {escape(json.dumps(spec.tvm_target))}[/dim]",
+        f"{'' if spec.pad_channels else ', channels not padded'}{', float16' if spec.precision == 'fp16' else ''}"
+        f", target {escape(json.dumps(spec.tvm_target))}[/dim]",
         soft_wrap=True,
     )
 

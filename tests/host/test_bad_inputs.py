@@ -238,6 +238,12 @@ def full(name: str, fill: bool = True):
     return setup
 
 
+#: the session of a database tuned for linux-arm64 in float32 (what compile --db reads before the model)
+ARM_SESSION = json.dumps({"schema": "agoc.tunedb/1", "model_sha256": "0" * 64, "settings": {},
+                          "target": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
+                                     "mattr": ["+neon"], "num-cores": 4}})
+
+
 def tune_db(session: str):
     def setup(e: Env):
         (e.t / "db").mkdir()
@@ -414,8 +420,8 @@ def _compile_cases():
         case("compile-unknown-layout", ["compile", "{model}", *OUT, "--layout", "NWHC"], "layout"),
         case("compile-unknown-partition", ["compile", "{model}", *OUT, "--partition", "greedy"], "partition"),
         case("compile-unknown-precision", ["compile", "{model}", *OUT, "--precision", "bf16"], "unknown precision"),
-        case("compile-fp16-with-db", ["compile", "{model}", *OUT, "--target", "linux-arm64", "--precision", "fp16",
-                                      "--db", "{t}/nodb"], "tuning databases hold float32 kernels"),
+        case("compile-fp16-with-an-fp32-db", ["compile", "{model}", *OUT, "--precision", "fp16", "--db", "{t}/db"],
+             "tuned in fp32; tune them with `agoc tune --precision fp16`", tune_db(ARM_SESSION)),
         *([case("compile-fp16-on-x86", ["compile", "{model}", *OUT, "--precision", "fp16"], "needs FP16 arithmetic")]
           if platform.machine() == "x86_64" else []),
         case("compile-num-cores-zero", ["compile", "{model}", *OUT, "--num-cores", "0"], "--num-cores"),
@@ -619,6 +625,9 @@ def _tune_cases():
         case("tune-db-read-only", ["tune", "{model}", "--db", "{t}/ro/db"], "db", read_only("ro")),
         case("tune-db-corrupt-session", [*TUNE], "corrupt", tune_db("{not json")),
         case("tune-db-session-is-a-list", [*TUNE], "session.json", tune_db("[]")),
+        case("tune-unknown-precision", [*TUNE, "--precision", "fp8"], "unknown precision"),
+        *([case("tune-fp16-on-x86", [*TUNE, "--precision", "fp16"], "needs FP16 arithmetic")]
+          if platform.machine() == "x86_64" else []),
         case("tune-trials-zero", [*TUNE, "--trials", "0"], "--trials"),
         case("tune-trials-negative", [*TUNE, "--trials", "-5"], "--trials"),
         case("tune-per-iter-zero", [*TUNE, "--per-iter", "0"], "--per-iter"),

@@ -157,6 +157,32 @@ def test_tune_on_qemu_through_rpc_then_compile_and_verify(cli, runners, sandboxe
 
 
 @pytest.mark.e2e
+def test_a_float16_session_on_qemu_tunes_the_float16_kernels_and_compile_builds_them(cli, runners, sandboxes):
+    """`tune --precision fp16` through RPC: the session records its precision, the kernels it tunes and verifies are
+    the float16 ones (ARMv8.2-A arithmetic, run by qemu), and `compile --db` builds them in float16 without being
+    told, checked and verified under qemu within float16's tolerance."""
+    from toolchain.tune.db import TuneDB
+
+    db = sandboxes / "db16"
+    result = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", "--precision", "fp16", *TUNE_ARGS)
+    assert result.exit_code == 0, result.stderr
+    assert "float16" in result.stderr
+    tuned = TuneDB(db)
+    assert tuned.precision == "fp16" and "+fullfp16" in tuned.session["target"]["mattr"]
+    assert "float16" in (tuned.ms_dir / "database_workload.json").read_text()
+    assert tuned.verified and all(v["status"] == "verified" for v in tuned.verified.values()), tuned.verified
+    again = cli("tune", "zoo:tiny-cnn", "--db", db, "--device", "qemu", *TUNE_ARGS)  # fp32 into an fp16 database
+    assert again.exit_code == 1 and "--precision fp16" in again.stderr
+    out = sandboxes / "art16"
+    built = cli("compile", "zoo:tiny-cnn", "--db", db, "-o", out)
+    assert built.exit_code == 0, built.stderr
+    assert "float16" in built.stderr and "tuned" in built.stdout and "checked on qemu" in built.stdout
+    assert json.loads((out / "manifest.json").read_text())["target"]["precision"] == "fp16"
+    result = cli("verify", out, "--device", "qemu", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["passed"], result.stdout + result.stderr
+
+
+@pytest.mark.e2e
 def test_two_devices_share_one_tuning_run(cli, runners, sandboxes, phone):
     """The qemu device and an adb phone (both linux-arm64) on one private tracker, one run; a join
     and its minis are timed against each other on one of them, never across the two."""

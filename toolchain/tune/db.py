@@ -99,14 +99,16 @@ class TuneDB:
             existing["layout"] = self.activation_layout
             existing["pad_channels"] = self.channel_padding
             existing["fast_math"] = self.fast_math
+            existing["precision"] = self.precision
             session = {**session, "layout": session.get("layout", "NCHW"),
-                       "pad_channels": session.get("pad_channels", False), "fast_math": session.get("fast_math", False)}
+                       "pad_channels": session.get("pad_channels", False), "fast_math": session.get("fast_math", False),
+                       "precision": session.get("precision", "fp32")}
             unknown = sorted(known_settings(existing["settings"]) - known_settings(TuneSettings().to_json()))
             if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
                 raise TuningError(
                     f"{self.root} was tuned by a newer agoc, with settings this one does not know "
                     f"({', '.join(unknown)}); upgrade agoc, or use another --db")
-            for key in ("model_sha256", "target", "layout", "pad_channels", "fast_math", "settings"):
+            for key in ("model_sha256", "precision", "target", "layout", "pad_channels", "fast_math", "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((settings_but_trials(existing[key]), settings_but_trials(session[key]))
@@ -114,7 +116,8 @@ class TuneDB:
                 if old != now:
                     same = {"layout": f" (--layout {existing[key]})",
                             "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})",
-                            "fast_math": f" ({'--fast-math' if existing[key] else '--exact-math'})"}
+                            "fast_math": f" ({'--fast-math' if existing[key] else '--exact-math'})",
+                            "precision": f" (--precision {existing[key]})"}
                     differ = (_setting_changes(old, now) if key == "settings"
                               else f"{_short(existing[key])} vs {_short(session[key])}")
                     raise TuningError(
@@ -150,6 +153,12 @@ class TuneDB:
         """Whether the session's kernels compute transcendental ops with fast polynomials (``--fast-math``
         on a model with such ops, toolchain/fastmath.py; a database made before the setting: no)."""
         return bool((self.session or {}).get("fast_math", False))
+
+    @property
+    def precision(self) -> str:
+        """What the session's kernels compute in (``--precision``: fp32 or fp16, toolchain/targets.py PRECISIONS;
+        a database made before the setting: fp32)."""
+        return str((self.session or {}).get("precision", "fp32"))
 
     @property
     def tasks(self) -> list[Task]:

@@ -63,7 +63,7 @@ def default_for(spec) -> Path | None:
         meta = json.loads((path / LIBRARY_JSON).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return path if meta.get("layout") == spec.layout else None
+    return path if (meta.get("layout"), meta.get("precision", "fp32")) == (spec.layout, spec.precision) else None
 
 
 # ----------------------------------------------------------------------------- one kernel's record
@@ -182,8 +182,10 @@ def read_database(db_dir: Path) -> tuple[dict, list[Entry]]:
                                 samples))
     source = {"model_sha256": sha, "database": str(db_dir), "settings": db.settings.to_json(),
               "layout": db.activation_layout, "pad_channels": db.channel_padding, "fast_math": db.fast_math,
-              "num_cores": session.get("target", {}).get("num-cores"), "kernels": len(entries)}
-    return {"source": source, "target": session.get("target", {}), "layout": db.activation_layout}, entries
+              "precision": db.precision, "num_cores": session.get("target", {}).get("num-cores"),
+              "kernels": len(entries)}
+    return ({"source": source, "target": session.get("target", {}), "layout": db.activation_layout,
+             "precision": db.precision}, entries)
 
 
 # ----------------------------------------------------------------------------- the library
@@ -221,6 +223,11 @@ class Library:
         return self.meta["layout"]
 
     @property
+    def precision(self) -> str:
+        """What its kernels compute in (``--precision``; a library made before the setting: fp32)."""
+        return self.meta.get("precision", "fp32")
+
+    @property
     def device(self) -> str:
         return self.meta.get("device", "local")
 
@@ -235,16 +242,16 @@ class Library:
         return found[0] if found else None
 
     def serves(self, spec) -> bool:
-        """Whether its schedules are for ``spec``'s target (:func:`target_key`) and activation layout."""
-        return self.key == target_key(spec.tvm_target) and self.layout == spec.layout
+        """Whether its schedules are for ``spec``'s target (:func:`target_key`), activation layout and precision."""
+        return (self.key, self.layout, self.precision) == (target_key(spec.tvm_target), spec.layout, spec.precision)
 
     def check(self, spec) -> None:
         """Raise :class:`LibraryError` unless the library :meth:`serves` ``spec``."""
         if not self.serves(spec):
             raise LibraryError(
-                f"the record library {self.path} holds schedules for {self.key} ({self.layout}), not for "
-                f"{target_key(spec.tvm_target)} ({spec.layout}): give --library one made for this target, "
-                "or use none (tune --no-library, compile --untuned sampled)")
+                f"the record library {self.path} holds schedules for {self.key} ({self.layout}, {self.precision}), "
+                f"not for {target_key(spec.tvm_target)} ({spec.layout}, {spec.precision}): give --library one made "
+                "for this target and precision, or use none (tune --no-library, compile --untuned sampled)")
 
     # its records
     @property
@@ -383,6 +390,7 @@ def build(databases: list[Path], out: Path, device: str = "local", command: str 
         meta.setdefault("target", found["target"])
         meta.setdefault("target_key", target_key(found["target"]))
         meta.setdefault("layout", found["layout"])
+        meta.setdefault("precision", found["precision"])
         meta["sources"] = [s for s in meta["sources"] if (s["model_sha256"], s["database"]) !=
                            (found["source"]["model_sha256"], found["source"]["database"])] + [found["source"]]
         for e in new:
@@ -471,6 +479,9 @@ def _check_same(meta: dict, found: dict, db_dir: Path, out: Path) -> None:
     if found["layout"] != meta["layout"]:
         raise LibraryError(f"{db_dir} was tuned in layout {found['layout']}, the library {out} holds "
                            f"{meta['layout']}: one layout per library; give it another --out")
+    if found["precision"] != meta.get("precision", "fp32"):
+        raise LibraryError(f"{db_dir} was tuned in {found['precision']}, the library {out} holds "
+                           f"{meta.get('precision', 'fp32')} kernels: one precision per library; give it another --out")
 
 
 def _write(out: Path, meta: dict, entries: dict[str, Entry]) -> None:

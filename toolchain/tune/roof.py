@@ -34,8 +34,10 @@ class RoofMeter:
             return
         from toolchain.tune.untuned import block_schedule
 
-        sch, shape = block_schedule(roofline.roof_probe(), self.spec)
-        name = f"a {'×'.join(map(str, roofline.ROOF_PROBE))} matmul" + (f" in {shape} register blocks" if shape else "")
+        dtype = "float16" if getattr(self.spec, "precision", "fp32") == "fp16" else "float32"
+        sch, shape = block_schedule(roofline.roof_probe(dtype), self.spec)
+        name = (f"a {'×'.join(map(str, roofline.ROOF_PROBE))} {'float16 ' if dtype == 'float16' else ''}matmul"
+                + (f" in {shape} register blocks" if shape else ""))
         rate = max((r for r in (self.time(sch) for _ in range(2)) if r), default=None) if sch is not None else None
         if rate is None:
             on_event(Roof(gflops=None, share=self.settings.roof_share, probe=name,

@@ -128,7 +128,8 @@ def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: P
     db = TuneDB(db_dir)
     db.open_session(
         {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
-         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "settings": settings.to_json()}
+         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "precision": spec.precision,
+         "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)
     db.follow_renames(plan.funcs)
