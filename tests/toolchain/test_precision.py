@@ -71,7 +71,7 @@ def test_a_database_keeps_the_precision_it_was_tuned_in(tmp_path):
     db.open_session(_session(half, "fp16"))
     assert db.precision == "fp16"
     db.open_session(_session(half, "fp16"))  # resumed in the same precision
-    with pytest.raises(TuningError, match=r"different precision \(fp16 vs fp32\).*--precision fp16"):
+    with pytest.raises(TuningError, match=r"different precision \(\"fp16\" vs \"fp32\"\).*--precision fp16"):
         db.open_session(_session(single, "fp32"))
     old = TuneDB(tmp_path / "old")  # made before the setting: float32, and resumed so
     old.open_session(_session(single, None))
@@ -100,7 +100,7 @@ def test_a_float16_sessions_roof_is_a_float16_matmul_with_a_register_block():
     from toolchain.tune.untuned import block_schedule
 
     probe = roofline.roof_probe("float16")
-    assert {str(probe.buffer_map[p].dtype) for p in probe.params} == {"float16"}
+    assert {str(p.ty.dtype) for p in probe.params} == {"float16"}
     sch, shape = block_schedule(probe, resolve_target("linux-arm64", precision="fp16"))
     assert sch is not None and shape.count("×") == 2
     assert "float16" in sch.mod.script()
