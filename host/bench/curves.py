@@ -8,6 +8,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -69,11 +70,17 @@ def loo_library(model: str, spec, out: Path):
     packaged = library.default_for(spec)
     if packaged is None:
         return None
+    return library.subset(library.Library.load(packaged), out, lambda source: not tuned_on(model, source))
 
-    def other(source: dict) -> bool:
-        return f"zoo:{model}@" not in source.get("command", "") and Path(source.get("database", "")).name != model
 
-    return library.subset(library.Library.load(packaged), out, other)
+def tuned_on(model: str, source: dict) -> bool:
+    """Whether a library's source (a database it was built from) tuned ``model`` (a zoo name), at any input size:
+    its command names ``zoo:MODEL@``, or its database is named after it (``mobilenet-v2``, ``mobilenet-v2-112.db``,
+    ``rerun-squeezenet-1.1-112.db``; not ``mobilenet-v3-small-112.db`` for ``mobilenet-v2``)."""
+    if f"zoo:{model}@" in (source.get("command") or ""):
+        return True
+    name = Path(source.get("database") or "").name
+    return re.search(rf"(^|[-_]){re.escape(model)}([-_.@]|$)", name) is not None
 
 
 # ----------------------------------------------------------------------------- timing a build

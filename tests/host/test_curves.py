@@ -90,6 +90,19 @@ def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full
     assert library.subset(full, tmp_path / "none", lambda s: False) is None and not (tmp_path / "none").exists()
 
 
+@pytest.mark.parametrize("model, source, tuned", [
+    ("mobilenet-v2", {"database": "build/library-dbs/mobilenet-v2"}, True),
+    ("mobilenet-v2", {"database": "/tmp/t15/mobilenet-v2-112.db", "command": None}, True),  # no command recorded
+    ("mobilenet-v2", {"database": "/tmp/t15/mobilenet-v3-small-112.db"}, False),
+    ("squeezenet-1.1", {"database": "/tmp/t15/rerun-squeezenet-1.1-112.db"}, True),
+    ("mnasnet", {"database": "db", "command": "agoc tune zoo:mnasnet@1x3x56x56 --db db"}, True),
+    ("mnasnet", {"database": "mnasnet2"}, False),
+])
+def test_a_library_source_is_the_models_by_its_command_or_its_databases_name(model, source, tuned):
+    """Leave-one-out must leave out every size of the model: a database tuned at 112 for a curve at 224 too."""
+    assert curves.tuned_on(model, source) is tuned
+
+
 def test_the_stock_build_with_no_records_becomes_an_artifact_that_verifies(cli, tmp_path):
     from toolchain.artifact import load_artifact
     from toolchain.targets import resolve_target
