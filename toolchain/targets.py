@@ -113,6 +113,8 @@ PRECISIONS = {
     "fp16": "float16 weights, activations and accumulators (ARMv8.2-A FP16 arithmetic: the ARM presets only); "
             "half the weight bytes, twice the lanes per NEON register, outputs within 2 % of their largest value",
 }
+#: what a precision's convs and matmuls compute in (a PrimFunc's dtype)
+DTYPES = {"fp32": "float32", "fp16": "float16"}
 #: the LLVM feature an fp16 build turns on (every ARMv8.2-A core: Cortex-A55, A75 and later)
 FP16_MATTR = "+fullfp16"
 

@@ -32,11 +32,12 @@ class RoofMeter:
         measurement may run at half the rate (said; a probe that does not build or run leaves the rate None)."""
         if self.settings.roof_share <= 0:
             return
+        from toolchain.targets import DTYPES
         from toolchain.tune.untuned import block_schedule
 
-        dtype = "float16" if getattr(self.spec, "precision", "fp32") == "fp16" else "float32"
+        dtype = DTYPES[getattr(self.spec, "precision", "fp32")]
         sch, shape = block_schedule(roofline.roof_probe(dtype), self.spec)
-        name = (f"a {'×'.join(map(str, roofline.ROOF_PROBE))} {'float16 ' if dtype == 'float16' else ''}matmul"
+        name = (f"a {'×'.join(map(str, roofline.ROOF_PROBE))} {'' if dtype == 'float32' else dtype + ' '}matmul"
                 + (f" in {shape} register blocks" if shape else ""))
         rate = max((r for r in (self.time(sch) for _ in range(2)) if r), default=None) if sch is not None else None
         if rate is None:
