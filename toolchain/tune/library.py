@@ -55,7 +55,8 @@ def target_key(tvm_target: dict) -> str:
 
 
 def default_for(spec) -> Path | None:
-    """The packaged library for ``spec``'s target and layout (``library/<target key>/``), None if there is none."""
+    """The packaged library for ``spec``'s target, layout and precision (``library/<target key>/``, one that
+    :meth:`Library.serves` it), None if there is none."""
     path = PACKAGED / target_key(spec.tvm_target)
     if not (path / LIBRARY_JSON).is_file():
         return None
@@ -63,7 +64,7 @@ def default_for(spec) -> Path | None:
         meta = json.loads((path / LIBRARY_JSON).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return path if (meta.get("layout"), meta.get("precision", "fp32")) == (spec.layout, spec.precision) else None
+    return path if isinstance(meta, dict) and "target_key" in meta and Library(path, meta).serves(spec) else None
 
 
 # ----------------------------------------------------------------------------- one kernel's record
