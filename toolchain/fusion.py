@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from toolchain.concat import InPlace
 from toolchain.errors import BuildError
 from toolchain.opgraph import extern_reason
 
@@ -30,6 +31,13 @@ def _rebuild(value, subst, relax):
     return relax.Call(value.op, [gv, relax.Tuple(fields), *rest], value.attrs, value.ty_args)
 
 
+def _call_args(value, relax) -> list:
+    """The arguments of a ``call_tir`` binding value ([] for anything else)."""
+    if isinstance(value, relax.Call) and len(value.args) > 1 and isinstance(value.args[1], relax.Tuple):
+        return list(value.args[1].fields)
+    return []
+
+
 def _group_name(bindings, mod, relax, used: set[str], index: int) -> str:
     prims = [b.value.args[0].name_hint for b in bindings if isinstance(b.value, relax.Call)]
     base = "fused_" + "_".join(prims) if prims else f"group{index}"
@@ -42,8 +50,9 @@ def _group_name(bindings, mod, relax, used: set[str], index: int) -> str:
     return name
 
 
-def outline_groups(mod, groups: Sequence[Sequence[str]]):
-    """Return ``mod`` with ``main`` calling one ``Primitive`` function per group (before FuseTIR)."""
+def outline_groups(mod, groups: Sequence[Sequence[str]], concat_in_place: bool = True):
+    """Return ``mod`` with ``main`` calling one ``Primitive`` function per group (before FuseTIR); a concatenation
+    that is only a group's result written in place (toolchain/concat.py) unless ``concat_in_place`` is False."""
     from tvm import relax
 
     main = mod["main"]
@@ -59,6 +68,7 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
     escaping = _escaping(bindings, binding_group, group_of_var, [main.body.body] + [b.value for b in glue], relax)
 
     builder = relax.BlockBuilder(mod)
+    concats = InPlace(mod, builder) if concat_in_place else None
     main_subst: dict[str, object] = {p.name: p for p in main.params}  # old var name -> new var in main
     main_bindings = []
     used_names: set[str] = set()
@@ -74,7 +84,7 @@ def outline_groups(mod, groups: Sequence[Sequence[str]]):
         if not outputs:
             raise BuildError(f"group {gi} has no output used outside it; partition is not a cover of main")
         name = _group_name(members, mod, relax, used_names, gi)
-        main_bindings += _outline(members, outputs, name, builder, main_subst, relax)
+        main_bindings += _outline(members, outputs, name, builder, main_subst, relax, concats)
     return _with_main(builder.get(), main, main_bindings, glue, main_subst, relax)
 
 
@@ -143,12 +153,17 @@ class _Lifter:
         return expr
 
 
-def _outline(members, outputs, name: str, builder, main_subst: dict, relax) -> list:
-    """Outline one group's bindings into a ``Primitive`` function named ``name``; main's bindings that call it."""
+def _outline(members, outputs, name: str, builder, main_subst: dict, relax, concats=None) -> list:
+    """Outline one group's bindings into a ``Primitive`` function named ``name``; main's bindings that call it. A
+    concatenation that only leaves the group is written in place (``concats``, toolchain/concat.py)."""
     lift = _Lifter(main_subst, relax)
     new_bindings = []
+    mine = {b.var.name for b in members}
+    read = {v.name for b in members for v in _used_vars(b.value, relax)}
     for b in members:
         value = _rebuild(b.value, lift, relax)
+        if concats is not None and b.var.name not in read and any(b.var.same_as(o) for o in outputs):
+            value = concats.rewrite(value, [getattr(a, "name", None) in mine for a in _call_args(b.value, relax)])
         single_output = len(outputs) == 1 and b.var.same_as(outputs[0])
         var = (relax.Var if single_output else relax.DataflowVar)(b.var.name, b.var.ty)
         lift.inner[b.var.name] = var
@@ -215,13 +230,13 @@ def _substitute_result(result, subst, relax):
     raise BuildError(f"unsupported main result expression {type(result).__name__}")
 
 
-def fuse_groups(mod, groups: Sequence[Sequence[str]], spec):
+def fuse_groups(mod, groups: Sequence[Sequence[str]], spec, concat_in_place: bool = True):
     """Outline the groups and run FuseTIR (+ dead code elimination of the unfused PrimFuncs)."""
     import tvm
     from tvm import relax
 
     try:
-        outlined = outline_groups(mod, groups)
+        outlined = outline_groups(mod, groups, concat_in_place)
         with spec.tvm():
             return tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(
                 outlined

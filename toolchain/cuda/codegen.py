@@ -467,7 +467,7 @@ def fused(legalized, plan, target: CudaTarget, max_feedback: int = 20) -> Schedu
     notes: list = []
     facts = None  # the op graph's consumers and op types, when a group's reductions are to be peeled
     for _ in range(max_feedback + 1):
-        mod = fusion.fuse_groups(legalized, plan.group_lists, target)
+        mod = fusion.fuse_groups(legalized, plan.group_lists, target, concat_in_place=False)  # one block per output
         names = _call_order(mod)
         if len(names) != len(plan.groups):
             raise BuildError(f"expected one kernel per group ({len(plan.groups)}), found {len(names)} calls")

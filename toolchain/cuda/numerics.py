@@ -66,5 +66,5 @@ def check_fused_llvm(legalized, plan, args: list[np.ndarray]) -> Comparison:
     from toolchain import fusion
     from toolchain.cuda.compile import _HostSpec
 
-    fused = fusion.fuse_groups(legalized, plan.group_lists, _HostSpec())
+    fused = fusion.fuse_groups(legalized, plan.group_lists, _HostSpec(), concat_in_place=False)  # as codegen
     return compare(run(fused, args), run(legalized, args))

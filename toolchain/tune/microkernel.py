@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from toolchain.concat import is_view
+
 
 @dataclass(frozen=True)
 class VectorUnit:
@@ -149,7 +151,8 @@ def matmul_like(func) -> MatmulLike | None:
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
-    if len(reducing) != 1 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
+    if len(reducing) != 1 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) and not is_view(b.name_hint)
+                                 for b in blocks):
         return None
     at = reducing[0]
     block = blocks[at]
@@ -190,6 +193,8 @@ def matmul_like(func) -> MatmulLike | None:
     end = at + 1
     while end < len(blocks) and _is_elementwise(blocks[end], spatial_extents, blocks[at:end]):
         end += 1
+        if _stores_a_slice(blocks[end - 1]):  # into the kernel's result (a concatenation): nothing reads it after
+            break
     if any(int(iv.iter_type) == 2 for b in blocks[end:] for iv in b.iter_vars):
         return None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
@@ -219,20 +224,38 @@ def _moves(value) -> bool:
 
 
 def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
-    """A spatial block over the reduction's output domain (``extents``) whose store, and every load of a buffer the
-    ``chain`` before it writes, is indexed by its iter vars in order (bias, activation, residual add; not a slice,
-    a concatenation or a transpose, whose domain or indices differ)."""
+    """A spatial block over the reduction's output domain (``extents``) that reads what the ``chain`` before it
+    writes, every such load indexed by its iter vars in order, and stores there too (bias, activation, residual add)
+    or at a constant offset (its slice of a concatenation written in place); not a slice, a concatenation's
+    select or a transpose, whose domain or indices differ, nor a block of another input alone."""
     if any(int(iv.iter_type) == 2 for iv in block.iter_vars) or not _is(block.body, STORES):
         return False
     if tuple(int(iv.dom.extent) for iv in block.iter_vars) != extents:
         return False
     order = [iv.var.name for iv in block.iter_vars]
     written = {w.source.__chandle__() for b in chain for w in b.writes}
+    reads_chain = False
     for load in _loads(block.body.value):
         source = getattr(load, "buffer", None) or getattr(load, "source", None)
-        if source.__chandle__() in written and [getattr(i, "name", None) for i in load.indices] != order:
-            return False
-    return [getattr(i, "name", None) for i in block.body.indices] == order
+        if source.__chandle__() in written:
+            if [getattr(i, "name", None) for i in load.indices] != order:
+                return False
+            reads_chain = True
+    return reads_chain and [_offset_var(i)[0] for i in block.body.indices] == order
+
+
+def _offset_var(index) -> tuple[str | None, int]:
+    """(the var, the constant offset) of a store index ``v`` or ``v + c`` (a slice of a concatenation written in
+    place, toolchain/concat.py); (None, 0) for anything else."""
+    if _is(index, "Var"):
+        return index.name, 0
+    if _is(index, "Add") and _is(index.a, "Var") and _is(index.b, "IntImm"):
+        return index.a.name, int(index.b.value)
+    return None, 0
+
+
+def _stores_a_slice(block) -> bool:
+    return any(_offset_var(i)[1] for i in block.body.indices)
 
 
 def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
@@ -314,7 +337,10 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
 def _pass(sch, name: str, lanes: int) -> None:
     """Block ``name`` as a pass of its own: its outer loops fused and parallel, its innermost vectorised where it
     divides into vectors."""
-    *outer, last = sch.get_loops(sch.get_sblock(name))
+    block = sch.get_sblock(name)
+    if is_view(name):  # a concatenation's copy into a view of its slice (toolchain/concat.py): the loops inside
+        block = sch.get_child_blocks(block)[0]
+    *outer, last = sch.get_loops(block)
     if outer:
         sch.parallel(sch.fuse(*outer))
     if int(sch.get(last).extent) % lanes == 0:

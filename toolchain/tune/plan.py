@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from toolchain import build, fusion, partition, reform
+from toolchain.concat import CONCAT_BLOCK
 from toolchain.opgraph import OpGraph, OpNode, block_nests, op_graph
 from toolchain.tune import budget
 from toolchain.tune.settings import Task, TuneSettings
@@ -181,17 +182,38 @@ def map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], m
     PrimFunc's blocks (renamed on clashes), so the k-th block of an op in one kernel is the k-th
     block of the same op in the other.
     """
-    sizes = {n.id: len(n.blocks) for n in graph.nodes}
     mini_blocks, joined_blocks = block_names(mini_func), block_names(joined_func)
-    if sum(sizes[n] for n in mini) != len(mini_blocks) or sum(sizes[n] for n in joined) != len(joined_blocks):
+    mini_sizes, joined_sizes = _sizes(graph, mini, mini_blocks), _sizes(graph, joined, joined_blocks)
+    if mini_sizes is None or joined_sizes is None:
         return {}  # layout differs from the assumption: no composition for this mini
     start, offset = {}, 0
     for n in joined:
         start[n] = offset
-        offset += sizes[n]
+        offset += joined_sizes[n]
     mapping, offset = {}, 0
     for n in mini:
-        for k in range(sizes[n]):
-            mapping[mini_blocks[offset + k]] = joined_blocks[start[n] + k]
-        offset += sizes[n]
+        mine, theirs = mini_blocks[offset:offset + mini_sizes[n]], joined_blocks[start[n]:start[n] + joined_sizes[n]]
+        if any(b.startswith(f"{CONCAT_BLOCK}_") for b in mine + theirs):  # a concatenation's copies, input by
+            # input, onto the same input's (none onto a concatenation the join reads, one select block)
+            mapping.update({b: b for b in mine if b in theirs})
+        else:
+            mapping.update(zip(mine, theirs))
+        offset += mini_sizes[n]
     return mapping
+
+
+def _sizes(graph: OpGraph, members: tuple[str, ...], blocks: list[str]) -> dict | None:
+    """Each member op's count of blocks in its kernel (``blocks``, program order): its own PrimFunc's, but for a
+    concatenation written in place (toolchain/concat.py): its copies, the blocks named after its block that follow;
+    None where they do not add up."""
+    nodes = {n.id: n for n in graph.nodes}
+    sizes, at = {}, 0
+    for n in members:
+        size = len(nodes[n].blocks)
+        if [b.block for b in nodes[n].blocks] == [CONCAT_BLOCK]:
+            copies = 0
+            while at + copies < len(blocks) and blocks[at + copies].startswith(f"{CONCAT_BLOCK}_"):
+                copies += 1
+            size = copies or size
+        sizes[n], at = size, at + size
+    return sizes if at == len(blocks) else None
