@@ -185,3 +185,31 @@ def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli
     seen.clear()
     cli("tune", "zoo:tiny-cnn", "--db", tmp_path / "db3", "--no-library", "--time", "5m")
     assert seen["open_ended"] and 4 * 60 < seen["left"] <= 5 * 60  # the time alone is the budget
+
+
+@pytest.mark.parametrize("ours, ort, disturbed, why", [
+    ({"warm": 3.9, "cold": 4.8}, {"warm": 4.4, "cold": 5.9}, {}, ""),
+    ({"warm": 6.82, "cold": 3.74}, {"warm": 4.84, "cold": 4.19}, {}, "agoc 6.820 ms warm against 3.740 cold"),
+    ({"warm": 3.9, "cold": 4.8}, {"warm": 9.0, "cold": 4.0}, {}, "onnxruntime 9.000 ms warm"),
+    ({"warm": 3.9, "cold": 4.8}, {"warm": 4.4, "cold": 5.9}, {"cold": {"agoc": 2}}, "2 round(s) timed while other"),
+])
+def test_a_checkpoints_timing_is_suspect_when_its_rounds_were_disturbed_or_warm_is_far_above_cold(
+        ours, ort, disturbed, why):
+    found = curves.suspect(ours, ort, disturbed)
+    assert found.startswith(why) if why else found == ""
+
+
+def test_a_suspect_timing_is_taken_again_once_and_the_note_says_why(monkeypatch):
+    from host.bench import against
+
+    timings = iter([({"warm": 6.8, "cold": 3.7}, {"warm": 4.8, "cold": 4.2}),
+                    ({"warm": 3.9, "cold": 4.8}, {"warm": 4.4, "cold": 5.9})])
+
+    def compare(*_a, **_k):
+        ours, ort = next(timings)
+        return against.Comparison(2, 1, 1, {r: {"agoc": ours[r], "onnxruntime": ort[r]} for r in ours}, {}, {}, {})
+
+    monkeypatch.setattr(against, "compare", compare)
+    ours, ort, note = curves.measure("artifact", 2, 1, 1)
+    assert ours == {"warm": 3.9, "cold": 4.8} and ort["warm"] == 4.4
+    assert note == "timed again: agoc 6.800 ms warm against 3.700 cold"
