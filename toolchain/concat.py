@@ -13,9 +13,14 @@ from dataclasses import dataclass
 CONCAT_BLOCK = "T_concat"
 
 
+def is_copy(block: str) -> bool:
+    """Whether ``block`` is one of an in-place concatenation's blocks (:func:`in_place`: a copy, or a view's)."""
+    return block.startswith(f"{CONCAT_BLOCK}_")
+
+
 def is_view(block: str) -> bool:
     """Whether ``block`` is the opaque block of a copy into a view of its slice (:func:`in_place`)."""
-    return block.startswith(f"{CONCAT_BLOCK}_") and block.endswith("_view")
+    return is_copy(block) and block.endswith("_view")
 
 
 @dataclass(frozen=True)

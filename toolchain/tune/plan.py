@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from toolchain import build, fusion, partition, reform
-from toolchain.concat import CONCAT_BLOCK
+from toolchain.concat import CONCAT_BLOCK, is_copy
 from toolchain.opgraph import OpGraph, OpNode, block_nests, op_graph
 from toolchain.tune import budget
 from toolchain.tune.settings import Task, TuneSettings
@@ -193,7 +193,7 @@ def map_blocks(graph: OpGraph, mini: tuple[str, ...], joined: tuple[str, ...], m
     mapping, offset = {}, 0
     for n in mini:
         mine, theirs = mini_blocks[offset:offset + mini_sizes[n]], joined_blocks[start[n]:start[n] + joined_sizes[n]]
-        if any(b.startswith(f"{CONCAT_BLOCK}_") for b in mine + theirs):  # a concatenation's copies, input by
+        if any(is_copy(b) for b in mine + theirs):  # a concatenation's copies, input by
             # input, onto the same input's (none onto a concatenation the join reads, one select block)
             mapping.update({b: b for b in mine if b in theirs})
         else:
@@ -212,7 +212,7 @@ def _sizes(graph: OpGraph, members: tuple[str, ...], blocks: list[str]) -> dict 
         size = len(nodes[n].blocks)
         if [b.block for b in nodes[n].blocks] == [CONCAT_BLOCK]:
             copies = 0
-            while at + copies < len(blocks) and blocks[at + copies].startswith(f"{CONCAT_BLOCK}_"):
+            while at + copies < len(blocks) and is_copy(blocks[at + copies]):
                 copies += 1
             size = copies or size
         sizes[n], at = size, at + size
