@@ -163,3 +163,20 @@ def test_candidates_timed_only_disturbed_are_counted_per_session_and_told(tmp_pa
     with phases.session(saved.append):
         pass
     assert "disturbed" not in saved[1] and "other programs" not in phases_line(saved[1])
+
+
+def test_a_built_candidate_leaves_no_directory_behind_and_nothing_not_its_own_is_removed(tmp_path):
+    # the builder's temporary directory: its .tar, and the .so the runner's load_module made beside it
+    built = tmp_path / "tmpbuilder"
+    built.mkdir()
+    (built / "tvm_tmp_mod.tar").write_bytes(b"tar")
+    (built / "tvm_tmp_mod.tar.so").write_bytes(b"so")
+    adapter._remove_built(str(built / "tvm_tmp_mod.tar"))
+    assert not built.exists()
+    # a directory holding anything else keeps it, and itself
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "tvm_tmp_mod.tar").write_bytes(b"tar")
+    (shared / "notes.txt").write_text("a user's")
+    adapter._remove_built(str(shared / "tvm_tmp_mod.tar"))
+    assert [p.name for p in shared.iterdir()] == ["notes.txt"]

@@ -531,10 +531,13 @@ def time_together(kernels: list[tuple[object, object]], spec, settings, measure=
 
 
 def _remove_built(artifact_path: str | None) -> None:
-    """A builder's file and its temporary directory (its own; left when anything else is in it)."""
+    """A builder's file, what loading it made beside it (``NAME.so`` from a ``.tar``) and its temporary directory
+    (its own; left when anything else is in it)."""
     if artifact_path:
         path = Path(artifact_path)
-        path.unlink(missing_ok=True)
+        beside = path.parent.iterdir() if path.parent.is_dir() else ()
+        for p in [path, *(b for b in beside if b.name.startswith(path.name + "."))]:
+            p.unlink(missing_ok=True)
         try:
             path.parent.rmdir()
         except OSError:
