@@ -43,6 +43,7 @@ class Point:
     verified: bool = False
     build_s: float | None = None
     note: str = ""
+    build: str = ""  # the checkpoint's build directory (host/bench/together.py times them again side by side)
 
 
 def _agoc() -> str:
@@ -129,7 +130,7 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
     database (``compile`` checks it against onnxruntime before writing it) and timed."""
     lib = ["--library", str(library)] if library is not None else ["--no-library"]
     db, points, spent = work / name / "db", [], 0.0
-    for minutes in [0.0, *args.checkpoints]:
+    for minutes in [0.0, *(args.checkpoints_c if name == "c" and args.checkpoints_c else args.checkpoints)]:
         point = Point(name, round(spent, 1))
         if minutes > 0:
             started = time.monotonic()
@@ -150,6 +151,7 @@ def _built_and_timed(point: Point, build, out: Path, args) -> Point:
     """``build()`` writes the checkpoint's build to ``out``, verified; then it is timed beside onnxruntime. A build
     that fails or does not verify is recorded so (its first line)."""
     started = time.monotonic()
+    point.build = str(out)
     try:
         build()
         point.verified, point.build_s = True, round(time.monotonic() - started, 1)
@@ -340,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="zoo:mobilenet-v2@1x3x112x112", help="a zoo model (zoo:NAME@SHAPE)")
     p.add_argument("--checkpoints", default="5,15,45", help="tuning minutes at which each variant is built and "
                    "timed (comma-separated; the last is each variant's budget)")
+    p.add_argument("--checkpoints-c", default="", help="(c)'s checkpoints when not --checkpoints' (the must-show "
+                   "asks whether (c) reaches (b)'s last within 5 minutes: 2,5)")
     p.add_argument("--variants", default="a,b,c")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--rounds", type=int, default=5)
@@ -353,11 +357,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                    help="instead of running: runs of one model as one document (a later run's variant replaces an "
                    "earlier one's), written with its chart to --out")
+    p.add_argument("--together", type=Path, metavar="RUN.json", help="instead of running: time a (merged) run's "
+                   "builds again side by side — (b)'s last, every (c) point, (a)'s last — and judge whether (c) "
+                   "reached (b)'s last latency (host/bench/together.py); written with the run to --out as …-together")
     args = p.parse_args(argv)
     if args.merge:
         return _write(merge(args.merge), args.out, f"tuning-curves-{Path(args.merge[-1]).stem.split('-', 2)[-1]}"
                       "-merged")
+    if args.together:
+        document = json.loads(args.together.read_text())
+        judged_together(document, args)
+        return _write(document, args.out, f"{args.together.stem.removesuffix('-together')}-together")
     args.checkpoints = sorted(float(c) for c in args.checkpoints.split(",") if c.strip())
+    args.checkpoints_c = sorted(float(c) for c in args.checkpoints_c.split(",") if c.strip())
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if not args.model.startswith("zoo:") or "@" not in args.model or unknown or not args.checkpoints:
@@ -401,7 +413,23 @@ def main(argv: list[str] | None = None) -> int:
         curves["a"] = stock_curve(args, spec, model_path, template, work, log)
     document["curves"] = {v: [asdict(p) for p in pts] for v, pts in sorted(curves.items())}
     document["summary"] = summarize({v: curves[v] for v in sorted(curves)})
+    if {"b", "c"} <= set(curves):
+        judged_together(document, args)
     return _write(document, args.out, f"tuning-curves-{name}-{stamp}")
+
+
+def judged_together(document: dict, args) -> None:
+    """``document["together"]``: its builds timed again side by side and the verdict (host/bench/together.py)."""
+    from host.bench import together
+
+    builds = together.contenders(document)
+    rounds = max(args.rounds, together.JUDGE_ROUNDS)
+    print(f"timing {', '.join(builds)} and onnxruntime side by side ({rounds} rounds × {args.calls} calls)", flush=True)
+    judged = together.judge(builds, args.threads, rounds, args.calls, args.seed)
+    verdicts = together.verdict(judged)
+    document["together"] = {"rounds": rounds, "calls": args.calls, "builds": {n: str(d) for n, d in builds.items()},
+                            "judged": judged, "verdict": verdicts}
+    print(together.table(judged, verdicts), flush=True)
 
 
 def _write(document: dict, out: Path, stem: str) -> int:

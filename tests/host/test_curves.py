@@ -162,6 +162,9 @@ def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and
         assert points[0]["tune_s"] == 0 and 0 < points[1]["tune_s"] < 2 * 0.75 * 60 + 20
         assert points[1]["trials"] > 0 and points[1]["ms"]["warm"] > 0 and points[1]["onnxruntime_ms"]["warm"] > 0
     assert set(doc["summary"]["warm"]["final_relative"]) == set(doc["curves"])
+    together = doc["together"]  # (b) and (c) in one run: their builds timed again side by side
+    assert {"b-last", "b-last-again", "b-first", "c@0.0"} <= set(together["builds"])
+    assert set(together["verdict"]) == {"warm", "cold"} and together["rounds"] >= 10
 
 
 def test_a_tune_without_a_budget_spends_256_trials_or_30_minutes_and_says_so(cli, monkeypatch, tmp_path):
@@ -213,3 +216,55 @@ def test_a_suspect_timing_is_taken_again_once_and_the_note_says_why(monkeypatch)
     ours, ort, note = curves.measure("artifact", 2, 1, 1)
     assert ours == {"warm": 3.9, "cold": 4.8} and ort["warm"] == 4.4
     assert note == "timed again: agoc 6.800 ms warm against 3.700 cold"
+
+
+def _run_doc(tmp_path, variants: dict) -> dict:
+    """A run's document whose points' builds sit where the bench writes them (no ``build`` recorded: an older run)."""
+    curves_ = {}
+    for v, flags in variants.items():
+        for i in range(len(flags)):
+            (tmp_path / "w" / v / f"at-{[0, 5, 15][i]:g}m").mkdir(parents=True)
+        curves_[v] = [{"variant": v, "tune_s": 60.0 * [0, 5, 15][i], "verified": ok} for i, ok in enumerate(flags)]
+    return {"model": "zoo:m@1", "work": str(tmp_path / "w"), "checkpoints_min": [5.0, 15.0], "curves": curves_}
+
+
+def test_the_builds_judged_together_are_bs_last_twice_its_first_and_every_verified_c_point(tmp_path):
+    from host.bench import together
+
+    doc = _run_doc(tmp_path, {"b": [True, True, True], "c": [True, False, True]})
+    found = together.contenders(doc)
+    w = tmp_path / "w"
+    assert found == {"b-last": w / "b" / "at-15m", "b-last-again": w / "b" / "at-15m", "b-first": w / "b" / "at-0m",
+                     "c@0.0": w / "c" / "at-0m", "c@15.0": w / "c" / "at-15m"}
+    doc["curves"]["c"][0]["build"] = str(tmp_path / "elsewhere")  # recorded: taken as it is (gone: left out)
+    assert "c@0.0" not in together.contenders(doc)
+    with pytest.raises(SystemExit, match="no verified build of \\(b\\)"):
+        together.contenders(_run_doc(tmp_path / "x", {"b": [False], "c": [True]}))
+
+
+def test_c_reaches_bs_last_at_its_first_point_within_the_tolerance_or_the_controls_spread():
+    from host.bench import together
+
+    def judged(control, c):
+        builds = {"b-last": 1.0, "b-last-again": control, **{f"c@{m}": r for m, r in c.items()}}
+        return {"warm": {"builds": {n: {"ms": 1.0, "over_reference": r} for n, r in builds.items()}}}
+
+    assert together.verdict(judged(1.0, {"0.0": 1.05, "2.0": 1.019, "5.0": 0.9}))["warm"] == {
+        "within": 0.02, "c_reaches_b_last_at_min": 2.0}
+    found = together.verdict(judged(0.95, {"0.0": 1.04, "5.0": 1.06}))["warm"]  # the control 5 % off: level within it
+    assert found == {"within": 0.05, "c_reaches_b_last_at_min": 0.0}
+    assert together.verdict(judged(1.0, {"0.0": 1.3}))["warm"]["c_reaches_b_last_at_min"] is None
+
+
+def test_builds_are_timed_side_by_side_each_against_the_reference_in_the_same_rounds(cli, tmp_path):
+    from host.bench import together
+
+    art = tmp_path / "art"
+    assert cli("compile", "zoo:tiny-cnn", "-o", art, "--no-library").exit_code == 0
+    judged = together.judge({"b-last": art, "b-last-again": art, "c@0.0": art}, threads=1, rounds=2, calls=2)
+    assert set(judged) == {"warm", "cold"}
+    for regime in judged.values():
+        assert not regime["failed"]
+        assert set(regime["builds"]) == {"b-last", "b-last-again", "c@0.0", "onnxruntime"}
+        assert regime["builds"]["b-last"]["over_reference"] == 1.0
+        assert all(b["ms"] > 0 and b["over_reference"] > 0 for b in regime["builds"].values())
