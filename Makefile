@@ -46,7 +46,8 @@ help:
 	@echo "make bench-e2e    zoo @112 tuned at equal budget: AGO vs stock partition vs onnxruntime (long)"
 	@echo "make bench-layout the same conv kernels tuned in NCHW and NHWC (MODEL=mobilenet-v2 SIZE=112 TRIALS=48; ~15 min)"
 	@echo "make bench-tuning time to quality: latency vs tuning minutes of stock MetaSchedule, agoc, agoc + a leave-one-out"
-	@echo "                   library (MODELS=mobilenet-v2,mnasnet,squeezenet SHAPES=112,224 CHECKPOINTS=5,15,45 CURVES=a,b,c: hours)"
+	@echo "                   library (MODELS=mobilenet-v2,mnasnet,squeezenet SHAPES=112,224 CHECKPOINTS=5,15,45 CURVES=a,b,c: hours;"
+	@echo "                   C_CHECKPOINTS=2,5: (c)'s own); (b) and (c) built at the end are timed again side by side"
 	@echo "make bench-phases where a short tuning session's time goes, per phase (MODEL=zoo:mobilenet-v2@1x3x56x56 TRIALS=64;"
 	@echo "                   COMPARE=1: also with fresh workers per batch, the stock behaviour) -> bench/results/tuning-DATE.json"
 	@echo "make bench-locality  simulated phone-cache traffic (valgrind, PROXY=a76) beside latency: the pairs, and"
@@ -175,6 +176,7 @@ bench-tuning: setup
 	set -e; for m in $(subst $(comma), ,$(TUNING_MODELS)); do for s in $(subst $(comma), ,$(TUNING_SHAPES)); do \
 		$(VENV)/bin/python -m host.bench.curves --model zoo:$$m@1x3x$$s"x"$$s \
 			--checkpoints $(or $(CHECKPOINTS),5$(comma)15$(comma)45) $(if $(CURVES),--variants $(CURVES)) \
+			$(if $(C_CHECKPOINTS),--checkpoints-c $(C_CHECKPOINTS)) \
 			$(if $(STOCK_SCHEDULER),--stock-scheduler $(STOCK_SCHEDULER)); done; done
 
 # where a tuning session's time goes (host/bench/tuning.py): seconds per phase, trials, seconds per trial
