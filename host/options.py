@@ -37,6 +37,9 @@ PadChannelsOpt = Annotated[bool, typer.Option(
     "off, so that their kernels vectorise in whole registers (toolchain/padding.py).")]
 PhoneOpt = Annotated[Optional[str], typer.Option(
     "--device", help="qemu, local, or a phone's serial (default: ANDROID_SERIAL or the only phone).")]
+BenchDeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help="qemu, local, or a phone's serial (default: local for a host build; else ANDROID_SERIAL or the "
+    "only phone).")]
 TrackerOpt = Annotated[Optional[str], typer.Option(
     "--tracker", help="HOST:PORT (default: the one `agoc tracker start` started).")]
 ProxyOpt = Annotated[Optional[str], typer.Option("--proxy", help="Simulate this phone cache geometry under valgrind "

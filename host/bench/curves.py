@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     if "c" in variants and library is None:
         print(f"no record library for this target without {name}: (c) is skipped", file=sys.stderr)
         variants.remove("c")
-    print(f"{args.model}: {', '.join(variants)} to {args.checkpoints[-1]:g} min each; log {log}", flush=True)
+    until = {v: (args.checkpoints_c if v == "c" and args.checkpoints_c else args.checkpoints)[-1] for v in variants}
+    print(f"{args.model}: {', '.join(f'{v} to {m:g} min' for v, m in until.items())}; log {log}", flush=True)
     curves: dict[str, list[Point]] = {}
     for v in [v for v in variants if v != "a"]:
         curves[v] = agoc_curve(args, v, work / "library" if v == "c" else None, work, log)

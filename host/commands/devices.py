@@ -12,7 +12,7 @@ from rich.table import Table
 
 from host import render
 from host.console import console, err_console
-from host.options import ArtifactArg, PhoneOpt
+from host.options import ArtifactArg, BenchDeviceOpt, PhoneOpt
 from toolchain import roofline
 from toolchain.errors import AgocError, InputShapeError
 
@@ -117,7 +117,7 @@ def deploy(artifact_dir: ArtifactArg, device: PhoneOpt = None):
 
 def bench(
     artifact_dir: ArtifactArg,
-    device: PhoneOpt = None,
+    device: BenchDeviceOpt = None,
     threads: Annotated[Optional[int], typer.Option(help="Runtime threads (default: the runtime's).")] = None,
     cores: Annotated[Optional[str], typer.Option(help="Pin to these cores, e.g. 4,5,6,7 (the big cluster).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed runs first (default 5; with --proxy 2).")] = None,
@@ -152,7 +152,7 @@ def bench(
     repeat = 20 if repeat is None else repeat
     core_list = _cores(cores)
     art = load_artifact(artifact_dir)
-    dev = get_device(device, default=None)
+    dev = get_device(device or ("local" if art.target_preset == "host" else None), default=None)  # runs here
     options = BenchOptions(warmup, repeat, min_time_ms, threads, core_list, per_kernel)
     err_console.print(
         f"[dim]bench {escape(art.manifest.model_name)} on {escape(dev.name)} ({dev.kind}): warm-up {warmup}, "

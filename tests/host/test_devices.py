@@ -78,7 +78,7 @@ def test_host_artifact_is_refused_by_an_arm_device(cli, tmp_path, qemu_sandbox, 
     assert result.exit_code == 1 and "needs an ARM64 artifact" in result.stderr
 
 
-def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
+def test_local_bench_uses_the_host_runner(cli, tmp_path, runners, monkeypatch):
     assert cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "h").exit_code == 0
     result = cli("bench", tmp_path / "h", "--device", "local", "--repeat", "3", "--per-kernel", "--json")
     assert result.exit_code == 0, result.stderr
@@ -93,6 +93,11 @@ def test_local_bench_uses_the_host_runner(cli, tmp_path, runners):
     assert all(k["peak_fraction"] == pytest.approx(k["gflops"] / data["peak"]["gflops"]) for k in convs)
     shown = cli("bench", tmp_path / "h", "--device", "local", "--repeat", "3", "--per-kernel")
     assert shown.exit_code == 0 and "of peak" in shown.stdout and "GFLOP/s" in shown.stdout
+    # a host build runs on this machine: no --device needed, whatever ANDROID_SERIAL names
+    monkeypatch.setenv("ANDROID_SERIAL", "a-phone-not-attached")
+    plain = cli("bench", tmp_path / "h", "--repeat", "2", "--json")
+    assert plain.exit_code == 0, plain.stderr
+    assert json.loads(plain.stdout)["device_kind"] == "local"
 
 
 def test_adb_phone_is_listed_deployed_to_benched_and_verified(cli, arm_artifact, phone):
