@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                       "-merged")
     if args.together:
         document = json.loads(args.together.read_text())
+        if "curves" not in document:
+            raise SystemExit(f"{args.together} is not a tuning-curves run (no curves in it)")
         judged_together(document, args)
         return _write(document, args.out, f"{args.together.stem.removesuffix('-together')}-together")
     args.checkpoints = sorted(float(c) for c in args.checkpoints.split(",") if c.strip())
@@ -415,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     document["curves"] = {v: [asdict(p) for p in pts] for v, pts in sorted(curves.items())}
     document["summary"] = summarize({v: curves[v] for v in sorted(curves)})
     if {"b", "c"} <= set(curves):
-        judged_together(document, args)
+        try:
+            judged_together(document, args)
+        except SystemExit as exc:  # nothing of (b) to judge against: the curves are written all the same
+            document["together"] = {"skipped": str(exc)}
     return _write(document, args.out, f"tuning-curves-{name}-{stamp}")
 
 

@@ -96,6 +96,7 @@ def verdict(judged: dict) -> dict:
 
 
 def table(judged: dict, verdicts: dict) -> str:
+    """The sitting as text: per regime each build's median and ratio, and the verdict."""
     lines = []
     for regime, found in judged.items():
         lines.append(f"{regime} (÷ {REFERENCE}, median of per-round ratios; level within "
@@ -103,5 +104,6 @@ def table(judged: dict, verdicts: dict) -> str:
         for name, b in found["builds"].items():
             ratio = f"{b['over_reference']:.3f}" if b["over_reference"] is not None else "—"
             lines.append(f"  {name:14s} {b['ms']:8.3f} ms  {ratio}")
-        lines.append(f"  (c) at (b)'s last: {verdicts[regime]['c_reaches_b_last_at_min']} min")
+        reached = verdicts[regime]["c_reaches_b_last_at_min"]
+        lines.append(f"  (c) at (b)'s last: {'not reached' if reached is None else f'{reached:g} min'}")
     return "\n".join(lines)
