@@ -2,6 +2,7 @@
 once each, saved with the database and shown by its status; builder workers kept across batches; a candidate
 checked numerically once per process."""
 
+import os
 import types
 
 import pytest
@@ -180,3 +181,17 @@ def test_a_built_candidate_leaves_no_directory_behind_and_nothing_not_its_own_is
     (shared / "notes.txt").write_text("a user's")
     adapter._remove_built(str(shared / "tvm_tmp_mod.tar"))
     assert [p.name for p in shared.iterdir()] == ["notes.txt"]
+
+
+def test_the_reports_of_processes_that_are_gone_are_swept_and_no_other_file(tmp_path):
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"agoc-disturbed-{int(gone.stdout)}.jsonl"
+    live = tmp_path / f"agoc-disturbed-{os.getpid()}.jsonl"
+    others = [tmp_path / "agoc-disturbed-notes.jsonl", tmp_path / f"mine-{int(gone.stdout)}.jsonl"]
+    for f in (dead, live, *others):
+        f.write_text("")
+    phases._sweep_reports(str(tmp_path))
+    assert not dead.exists() and live.exists() and all(f.exists() for f in others)

@@ -114,10 +114,34 @@ def timing(phase: str):
 def report_path() -> str:
     """The file this process's local runner reports candidates it could time only disturbed to (one per process:
     the kept runner's worker outlives a session); removed when the process exits."""
-    path = os.path.join(tempfile.gettempdir(), f"agoc-disturbed-{os.getpid()}.jsonl")
+    _sweep_reports(tempfile.gettempdir())
+    path = os.path.join(tempfile.gettempdir(), f"{REPORT_PREFIX}{os.getpid()}.jsonl")
     open(path, "w").close()
     atexit.register(lambda: os.path.exists(path) and os.unlink(path))
     return path
+
+
+REPORT_PREFIX = "agoc-disturbed-"
+
+
+def _sweep_reports(folder: str) -> None:
+    """Remove the reports of processes that are gone (killed before their exit handler ran): a file named as
+    :func:`report_path` names them whose process id no process has."""
+    for name in os.listdir(folder):
+        pid = name.removeprefix(REPORT_PREFIX).removesuffix(".jsonl")
+        if name.startswith(REPORT_PREFIX) and name.endswith(".jsonl") and pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _reported() -> list[dict]:
