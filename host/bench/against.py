@@ -44,20 +44,39 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
     threads = threads or os.cpu_count() or 1
     medians, speedup, failures, disturbed = {}, {}, {}, {}
     for regime in REGIMES:
-        settings = Settings(threads=threads, rounds=rounds, calls_per_round=calls, warmup=warmup, gap_s=0.05,
-                            seed=seed, quick=False, cache=regime)
-        workers = [Worker({v.name: (v, artifact_dir)}, settings) for v in ENGINES]
-        try:
-            failed = {name: why for w in workers for name, why in w.errors.items()}
-            samples, _, broke = measure_rounds(workers, settings, random.Random(seed),
-                                               lambda kind, regime=regime, **info: on_round(regime, info["round"],
-                                                                                            rounds))
-        finally:
-            for w in workers:
-                w.close()
-        disturbed[regime] = {name: w.disturbed for w in workers for name in w.names if w.disturbed}
-        failures[regime] = {**failed, **broke}
-        medians[regime] = {name: float(np.median(s)) for name, s in samples.items() if s}
+        timed = side_by_side({v.name: (v, artifact_dir) for v in ENGINES}, regime, threads, rounds, calls, warmup,
+                             seed, lambda r, regime=regime: on_round(regime, r, rounds))
+        failures[regime], disturbed[regime] = timed.failures, timed.disturbed
+        medians[regime] = {name: float(np.median(s)) for name, s in timed.samples.items() if s}
         if {"agoc", "onnxruntime"} <= set(medians[regime]):
             speedup[regime] = medians[regime]["onnxruntime"] / medians[regime]["agoc"]
     return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One regime's interleaved rounds: every call's ms and each round's median per member, why a member did not
+    run, and the rounds timed while another program held a member's cores (toolchain/timing.py)."""
+
+    samples: dict
+    per_round: dict
+    failures: dict
+    disturbed: dict
+
+
+def side_by_side(members: dict, regime: str, threads: int, rounds: int, calls: int, warmup: int = 3, seed: int = 0,
+                 on_round=lambda r: None) -> Timed:
+    """``members`` (name -> (Variant, artifact directory)) each in a worker process of its own, timed in ``rounds``
+    interleaved rounds of ``calls`` calls in the cache ``regime``, members in a random order per round."""
+    settings = Settings(threads=threads, rounds=rounds, calls_per_round=calls, warmup=warmup, gap_s=0.05,
+                        seed=seed, quick=False, cache=regime)
+    workers = [Worker({name: member}, settings) for name, member in members.items()]
+    try:
+        failed = {name: why for w in workers for name, why in w.errors.items()}
+        samples, per_round, broke = measure_rounds(workers, settings, random.Random(seed),
+                                                   lambda kind, **info: on_round(info["round"]))
+    finally:
+        for w in workers:
+            w.close()
+    disturbed = {name: w.disturbed for w in workers for name in w.names if w.disturbed}
+    return Timed(samples, per_round, {**failed, **broke}, disturbed)

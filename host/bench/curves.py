@@ -130,7 +130,7 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
     database (``compile`` checks it against onnxruntime before writing it) and timed."""
     lib = ["--library", str(library)] if library is not None else ["--no-library"]
     db, points, spent = work / name / "db", [], 0.0
-    for minutes in [0.0, *(args.checkpoints_c if name == "c" and args.checkpoints_c else args.checkpoints)]:
+    for minutes in [0.0, *checkpoints(args, name)]:
         point = Point(name, round(spent, 1))
         if minutes > 0:
             started = time.monotonic()
@@ -145,6 +145,11 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
         words = [_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib]
         points.append(_built_and_timed(point, lambda words=words: _run(words, log), out, args))
     return points
+
+
+def checkpoints(args, variant: str) -> list[float]:
+    """A variant's checkpoints in minutes: ``--checkpoints``, (c)'s ``--checkpoints-c`` where given."""
+    return args.checkpoints_c if variant == "c" and args.checkpoints_c else args.checkpoints
 
 
 def _built_and_timed(point: Point, build, out: Path, args) -> Point:
@@ -403,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     if "c" in variants and library is None:
         print(f"no record library for this target without {name}: (c) is skipped", file=sys.stderr)
         variants.remove("c")
-    until = {v: (args.checkpoints_c if v == "c" and args.checkpoints_c else args.checkpoints)[-1] for v in variants}
-    print(f"{args.model}: {', '.join(f'{v} to {m:g} min' for v, m in until.items())}; log {log}", flush=True)
+    until = ", ".join(f"{v} to {checkpoints(args, v)[-1]:g} min" for v in variants)
+    print(f"{args.model}: {until}; log {log}", flush=True)
     curves: dict[str, list[Point]] = {}
     for v in [v for v in variants if v != "a"]:
         curves[v] = agoc_curve(args, v, work / "library" if v == "c" else None, work, log)

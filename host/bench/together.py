@@ -5,7 +5,6 @@ rounds, so that a verdict does not rest on timings an hour apart on a VM whose s
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -55,29 +54,19 @@ def judge(builds: dict[str, Path], threads: int, rounds: int, calls: int, seed: 
     """Every build and onnxruntime (on the reference's model) in a process of its own, ``rounds`` interleaved rounds
     of ``calls`` calls per regime; per regime and build its median ms and its median per-round ratio to the
     reference's."""
-    from host.bench.against import REGIMES
-    from host.bench.run import Worker, measure_rounds
-    from host.bench.suites import Settings, Variant
+    from host.bench.against import REGIMES, side_by_side
+    from host.bench.suites import Variant
 
     members = {name: (Variant(name, "tvm", name), path) for name, path in builds.items()}
     members["onnxruntime"] = (Variant("onnxruntime", "onnxruntime", "onnxruntime"), builds[REFERENCE])
     out = {}
     for regime in REGIMES:
-        settings = Settings(threads=threads, rounds=rounds, calls_per_round=calls, warmup=3, gap_s=0.05, seed=seed,
-                            quick=False, cache=regime)
-        workers = [Worker({name: member}, settings) for name, member in members.items()]
-        try:
-            _, per_round, failed = measure_rounds(workers, settings, random.Random(seed), lambda *a, **k: None)
-            failed.update({n: why for w in workers for n, why in w.errors.items()})
-            busy = {n: w.disturbed for w in workers for n in w.names if w.disturbed}
-        finally:
-            for w in workers:
-                w.close()
-        ref = per_round.get(REFERENCE) or []
-        out[regime] = {"failed": failed, "disturbed_rounds": busy, "builds": {
+        timed = side_by_side(members, regime, threads, rounds, calls, seed=seed)
+        ref = timed.per_round.get(REFERENCE) or []
+        out[regime] = {"failed": timed.failures, "disturbed_rounds": timed.disturbed, "builds": {
             name: {"ms": round(float(np.median(r)), 4),
                    "over_reference": round(float(np.median([x / y for x, y in zip(r, ref)])), 4) if ref else None}
-            for name, r in per_round.items() if r}}
+            for name, r in timed.per_round.items() if r}}
     return out
 
 
