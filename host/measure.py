@@ -70,11 +70,11 @@ def read_log(log: Path) -> list[dict]:
 def export_so(mod, compiler: str | None = None) -> str:
     """``LocalBuilder`` ``f_export``: a shared object the device's runner can load (cross-compiled
     with ``compiler`` for ARM64 targets; the stock export makes a .tar only TVM's Python server opens)."""
-    import tempfile
-
     from tvm.support import cc
 
-    path = os.path.join(tempfile.mkdtemp(prefix="agoc-cand-"), "candidate.so")
+    from toolchain import scratch
+
+    path = os.path.join(scratch.mkdtemp("agoc-cand-"), "candidate.so")
     kwargs = {"fcompile": cc.cross_compiler(compiler)} if compiler else {}
     mod.export_library(path, **kwargs)
     return path

@@ -396,16 +396,31 @@ def test_the_schedule_offers_the_vector_four_registers(lanes, cap):
     assert caps == [cap, cap]  # U's and D's vector
 
 
-def test_a_tile_cache_caps_each_tiles_slice_of_the_intermediate():
-    """--keep-inside KIB also caps the intensive tile: the tile's slice of the intermediate fits KIB
-    (a phone core's L2 share), where the uncapped space samples wider tiles too (the host's L2 is 4x a
-    phone's: tuned there, MobileNet-V2's 56x56 expand + dw pair kept a 602 KB slice)."""
+def test_cache_lines_a_slice_touches():
+    """A tile's slice is counted in the cache lines it touches: in NHWC one channel of every pixel touches a
+    line per pixel, as 16 float32 channels do; contiguous slices and NCHW planes count their bytes."""
+    from toolchain.tune import intensive
+
+    assert intensive.touched(1, 100, 0) == 128 and intensive.touched(10, 16, 128) == 640
+    assert intensive.touched(10, 16, 32) == 320  # runs closer than a line: every line of their span
+    (extent, plane, lines), = intensive.tile_units("dw", (1, 8, 8, 144), "NHWC").values()
+    assert extent == 144 and plane == 256 and lines(1) == lines(16) == 64 * 64 < lines(17) == 2 * 64 * 64
+    (extent, plane, lines), = intensive.tile_units("dw", (1, 144, 8, 8), "NCHW").values()
+    assert lines(1) == 256 and lines(16) == 16 * 256
+
+
+def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
+    """--keep-inside KIB also bounds the intensive tile: the lines its slice of the intermediate touches fit
+    KIB (a phone core's L2 share), where the uncapped space samples wider tiles too (the host's L2 is 4x a
+    phone's: tuned there, MobileNet-V2's 56x56 expand + dw pair kept a 602 KB slice); and in NHWC a tile
+    is a whole number of lines wide (16 channels): a narrower one touches the same lines in more passes
+    (MobileNet-V2 @224's stem pair, tuned to 4-channel tiles, moved more than stock's two kernels)."""
     from toolchain.tune import intensive
 
     func = func_of("pw->dw")
     pair = find_pair(func)
-    _, h, w, channels = intensive.data_shape(func, pair)  # NHWC, padded for the 3x3 dw
-    budget = 8 * h * w * 4  # eight channel planes
+    _, h, w, channels = intensive.data_shape(func, pair)  # NHWC, padded for the 3x3 dw: 144 channels
+    budget = 3 * 64 * h * w  # three lines of every pixel: 48 channels
 
     def tiles(tile_cache):
         out = set()
@@ -416,5 +431,11 @@ def test_a_tile_cache_caps_each_tiles_slice_of_the_intermediate():
             out.add(channels // int(sch.get(tile).extent))  # channels per tile
         return out
 
-    assert max(tiles(budget)) <= 8 < max(tiles(0))
-    assert intensive._tile_caps(schedule(func), pair, budget) == {3: 8}
+    assert intensive._tile_bounds(schedule(func), pair, budget) == {3: (16, 48)}
+    assert tiles(budget) <= {16, 48} and any(t % 16 for t in tiles(0)) and max(tiles(0)) > 16
+    # a budget below one line of every pixel: the tile is one line wide, no narrower
+    assert intensive._tile_bounds(schedule(func), pair, 64 * h * w // 2) == {3: (16, 16)}
+    nchw = func_of("pw->dw/nchw")
+    _, _, h, w = intensive.data_shape(nchw, find_pair(nchw))
+    plane = intensive.touched(1, 8 * h * w * 4, 0)
+    assert intensive._tile_bounds(schedule(nchw), find_pair(nchw), plane) == {1: (1, 8)}

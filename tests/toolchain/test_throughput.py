@@ -195,3 +195,28 @@ def test_the_reports_of_processes_that_are_gone_are_swept_and_no_other_file(tmp_
         f.write_text("")
     phases._sweep_reports(str(tmp_path))
     assert not dead.exists() and live.exists() and all(f.exists() for f in others)
+
+
+def test_scratch_left_by_a_killed_process_is_swept_and_nothing_else(tmp_path, monkeypatch):
+    """A candidate directory of a process that is gone is removed by the next process's first one; a live
+    process's, an old unnamed one and a user's stay."""
+    import subprocess
+    import sys
+
+    from toolchain import scratch
+
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    dead = tmp_path / f"agoc-cand-{gone}-abc123"
+    dead.mkdir()
+    (dead / "candidate.so").write_bytes(b"so")
+    keep = [tmp_path / f"agoc-cand-{os.getpid()}-xyz", tmp_path / "agoc-cand-q1w2e3", tmp_path / f"cand-{gone}-x",
+            tmp_path / "agoc-cand-123abc"]
+    for d in keep:
+        d.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(scratch, "_SWEPT", set())
+    made = scratch.mkdtemp("agoc-cand-")
+    assert not dead.exists() and all(d.exists() for d in keep)
+    assert os.path.basename(made).startswith(f"agoc-cand-{os.getpid()}-") and os.path.dirname(made) == str(tmp_path)
+    assert scratch.owner(f"agoc-disturbed-{gone}.jsonl", "agoc-disturbed-") == gone

@@ -394,16 +394,22 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
 
     All tile sizes and the unroll depth are sampling decisions of ``sch``; ``decide`` may choose them
     (:data:`Decide`), otherwise they are sampled. ``lanes``: the target's float32 vector lanes
-    (:func:`vector_lanes`), which set the vector's cap. ``tile_cache``: bytes the tile's slice of the
-    intermediate may take at most (a phone core's cache share; 0: only :data:`TILE_FACTOR_MAX`).
+    (:func:`vector_lanes`), which set the vector's cap. ``tile_cache``: bytes of cache lines the tile's slice
+    of the intermediate may touch at most (a phone core's cache share; 0: only :data:`TILE_FACTOR_MAX`), which
+    also sets a floor (:func:`_tile_bounds`).
     """
-    caps = _tile_caps(sch, pair, tile_cache)
+    bounds = _tile_bounds(sch, pair, tile_cache)
 
     def tile_split(loop, it: int):
         extent = _int(sch.get(loop).extent)
-        cap = caps.get(it, TILE_FACTOR_MAX)
+        floor, cap = bounds.get(it, (1, TILE_FACTOR_MAX))
         chosen = decide("tile", pair.downstream, it, extent, cap) if decide else None
-        return _split(sch, loop, cap, chosen)
+        if floor <= 1:
+            return _split(sch, loop, cap, chosen)
+        # a whole number of floors per tile: the floor split off inside, the search over the rest
+        outer, whole = sch.split(loop, factors=[None, floor])
+        tile, inner = _split(sch, outer, cap // floor, chosen // floor if chosen and chosen % floor == 0 else None)
+        return tile, sch.fuse(inner, whole)
 
     _inline(sch, pair)
     d_rv = sch.get_sblock(pair.downstream)
@@ -459,26 +465,61 @@ def data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
     return None
 
 
-def tile_units(kind: str, shape: tuple[int, ...], layout: str = "NCHW") -> dict[int, tuple[int, int]]:
-    """D's tiled iterators, each → (its extent, bytes of the intermediate one step of it covers), for D
-    of ``kind`` ("dw" | "pw" | "matmul") whose data input (the intermediate, float32) has ``shape``: dw
-    a channel plane; pw a whole row (the columns then one pixel of every channel); matmul a row."""
+#: a cache line's bytes (every geometry of toolchain/geometry.py: 64)
+LINE = 64
+
+
+def touched(count: int, run: int, stride: int, line: int = LINE) -> int:
+    """Bytes of the cache lines a slice touches: ``count`` runs of ``run`` contiguous bytes, ``stride``
+    bytes apart (runs taken to start on a line; runs closer than a line touch every line of their span)."""
+    if count <= 1 or stride <= run:
+        return -(-count * run // line) * line
+    if stride >= line:
+        return count * -(-run // line) * line
+    return -(-((count - 1) * stride + run) // line) * line
+
+
+def tile_units(kind: str, shape: tuple[int, ...],
+               layout: str = "NCHW") -> dict[int, tuple[int, int, Callable[[int], int]]]:
+    """D's tiled iterators, each → (its extent, bytes of the intermediate one step covers, bytes of the cache
+    lines a tile of ``f`` steps touches), for D of ``kind`` ("dw" | "pw" | "matmul") whose data input (the
+    intermediate, float32) has ``shape``: dw a channel plane (in NHWC a run of channels in every pixel: a
+    slice narrower than a line touches as many lines as one a line wide); pw a whole row (the columns then
+    one pixel of every channel); matmul a row."""
     if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
-        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if layout == "NHWC" else (
+        nhwc = layout == "NHWC"
+        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if nhwc else (
             (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
-        return {f_it: (c, h * w * 4)} if kind == "dw" else {y_it: (h, w * c * 4), x_it: (w, c * 4)}
+        if kind == "dw" and nhwc:
+            return {f_it: (c, h * w * 4, lambda f: touched(h * w, 4 * f, 4 * c))}
+        if kind == "dw":
+            return {f_it: (c, h * w * 4, lambda f: touched(1, f * h * w * 4, 0))}
+        if nhwc:
+            return {y_it: (h, w * c * 4, lambda f: touched(1, f * w * c * 4, 0)),
+                    x_it: (w, c * 4, lambda f: touched(1, f * c * 4, 0))}
+        return {y_it: (h, w * c * 4, lambda f: touched(c, f * w * 4, h * w * 4)),
+                x_it: (w, c * 4, lambda f: touched(c, f * 4, h * w * 4))}
     *_, rows, k = shape
-    return {len(shape) - 2: (rows, k * 4)}
+    return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
 
 
-def _tile_caps(sch, pair: IntensivePair, budget: int) -> dict[int, int]:
-    """D's iterator -> the largest tile factor whose slice of the intermediate fits ``budget`` bytes
-    (0: no cap but :data:`TILE_FACTOR_MAX`)."""
+def _tile_bounds(sch, pair: IntensivePair, budget: int) -> dict[int, tuple[int, int]]:
+    """D's iterator -> (floor, cap) of its tile factor under a cache ``budget`` in bytes (0: none; no floor and
+    :data:`TILE_FACTOR_MAX`): the cap, the widest tile whose lines of the intermediate fit the budget — or,
+    where even one step's do not, the widest touching no more lines than one step; the floor, the widest tile
+    touching no more lines than one step (a narrower one reads the same lines in more passes), as a divisor
+    of the extent."""
     shape = data_shape(sch.mod["main"], pair) if budget else None
     if shape is None:
         return {}
-    return {it: max(1, min(TILE_FACTOR_MAX, budget // max(1, unit)))
-            for it, (_, unit) in tile_units(pair.downstream_kind, shape, pair.layout).items()}
+    bounds = {}
+    for it, (extent, _, lines) in tile_units(pair.downstream_kind, shape, pair.layout).items():
+        steps = range(1, min(TILE_FACTOR_MAX, extent) + 1)
+        one = lines(1)
+        cap = max(f for f in steps if lines(f) <= max(budget, one))
+        floor = max(f for f in steps if f <= cap and lines(f) <= one and extent % f == 0)
+        bounds[it] = (floor, cap)
+    return bounds
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs

@@ -57,14 +57,14 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
 
     units = tile_units(kind, data_shape, layout)
     if kind == "dw":
-        ((f_it, (channels, plane)),) = units.items()
+        ((f_it, (channels, plane, _)),) = units.items()
         return {f_it: most(channels, plane, lanes if layout == "NHWC" else 1)}
     if kind == "pw":
-        (y_it, (h, row)), (x_it, (w, pixel)) = units.items()
+        (y_it, (h, row, _)), (x_it, (w, pixel, _)) = units.items()
         if w <= TILE_FACTOR_MAX and row <= budget:
             return {y_it: most(h, row), x_it: w}
         return {y_it: 1, x_it: most(w, pixel)}
-    ((it, (rows, row)),) = units.items()
+    ((it, (rows, row, _)),) = units.items()
     return {it: most(rows, row)}
 
 

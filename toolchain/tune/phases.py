@@ -13,6 +13,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from toolchain import scratch
+
 #: the phases, in the order a trial meets them; ``other`` is the session's wall time that none of them took
 PHASES = ("search", "predict", "update", "build", "run", "verify", "seed", "pair", "other")
 #: phases that own what runs inside them: a seed's or a pairing's builds and runs count as seed / pair
@@ -125,23 +127,8 @@ REPORT_PREFIX = "agoc-disturbed-"
 
 
 def _sweep_reports(folder: str) -> None:
-    """Remove the reports of processes that are gone (killed before their exit handler ran): a file named as
-    :func:`report_path` names them whose process id no process has."""
-    for name in os.listdir(folder):
-        pid = name.removeprefix(REPORT_PREFIX).removesuffix(".jsonl")
-        if name.startswith(REPORT_PREFIX) and name.endswith(".jsonl") and pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(folder, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        pass
-    return True
+    """Remove the reports of processes that are gone (killed before their exit handler ran)."""
+    scratch.sweep(folder, REPORT_PREFIX)
 
 
 def _reported() -> list[dict]:
