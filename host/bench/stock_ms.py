@@ -19,18 +19,21 @@ WORKLOADS, RECORDS, LOG = "database_workload.json", "database_tuning_record.json
 BUILD_TIMEOUT_S = 120
 
 
-def _module(model_path: Path, target):
+def _module(model_path: Path, target, fused: bool = True):
     """The model as TVM's frontend imports it (weights as constants), prepared as TVM's
-    ``static_shape_tuning_pipeline`` prepares it for tuning (its zero pipeline: legalized, FuseOps)."""
+    ``static_shape_tuning_pipeline`` prepares it for tuning (its zero pipeline: legalized, FuseOps) — or, not
+    ``fused``, only up to that pipeline: what ``compile_relax`` takes, since it runs the same passes itself and
+    they do not leave an already fused module as it was (a conv kernel's function changes, so no tuning record
+    matches it: every build of this variant was untuned but for the pools and concatenations)."""
     import onnx
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
+    passes = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     with target:
-        return tvm.transform.Sequential([relax.transform.DecomposeOpsForInference(),
-                                         relax.transform.CanonicalizeBindings(),
-                                         relax.pipeline.zero_pipeline()])(from_onnx(onnx.load(str(model_path))))
+        return tvm.transform.Sequential(passes + ([relax.pipeline.zero_pipeline()] if fused else []))(
+            from_onnx(onnx.load(str(model_path))))
 
 
 def _lines(path: Path) -> int:
@@ -136,7 +139,7 @@ def build(model_path: Path, target: dict, work: Path, records: int, out: Path) -
     (cut / RECORDS).write_text("".join(line + "\n" for line in kept))
     database = ms.database.JSONDatabase(str(cut / WORKLOADS), str(cut / RECORDS), allow_missing=False)
     target = tvm.target.Target(target)
-    executable = ms.relax_integration.compile_relax(database, _module(model_path, target), target, None)
+    executable = ms.relax_integration.compile_relax(database, _module(model_path, target, fused=False), target, None)
     executable.export_library(str(out))
 
 

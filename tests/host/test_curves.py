@@ -119,6 +119,34 @@ def test_the_stock_build_with_no_records_becomes_an_artifact_that_verifies(cli, 
     assert "agoc verify" in (tmp_path / "log").read_text()
 
 
+def test_the_stock_build_finds_a_record_for_every_task_the_stock_tuning_extracts(cli, tmp_path):
+    """compile_relax runs the fusion passes itself: given the module already fused as tuning saw it, it fused it
+    again into functions no record matched, and (a)'s builds were untuned but for pools and concatenations."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from toolchain.targets import resolve_target
+
+    assert cli("compile", "zoo:tiny-cnn", "-o", tmp_path / "agoc", "--no-library").exit_code == 0
+    model = tmp_path / "agoc" / "model.onnx"
+    target = tvm.target.Target(dict(resolve_target("host").tvm_target))
+    tasks = ms.relax_integration.extract_tasks(stock_ms._module(model, target), target)
+    db = ms.database.MemoryDatabase()
+    for task in tasks:
+        db.commit_workload(task.dispatched[0])
+
+    def matched(mod):
+        with target:
+            fused = relax.pipeline.zero_pipeline()(mod)  # compile_relax's own LegalizeOps ... FuseTIR
+        funcs = [f for f in fused.functions.values() if type(f).__name__ == "PrimFunc"]
+        return sum(db.has_workload(tvm.IRModule({"main": f.with_attr("global_symbol", "main")})) for f in funcs)
+
+    assert any("conv2d" in t.task_name for t in tasks)
+    assert matched(stock_ms._module(model, target, fused=False)) == len(tasks)
+    assert matched(stock_ms._module(model, target)) < len(tasks)  # what the build was given before
+
+
 def test_compile_without_any_record_library_and_its_conflicts(cli, tmp_path):
     out = tmp_path / "art"
     assert cli("compile", "zoo:tiny-cnn", "-o", out, "--no-library").exit_code == 0

@@ -396,9 +396,9 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     (:data:`Decide`), otherwise they are sampled. ``lanes``: the target's float32 vector lanes
     (:func:`vector_lanes`), which set the vector's cap. ``tile_cache``: bytes of cache lines the tile's slice
     of the intermediate may touch at most (a phone core's cache share; 0: only :data:`TILE_FACTOR_MAX`), which
-    also sets a floor (:func:`_tile_bounds`).
+    also sets a floor (:func:`_tile_bounds`: a tile a line wide, a tile per core).
     """
-    bounds = _tile_bounds(sch, pair, tile_cache)
+    bounds = _tile_bounds(sch, pair, tile_cache, num_cores or os.cpu_count() or 1)
 
     def tile_split(loop, it: int):
         extent = _int(sch.get(loop).extent)
@@ -406,9 +406,14 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         chosen = decide("tile", pair.downstream, it, extent, cap) if decide else None
         if floor <= 1:
             return _split(sch, loop, cap, chosen)
-        # a whole number of floors per tile: the floor split off inside, the search over the rest
+        # a whole number of floors per tile: the floor split off inside, the search over the rest; a decided
+        # tile (a seed's) moved to the widest such tile not wider than it
         outer, whole = sch.split(loop, factors=[None, floor])
-        tile, inner = _split(sch, outer, cap // floor, chosen // floor if chosen and chosen % floor == 0 else None)
+        wanted = None
+        if chosen:
+            steps, most = extent // floor, max(floor, min(chosen, cap))
+            wanted = max(k for k in range(1, steps + 1) if steps % k == 0 and k * floor <= most)
+        tile, inner = _split(sch, outer, cap // floor, wanted)
         return tile, sch.fuse(inner, whole)
 
     _inline(sch, pair)
@@ -503,12 +508,12 @@ def tile_units(kind: str, shape: tuple[int, ...],
     return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
 
 
-def _tile_bounds(sch, pair: IntensivePair, budget: int) -> dict[int, tuple[int, int]]:
+def _tile_bounds(sch, pair: IntensivePair, budget: int, cores: int = 1) -> dict[int, tuple[int, int]]:
     """D's iterator -> (floor, cap) of its tile factor under a cache ``budget`` in bytes (0: none; no floor and
     :data:`TILE_FACTOR_MAX`): the cap, the widest tile whose lines of the intermediate fit the budget — or,
-    where even one step's do not, the widest touching no more lines than one step; the floor, the widest tile
-    touching no more lines than one step (a narrower one reads the same lines in more passes), as a divisor
-    of the extent."""
+    where even one step's do not, the widest touching no more lines than one step; the floor, the widest
+    tile touching no more lines than one step (a narrower one reads the same lines in more passes) that
+    divides the extent and leaves a tile per core."""
     shape = data_shape(sch.mod["main"], pair) if budget else None
     if shape is None:
         return {}
@@ -517,7 +522,8 @@ def _tile_bounds(sch, pair: IntensivePair, budget: int) -> dict[int, tuple[int, 
         steps = range(1, min(TILE_FACTOR_MAX, extent) + 1)
         one = lines(1)
         cap = max(f for f in steps if lines(f) <= max(budget, one))
-        floor = max(f for f in steps if f <= cap and lines(f) <= one and extent % f == 0)
+        floor = max(f for f in steps if f <= cap and lines(f) <= one and extent % f == 0
+                    and (f == 1 or extent // f >= cores))
         bounds[it] = (floor, cap)
     return bounds
 
