@@ -436,7 +436,7 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
     assert tiles(budget) <= {16, 48} and any(t % 16 for t in tiles(0)) and max(tiles(0)) > 16
     for wanted, got in ((4, 16), (36, 16), (48, 48), (144, 48)):  # a seed's tile, moved into the bounds
         sch = schedule(func)
-        intensive_schedule(sch, pair, SPEC.num_cores, lambda role, *_: wanted if role == "tile" else None,
+        intensive_schedule(sch, pair, SPEC.num_cores, lambda role, *_, w=wanted: w if role == "tile" else None,
                            tile_cache=budget)
         assert channels // int(sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0]).extent) == got
     # a budget below one line of every pixel: the tile is one line wide, no narrower
