@@ -439,6 +439,8 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
         intensive_schedule(sch, pair, SPEC.num_cores, lambda role, *_, w=wanted: w if role == "tile" else None,
                            tile_cache=budget)
         assert channels // int(sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0]).extent) == got
+    args, want = reference("pw->dw")  # the floor's split computes what the pair computes
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
     # a budget below one line of every pixel: the tile is one line wide, no narrower
     assert intensive._tile_bounds(schedule(func), pair, 64 * h * w // 2) == {3: (16, 16)}
     nchw = func_of("pw->dw/nchw")
