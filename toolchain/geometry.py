@@ -8,13 +8,15 @@ from dataclasses import asdict, dataclass
 from toolchain.errors import TargetError
 
 KIB, MIB = 1024, 1024 * 1024
+#: a cache line's bytes (every geometry's: Arm's cores and x86 alike)
+LINE = 64
 
 
 @dataclass(frozen=True)
 class Cache:
     size: int  # bytes
     assoc: int
-    line: int = 64
+    line: int = LINE
 
     @property
     def label(self) -> str:

@@ -14,6 +14,10 @@ def owned_prefix(prefix: str) -> str:
     return f"{prefix}{os.getpid()}-"
 
 
+#: the prefixes this process has swept
+_SWEPT: set[str] = set()
+
+
 def mkdtemp(prefix: str) -> str:
     """A new temporary directory named :func:`owned_prefix` ``(prefix)``; the first one per prefix and process
     sweeps what dead processes left under that prefix."""
@@ -21,9 +25,6 @@ def mkdtemp(prefix: str) -> str:
         _SWEPT.add(prefix)
         sweep(tempfile.gettempdir(), prefix)
     return tempfile.mkdtemp(prefix=owned_prefix(prefix))
-
-
-_SWEPT: set[str] = set()
 
 
 def owner(name: str, prefix: str) -> int | None:

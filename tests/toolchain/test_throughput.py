@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from toolchain import scratch
 from toolchain.targets import resolve_target
 from toolchain.tune import adapter, candidates, phases, workers
 from toolchain.tune.db import TuneDB
@@ -193,7 +194,7 @@ def test_the_reports_of_processes_that_are_gone_are_swept_and_no_other_file(tmp_
     others = [tmp_path / "agoc-disturbed-notes.jsonl", tmp_path / f"mine-{int(gone.stdout)}.jsonl"]
     for f in (dead, live, *others):
         f.write_text("")
-    phases._sweep_reports(str(tmp_path))
+    scratch.sweep(str(tmp_path), phases.REPORT_PREFIX)
     assert not dead.exists() and live.exists() and all(f.exists() for f in others)
 
 
@@ -202,8 +203,6 @@ def test_scratch_left_by_a_killed_process_is_swept_and_nothing_else(tmp_path, mo
     process's, an old unnamed one and a user's stay."""
     import subprocess
     import sys
-
-    from toolchain import scratch
 
     gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)

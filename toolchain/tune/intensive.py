@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from toolchain.geometry import LINE
 from toolchain.tune.schedule_check import free_vars
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
@@ -468,10 +469,6 @@ def data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
                 if region.source.__chandle__() == info.data_buf:
                     return tuple(_int(x) for x in region.source.shape)
     return None
-
-
-#: a cache line's bytes (every geometry of toolchain/geometry.py: 64)
-LINE = 64
 
 
 def touched(count: int, run: int, stride: int, line: int = LINE) -> int:

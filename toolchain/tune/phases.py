@@ -116,7 +116,7 @@ def timing(phase: str):
 def report_path() -> str:
     """The file this process's local runner reports candidates it could time only disturbed to (one per process:
     the kept runner's worker outlives a session); removed when the process exits."""
-    _sweep_reports(tempfile.gettempdir())
+    scratch.sweep(tempfile.gettempdir(), REPORT_PREFIX)  # the reports of killed processes
     path = os.path.join(tempfile.gettempdir(), f"{REPORT_PREFIX}{os.getpid()}.jsonl")
     open(path, "w").close()
     atexit.register(lambda: os.path.exists(path) and os.unlink(path))
@@ -124,11 +124,6 @@ def report_path() -> str:
 
 
 REPORT_PREFIX = "agoc-disturbed-"
-
-
-def _sweep_reports(folder: str) -> None:
-    """Remove the reports of processes that are gone (killed before their exit handler ran)."""
-    scratch.sweep(folder, REPORT_PREFIX)
 
 
 def _reported() -> list[dict]:
