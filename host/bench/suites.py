@@ -10,7 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from toolchain import geometry
+
 SCHEMA = "agoc.bench/1"
+#: what an ARM preset keeps inside by default, in bytes: the Cortex-A76 geometry's locality size (half its L2), the
+#: size the locality variants take (no hand-set number: the preset's own)
+A76_KEEP_INSIDE = geometry.locality_kib(geometry.find("a76")) * geometry.KIB
 
 
 @dataclass(frozen=True)
@@ -45,17 +50,19 @@ VARIANTS: tuple[Variant, ...] = (
             partition="stock", tuned=True),
     Variant("tvm-ago-tuned", "tvm", "AGO: partition + intensive fusion + divide-and-conquer tuning",
             partition="ago", tuned=True),
-    Variant("tvm-ago-locality", "tvm", "AGO for a phone's cache (--keep-inside 256, half a Cortex-A76's L2): "
-            "every conv → depthwise / pointwise pair joined by a tensor of 256 KiB or more stays in one subgraph, "
-            "and every intensive tile's slice of its intermediate is at most 256 KiB", partition="ago", tuned=True,
-            keep_inside=256 * 1024),
+    Variant("tvm-ago-locality", "tvm", "AGO for a phone's cache as an ARM preset builds it by default (the "
+            f"Cortex-A76 geometry's locality: half its L2, {A76_KEEP_INSIDE // geometry.KIB} KiB): every conv → "
+            "depthwise / pointwise pair joined by a tensor of that size or more stays in one subgraph, and every "
+            "intensive tile's slice of its intermediate is at most that", partition="ago", tuned=True,
+            keep_inside=A76_KEEP_INSIDE),
     Variant("tvm-ago-a76", "tvm", "AGO with its joins judged for a phone's cache (compile --joins a76): the "
             "tvm-ago-tuned database, each split subgraph built joined or as its minis, whichever moves fewer "
             "simulated DRAM bytes in a Cortex-A76's caches; no tuning of its own", partition="ago", tuned=True,
             db_of="tvm-ago-tuned", joins="a76"),
     Variant("tvm-ago-locality-a76", "tvm", "tvm-ago-locality's database built with compile --joins a76 (as "
             "tvm-ago-a76 is tvm-ago-tuned's): the pairs kept inside, every other join judged by simulated traffic",
-            partition="ago", tuned=True, db_of="tvm-ago-locality", keep_inside=256 * 1024, joins="a76"),
+            partition="ago", tuned=True, db_of="tvm-ago-locality", keep_inside=A76_KEEP_INSIDE,
+            joins="a76"),
     Variant("tvm-ago-ni", "tvm", "AGO-NI: AGO without the intensive-fusion space", partition="ago", tuned=True,
             intensive=False),
     Variant("tvm-ago-nr", "tvm", "AGO-NR: AGO without the reformer (subgraphs tuned directly)", partition="ago",

@@ -71,17 +71,25 @@ def judge(builds: dict[str, Path], threads: int, rounds: int, calls: int, seed: 
 
 
 def verdict(judged: dict) -> dict:
-    """Per regime: the tolerance (:data:`SAME_WITHIN`, or the control's distance from 1 when larger) and the first
-    (c) point at (b)'s last latency within it (its minutes; None: none)."""
+    """Per regime: the tolerance (:data:`SAME_WITHIN`, or the control's distance from 1 when larger), the first (c)
+    point at (b)'s last latency within it (its minutes; None: none) and, where (a)'s last was timed, the first (c)
+    point at (a)'s last latency within it."""
     out = {}
     for regime, found in judged.items():
         builds = found["builds"]
         control = (builds.get(CONTROL) or {}).get("over_reference")
         within = max(SAME_WITHIN, abs(control - 1) if control else 0.0)
-        reached = [float(n[2:]) for n, b in builds.items() if n.startswith("c@") and b["over_reference"] is not None
-                   and b["over_reference"] <= 1 + within]
-        out[regime] = {"within": round(within, 4), "c_reaches_b_last_at_min": min(reached, default=None)}
+        out[regime] = {"within": round(within, 4), "c_reaches_b_last_at_min": _first_c_at(builds, 1.0, within)}
+        stock = (builds.get("a-last") or {}).get("over_reference")
+        if stock is not None:
+            out[regime]["c_reaches_a_last_at_min"] = _first_c_at(builds, stock, within)
     return out
+
+
+def _first_c_at(builds: dict, latency: float, within: float) -> float | None:
+    """Minutes of the first (c) point at ``latency`` (a ratio to the reference) or below, within ``within``."""
+    return min((float(n[2:]) for n, b in builds.items() if n.startswith("c@") and b["over_reference"] is not None
+                and b["over_reference"] <= latency * (1 + within)), default=None)
 
 
 def table(judged: dict, verdicts: dict) -> str:
@@ -93,6 +101,8 @@ def table(judged: dict, verdicts: dict) -> str:
         for name, b in found["builds"].items():
             ratio = f"{b['over_reference']:.3f}" if b["over_reference"] is not None else "—"
             lines.append(f"  {name:14s} {b['ms']:8.3f} ms  {ratio}")
-        reached = verdicts[regime]["c_reaches_b_last_at_min"]
-        lines.append(f"  (c) at (b)'s last: {'not reached' if reached is None else f'{reached:g} min'}")
+        for who in ("b", "a"):
+            if f"c_reaches_{who}_last_at_min" in verdicts[regime]:
+                reached = verdicts[regime][f"c_reaches_{who}_last_at_min"]
+                lines.append(f"  (c) at ({who})'s last: {'not reached' if reached is None else f'{reached:g} min'}")
     return "\n".join(lines)

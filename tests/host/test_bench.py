@@ -399,3 +399,19 @@ def test_a_variant_built_from_another_variants_database_matches_its_partition_an
         assert bench.variant_db(case, v, tmp_path) == tmp_path / case.label / f"{v.db_of}.db"
         assert bench.join_rule(v) == f"traffic:{v.joins}"
     assert bench.join_rule(bench.VARIANTS_BY_NAME["tvm-ago-tuned"]) == "latency"
+
+
+def test_the_locality_variants_build_what_an_arm_preset_builds_by_default():
+    """The phone-cache variants carry no hand-set size: their partition and intensive tile cap are what
+    `agoc tune --target linux-arm64` takes with no --keep-inside (the A76 geometry's locality), and the host
+    preset's default keeps none."""
+    from host.bench.variants import partition_of
+    from host.commands.common import partition_settings
+
+    suite = bench.SUITES["e2e"]
+    for name in ("tvm-ago-locality", "tvm-ago-locality-a76"):
+        parts, tile_cache = partition_of(bench.VARIANTS_BY_NAME[name], suite)
+        arm, arm_cache, why = partition_settings("ago", parts.threshold, None, "linux-arm64")
+        assert (parts, tile_cache) == (arm, arm_cache) and tile_cache > 0 and "a76" in why
+    host_parts, host_cache, _ = partition_settings("ago", None, None, "host")
+    assert host_cache == 0 and host_parts.locality_unit == 0

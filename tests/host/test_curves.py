@@ -282,6 +282,12 @@ def test_c_reaches_bs_last_at_its_first_point_within_the_tolerance_or_the_contro
     found = together.verdict(judged(0.95, {"0.0": 1.04, "5.0": 1.06}))["warm"]  # the control 5 % off: level within it
     assert found == {"within": 0.05, "c_reaches_b_last_at_min": 0.0}
     assert together.verdict(judged(1.0, {"0.0": 1.3}))["warm"]["c_reaches_b_last_at_min"] is None
+    with_stock = judged(1.0, {"0.0": 1.3, "5.0": 1.0})
+    with_stock["warm"]["builds"]["a-last"] = {"ms": 2.0, "over_reference": 1.5}  # stock's last: 1.5× (b)'s
+    assert together.verdict(with_stock)["warm"] == {
+        "within": 0.02, "c_reaches_b_last_at_min": 5.0, "c_reaches_a_last_at_min": 0.0}
+    with_stock["warm"]["builds"]["a-last"]["over_reference"] = 0.8  # stock ahead of every (c) point
+    assert together.verdict(with_stock)["warm"]["c_reaches_a_last_at_min"] is None
 
 
 def test_builds_are_timed_side_by_side_each_against_the_reference_in_the_same_rounds(cli, tmp_path):
