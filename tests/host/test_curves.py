@@ -270,7 +270,7 @@ def test_the_builds_judged_together_are_bs_last_twice_its_first_and_every_verifi
         together.contenders(_run_doc(tmp_path / "x", {"b": [False], "c": [True]}))
 
 
-def test_c_reaches_bs_last_at_its_first_point_within_the_tolerance_or_the_controls_spread():
+def test_c_reaches_bs_and_as_last_latency_at_its_first_point_within_the_tolerance_or_the_controls_spread():
     from host.bench import together
 
     def judged(control, c):
