@@ -74,12 +74,17 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     """Compose the minis' verified schedules onto the joined kernel and, if the result passes the
     static checks and builds, measure it and commit it as the joined kernel's first record: the
     search then starts from it. Its latency is measured like any candidate's, never estimated.
+    Nothing is composed while a mini with blocks of its own has no verified schedule: its blocks would stay TVM's
+    unscheduled loops in the join, which `compile --db` would then build in place of the minis' untuned schedules
+    (docs/tuning-internals.md, Joins timed next to their minis); the join gets a batch of its own instead.
     ``limit``: records it may commit at most (each is a trial of the session's budget)."""
-    parts = [
-        (verified[name]["trace"], mapping)
-        for name, mapping in plan.compositions.get(task.name, [])
-        if verified.get(name, {}).get("status") == "verified"
-    ]
+    named = plan.compositions.get(task.name, [])
+    unmeasured = [name for name, mapping in named if mapping and verified.get(name, {}).get("status") != "verified"]
+    if unmeasured:
+        log.info("%s: not composed, %d of its minis have no verified schedule (%s)", task.name, len(unmeasured),
+                 ", ".join(unmeasured))
+        return False
+    parts = [(verified[name]["trace"], mapping) for name, mapping in named if mapping]
     func = plan.funcs[task.name]
     sch = compose_joined(func, parts) if parts else None
     if sch is not None:
