@@ -76,7 +76,7 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
     search then starts from it. Its latency is measured like any candidate's, never estimated.
     Nothing is composed while a mini with blocks of its own has no verified schedule: its blocks would stay TVM's
     unscheduled loops in the join, which `compile --db` would then build in place of the minis' untuned schedules
-    (docs/tuning-internals.md, Joins timed next to their minis); the join gets a batch of its own instead.
+    (docs/tuning-internals.md, A tuning session); the join gets a batch of its own instead.
     ``limit``: records it may commit at most (each is a trial of the session's budget)."""
     named = plan.compositions.get(task.name, [])
     unmeasured = [name for name, mapping in named if mapping and verified.get(name, {}).get("status") != "verified"]
