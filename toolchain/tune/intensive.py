@@ -413,7 +413,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         wanted = None
         if chosen:
             steps, most = extent // floor, max(floor, min(chosen, cap))
-            wanted = max(k for k in range(1, steps + 1) if steps % k == 0 and k * floor <= most)
+            wanted = max(k for k in divisors(steps) if k * floor <= most)
         tile, inner = _split(sch, outer, cap // floor, wanted)
         return tile, sch.fuse(inner, whole)
 
@@ -503,6 +503,11 @@ def tile_units(kind: str, shape: tuple[int, ...],
                 x_it: (w, c * 4, lambda f: touched(c, f * 4, h * w * 4))}
     *_, rows, k = shape
     return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (the tile factors a loop of ``n`` iterations splits into evenly)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _tile_bounds(sch, pair: IntensivePair, budget: int, cores: int = 1) -> dict[int, tuple[int, int]]:

@@ -4,7 +4,7 @@ decisions of the intensive-fusion space, so the seed is a point of that space. W
 from __future__ import annotations
 
 from toolchain.tune.adapter import workload_module
-from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, tile_units, vector_lanes
+from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, divisors, tile_units, vector_lanes
 from toolchain.tune.space import rest_complex, schedule_fn
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 
@@ -21,14 +21,10 @@ TILE_ALIGN = 8
 VECTORS = ("widest", "mini")
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def register_factor(extent: int, cap: int, wanted: int) -> int:
     """The inner factor of a register-tile split: the largest divisor of ``extent`` that is at most
     both ``cap`` and ``wanted`` (1 at least)."""
-    return max(d for d in _divisors(extent) if d <= max(1, min(cap, wanted)))
+    return max(d for d in divisors(extent) if d <= max(1, min(cap, wanted)))
 
 
 def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int = TILE_BYTES[0],
@@ -46,12 +42,12 @@ def tile_factors(kind: str, data_shape: tuple[int, ...], cores: int, budget: int
     part of the intermediate to the next cache level)."""
 
     def most(extent: int, unit_bytes: int, vector: int = 1) -> int:
-        divisors = [d for d in _divisors(extent) if d <= TILE_FACTOR_MAX]
-        fits = [d for d in divisors if d * unit_bytes <= budget]
+        factors = [d for d in divisors(extent) if d <= TILE_FACTOR_MAX]
+        fits = [d for d in factors if d * unit_bytes <= budget]
         spread = [d for d in fits if extent // d >= cores] or fits
         aligned = [d for d in spread if d % max(TILE_ALIGN, vector) == 0] or [d for d in spread if d % vector == 0]
         if not aligned and vector > 1:  # no whole vector fits the budget: the fewest whole vectors
-            whole = [d for d in divisors if d % vector == 0]
+            whole = [d for d in factors if d % vector == 0]
             aligned = [min([d for d in whole if extent // d >= cores] or whole)] if whole else []
         return max(aligned or spread or [1])
 
