@@ -269,3 +269,39 @@ def test_pooling_windows_are_blocked_like_depthwise_convs_and_compute_the_same()
         assert sch is not None and parallel_races(sch.mod) == []
         np.testing.assert_allclose(_run(sch.mod["main"], HOST.tvm())[-1], _run(func, HOST.tvm())[-1], rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_attention_batch_matmuls_of_two_activations_are_blocked_the_transposed_one_copied_once():
+    """Attention's Q·Kᵀ / √d (K transposed by a copy before it) and softmax · V, per head: the second operand reads
+    the head axes too (an activation, not a weight). Both are register-blocked; the transpose feeding the vectors is
+    a pass of its own (read in place it would be a strided load per lane), Q's is inlined; both compute the same."""
+    from tvm import te
+
+    heads, seq, dim = 2, 24, 32
+    q, k = te.placeholder((1, heads, seq, dim), name="Q"), te.placeholder((1, heads, seq, dim), name="K")
+    kt = te.compute((1, heads, dim, seq), lambda b, h, d, s: k[b, h, s, d], name="KT")
+    qc = te.compute((1, heads, seq, dim), lambda b, h, s, d: q[b, h, s, d], name="QC")
+    r = te.reduce_axis((0, dim), name="r")
+    score = te.compute((1, heads, seq, seq), lambda b, h, i, j: te.sum(qc[b, h, i, r] * kt[b, h, r, j], axis=r),
+                       name="S")
+    scaled = te.compute((1, heads, seq, seq), lambda b, h, i, j: score[b, h, i, j] / 8.0, name="D")
+    func = te.create_prim_func([q, k, scaled])
+    kernel = mk.matmul_like(func)
+    assert kernel is not None and kernel.pointwise and kernel.epilogue == ("D",)
+    assert kernel.gathers == ("KT",) and set(kernel.producers) == {"KT", "QC"}
+    sch, detail = mk.register_block(func, HOST.tvm())
+    assert sch is not None and parallel_races(sch.mod) == []
+    out = _run(sch.mod["main"], HOST.tvm())
+    np.testing.assert_allclose(out[-1], out[0] @ out[1].transpose(0, 1, 3, 2) / 8.0, rtol=1e-4, atol=1e-4)
+
+    p, v = te.placeholder((1, heads, seq, seq), name="P"), te.placeholder((1, heads, seq, dim), name="V")
+    s = te.reduce_axis((0, seq), name="s")
+    av = te.compute((1, heads, seq, dim), lambda b, h, i, d: te.sum(p[b, h, i, s] * v[b, h, s, d], axis=s), name="O")
+    func = te.create_prim_func([p, v, av])
+    kernel = mk.matmul_like(func)
+    assert kernel is not None and kernel.gathers == () and kernel.width == seq and kernel.channels == dim
+    sch, _ = mk.register_block(func, HOST.tvm())
+    out = _run(postprocess(sch, HOST).mod["main"], HOST.tvm())
+    np.testing.assert_allclose(out[-1], out[0] @ out[1], rtol=1e-4, atol=1e-4)
+    assert mk.matmul_like(te.create_prim_func([p, v, te.compute(
+        (1, heads, seq, dim), lambda b, h, i, d: te.sum(p[b, h, i, s] * v[b, h, i, d], axis=s), name="O")])) is None

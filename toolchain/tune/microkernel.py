@@ -78,10 +78,11 @@ def block_matmul(sch, block: str, rows: int, vectors: int, lanes: int, parallel:
 @dataclass(frozen=True)
 class MatmulLike:
     """A kernel whose one reduction is C[s…, j] += A[s…, r…] · W[j | r…] (a pointwise or spatial conv in NHWC, a
-    matmul): ``j`` the output's innermost axis, read by the weight only, so a vector of outputs shares one broadcast
-    value of A; or, ``depthwise``, C[s…, j] += A[s…(r), j] · W[j | r…] (a depthwise conv: a vector of outputs reads a
-    vector of A) or C[s…, j] = max(C[s…, j], A[s…(r), j]) (a pooling window, max or sum). Block names are the
-    unscheduled function's."""
+    matmul; W may read the spatial axes outside the rows, a batch matmul of two activations): ``j`` the output's
+    innermost axis, read by the weight only, so a vector of outputs shares one broadcast value of A; or,
+    ``depthwise``, C[s…, j] += A[s…(r), j] · W[j | r…] (a depthwise conv: a vector of outputs reads a vector of A)
+    or C[s…, j] = max(C[s…, j], A[s…(r), j]) (a pooling window, max or sum). Block names are the unscheduled
+    function's."""
 
     block: str
     spatial: tuple[int, ...]  # extents of C's spatial loops, the channel loop last
@@ -90,7 +91,9 @@ class MatmulLike:
     epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
     depthwise: bool = False
     rest: tuple[str, ...] = ()  # spatial blocks after the epilogue over another domain (a slice): one pass after it
-    gathers: tuple[str, ...] = ()  # producers that are not a one-load copy (a concatenation, a scaling): passes first
+    # producers that are not a one-load copy (a concatenation, a scaling) or that write the weight operand (a batch
+    # matmul's transposed activation: read in vectors, it is copied once in the layout the block reads): passes first
+    gathers: tuple[str, ...] = ()
     dtype: str = "float32"  # what the block accumulates in (its vectors' lanes: VectorUnit.of)
 
     @property
@@ -174,10 +177,11 @@ def matmul_like(func) -> MatmulLike | None:
     if not all(_is(o, LOADS) for o in operands):
         return None
     channel = spatial[-1]
+    batch = set(spatial[:-2])  # the tiles' axes: a batch matmul's second operand reads them too (attention's V)
     extents = [int(iv.dom.extent) for iv in block.iter_vars]
     units = {n for n, e in zip(names, extents) if n in reduce and e == 1}
     uses = [set().union(*(_vars(i) for i in o.indices)) for o in operands]
-    weight = [i for i, u in enumerate(uses) if u <= reduce | {channel} and channel in u]
+    weight = [i for i, u in enumerate(uses) if u <= reduce | batch | {channel} and channel in u]
     if len(operands) == 1:
         data, depthwise = operands[0], True
     elif len(weight) == 1:
@@ -197,10 +201,16 @@ def matmul_like(func) -> MatmulLike | None:
             break
     if any(int(iv.iter_type) == 2 for b in blocks[end:] for iv in b.iter_vars):
         return None
+    fed = _buffer(operands[weight[0]]).__chandle__() if len(operands) == 2 else None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
-                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)),
+                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)
+                             or any(w.source.__chandle__() == fed for w in b.writes)),
                       str(store.buffer.dtype))
+
+
+def _buffer(load):
+    return getattr(load, "buffer", None) or getattr(load, "source", None)
 
 
 def _names(blocks) -> tuple[str, ...]:
@@ -236,8 +246,7 @@ def _is_elementwise(block, extents: tuple[int, ...], chain: list) -> bool:
     written = {w.source.__chandle__() for b in chain for w in b.writes}
     reads_chain = False
     for load in _loads(block.body.value):
-        source = getattr(load, "buffer", None) or getattr(load, "source", None)
-        if source.__chandle__() in written:
+        if _buffer(load).__chandle__() in written:
             if [getattr(i, "name", None) for i in load.indices] != order:
                 return False
             reads_chain = True
