@@ -201,10 +201,10 @@ def compile_model(
             return _assemble(request, compiler, out_dir, built, inputs, partition_record, started, on_stage, device)
         except SelfCheckError as exc:
             sources = {k.schedule for k in built[1]}
-            if not sources & {"library", "block", "sampled"}:
+            if not sources & {"library", "block", "rows", "sampled"}:
                 raise
             # the library's schedules and register blocks first give way to samples, then every untuned kernel plain
-            rule = "sampled" if sources & {"library", "block"} and request.untuned == "library" else "plain"
+            rule = "sampled" if sources & {"library", "block", "rows"} and request.untuned == "library" else "plain"
             log.warning("the self-check failed with the untuned kernels scheduled (--untuned %s): building them %s "
                         "(%s)", request.untuned, rule, first_line(exc))
             on_stage(f"the self-check failed: building the untuned kernels {rule}")

@@ -214,7 +214,7 @@ def _report(artifact, label: str, spec, rule: str) -> None:
 
 
 #: how the report names each source of an untuned kernel's schedule (toolchain.tune.untuned.RULES)
-UNTUNED_WORDS = {"library": "from the record library", "block": "register-blocked",
+UNTUNED_WORDS = {"library": "from the record library", "block": "register-blocked", "rows": "row-scheduled",
                  "sampled": "sampled from the search space",
                  "plain": "plain (unscheduled)"}
 

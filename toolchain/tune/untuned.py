@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from toolchain import build
 from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
-from toolchain.tune import forked, intrinsics, microkernel
+from toolchain.tune import forked, intrinsics, microkernel, rows
 from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
@@ -22,7 +22,7 @@ log = logging.getLogger("agoc.tuning")
 #: what a kernel without a tuned schedule gets (``--untuned``)
 RULES = {
     "library": "the record library's schedule of the same kernel; else a register block (pointwise and depthwise "
-               "convs, matmuls, pools); "
+               "convs, matmuls, pools) or a row schedule (layer norms, softmax); "
                "else the library's nearest kernel's, re-fitted to its loops; else a sample of the search space",
     "sampled": "a sample of the search space (parallel, vectorised loops; tiles drawn at random, seeded by the kernel)",
     "plain": "TVM's unscheduled loop nest: one core, no vectors (what a build without schedules runs)",
@@ -45,7 +45,7 @@ class Fallback:
     """What one kernel without a tuned schedule was given."""
 
     kernel: str
-    source: str  # "library" | "block" | "sampled" | "plain"
+    source: str  # "library" | "block" | "rows" | "sampled" | "plain"
     detail: str = ""  # the library record's name, or why plain
 
     def to_json(self) -> dict:
@@ -197,6 +197,22 @@ def block_schedule(func, spec, spatial: bool = False):
     return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
 
 
+def rows_schedule(func, spec):
+    """A row kernel's schedule (a layer norm, a softmax: toolchain/tune/rows.py), postprocessed and passing the
+    static checks: (schedule, its shape), or (None, "")."""
+    try:
+        sch, detail = rows.row_schedule(func, spec.tvm())
+    except Exception as exc:  # noqa: BLE001 - a kernel the row schedule does not fit: the next finder
+        log.info("no row schedule for %s: %s", func, exc)
+        return None, ""
+    sch = postprocess(sch, spec) if sch is not None else None
+    return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
+
+
+def _rows(func, spec, _library):
+    return rows_schedule(func, spec)
+
+
 def _block(func, spec, _library):
     return block_schedule(func, spec)
 
@@ -211,9 +227,10 @@ def _spatial_block(func, spec, _library):
 
 #: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as);
 #: a spatial conv's block before the library's re-fitted records (a stem 2.7x faster: docs/tuning-internals.md)
-ORDER = {"library": (("own", "library"), ("block", "block"), ("spatial", "block"), ("nearest", "library")),
+ORDER = {"library": (("own", "library"), ("block", "block"), ("spatial", "block"), ("rows", "rows"),
+                     ("nearest", "library")),
          "sampled": (), "plain": ()}
-FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest, "spatial": _spatial_block}
+FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest, "spatial": _spatial_block, "rows": _rows}
 
 
 def _bounded(func, spec, rule: str, library, seed: int):

@@ -1,0 +1,74 @@
+"""Row kernels (toolchain/tune/rows.py): which kernels are row kernels, and their schedule — every step inside the
+row's parallel loop, reductions in vector partial sums — computes what the plain kernel does, on real layer norms
+and softmaxes and on row lengths no vector divides."""
+
+import numpy as np
+import pytest
+
+from toolchain.targets import resolve_target
+from toolchain.tune import rows
+from toolchain.tune.adapter import postprocess
+from toolchain.tune.race_check import parallel_races
+from toolchain.tune.untuned import rows_schedule
+
+HOST = resolve_target("host")
+
+
+def _run(func, seed: int = 0) -> list[np.ndarray]:
+    import tvm
+
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=HOST.tvm())
+    rng = np.random.default_rng(seed)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32"))
+            for p in func.params]
+    lib["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def _legalized(op: str, shape: tuple[int, ...]):
+    """TOPI's ``op`` (layer_norm, softmax or fast_softmax over the last axis, as relax legalizes them) as a
+    PrimFunc."""
+    from tvm import te, topi
+
+    x = te.placeholder(shape, name="x")
+    if op == "layer_norm":
+        g, b = te.placeholder((shape[-1],), name="g"), te.placeholder((shape[-1],), name="b")
+        return te.create_prim_func([x, g, b, topi.nn.layer_norm(x, g, b, axis=[-1], epsilon=1e-5)])
+    return te.create_prim_func([x, getattr(topi.nn, op)(x, axis=-1)])
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 64), (2, 3, 40), (5, 7)])
+@pytest.mark.parametrize("op", ["layer_norm", "softmax", "fast_softmax"])
+def test_layer_norms_and_softmaxes_are_row_kernels_and_compute_the_same(op, shape):
+    func = _legalized(op, shape)
+    kernel = rows.row_kernel(func)
+    assert kernel is not None and kernel.rows == shape[:-1] and kernel.length == shape[-1]
+    assert len(kernel.reductions) == 2  # the mean and the variance; the maximum and the sum of exponentials
+    sch, detail = rows_schedule(func, HOST)
+    assert sch is not None and detail.endswith(("×16", "×8", "×1")) and parallel_races(sch.mod) == []
+    assert "T.parallel" in sch.mod.script()
+    if shape[-1] % 8 == 0:
+        assert "T.vectorized" in sch.mod.script()
+    out, plain = _run(sch.mod["main"]), _run(func)
+    np.testing.assert_allclose(out[-1], plain[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_over_other_domains_are_not_row_kernels():
+    from tvm import te
+
+    a, w = te.placeholder((8, 16), name="A"), te.placeholder((16, 4), name="W")
+    k = te.reduce_axis((0, 16), name="k")
+    matmul = te.create_prim_func([a, w, te.compute((8, 4), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k))])
+    assert rows.row_kernel(matmul) is None  # its reduction runs beside an axis of another length
+    relu = te.create_prim_func([a, te.compute((8, 16), lambda i, j: te.max(a[i, j], 0.0))])
+    assert rows.row_kernel(relu) is None  # no reduction
+    r = te.reduce_axis((0, 8), name="r")
+    col = te.compute((16,), lambda j: te.sum(a[r, j], axis=r), name="col")
+    scaled = te.create_prim_func([a, te.compute((8, 16), lambda i, j: a[i, j] / col[j], name="out")])
+    assert rows.row_kernel(scaled) is None  # a reduction down the columns, not along the rows
+
+
+def test_a_row_schedule_postprocessed_on_arm_is_parallel_and_vectorised():
+    arm = resolve_target("linux-arm64")
+    sch, detail = rows_schedule(_legalized("layer_norm", (1, 16, 32)), arm)
+    assert sch is not None and detail.endswith("×4")
