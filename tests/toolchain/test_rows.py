@@ -7,7 +7,6 @@ import pytest
 
 from toolchain.targets import resolve_target
 from toolchain.tune import rows
-from toolchain.tune.adapter import postprocess
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.untuned import rows_schedule
 
@@ -72,3 +71,23 @@ def test_a_row_schedule_postprocessed_on_arm_is_parallel_and_vectorised():
     arm = resolve_target("linux-arm64")
     sch, detail = rows_schedule(_legalized("layer_norm", (1, 16, 32)), arm)
     assert sch is not None and detail.endswith("×4")
+
+
+def test_a_reshape_before_and_a_transpose_after_the_rows_are_inlined_and_a_pass():
+    """MobileViT's unfold → layer norm → fold: the reshape over another domain inlined into the core's loads, the
+    transpose and reshape of the result one parallel pass after the rows; both compute the same."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 32, 4, 6), name="x")
+    flat = topi.transpose(topi.reshape(x, (1, 32, 24)), (0, 2, 1))  # the reshape over another domain than the rows
+    g, b = te.placeholder((32,), name="g"), te.placeholder((32,), name="b")
+    norm = topi.nn.layer_norm(flat, g, b, axis=[-1], epsilon=1e-5)
+    func = te.create_prim_func([x, g, b, topi.reshape(topi.transpose(norm, (0, 2, 1)), (1, 32, 4, 6))])
+    kernel = rows.row_kernel(func)
+    assert kernel is not None and len(kernel.lead) == 1 and len(kernel.rest) == 2 and kernel.rows == (1, 24)
+    sch, _ = rows_schedule(func, HOST)
+    assert sch is not None and parallel_races(sch.mod) == []
+    out, plain = _run(sch.mod["main"]), _run(func)
+    np.testing.assert_allclose(out[-1], plain[-1], rtol=1e-5, atol=1e-5)
+    scaled = topi.transpose(topi.multiply(topi.reshape(x, (1, 32, 24)), 2.0), (0, 2, 1))  # arithmetic, not a copy
+    assert rows.row_kernel(te.create_prim_func([x, g, b, topi.nn.layer_norm(scaled, g, b, axis=[-1])])) is None

@@ -308,7 +308,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         # input channels or more (its bounds tests cost more than one padded copy: docs/tuning-internals.md); other
         # producers than copies a pass before it
         if name in kernel.gathers or (not kernel.blocked and kernel.reduce[-1] >= lanes):
-            _pass(sch, name, lanes)
+            as_pass(sch, name, lanes)
         else:
             sch.compute_inline(sch.get_sblock(name))
     for name in kernel.epilogue[:-1]:
@@ -329,7 +329,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
     for name in kernel.rest:  # each a pass of its own (inlined into each other, one feeding two or an output fails)
-        _pass(sch, name, lanes)
+        as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*tiles, jo))
     window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
     for loop in inner + window:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
@@ -343,7 +343,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     return sch
 
 
-def _pass(sch, name: str, lanes: int) -> None:
+def as_pass(sch, name: str, lanes: int) -> None:
     """Block ``name`` as a pass of its own: its outer loops fused and parallel, its innermost vectorised where it
     divides into vectors."""
     block = sch.get_sblock(name)

@@ -6,52 +6,79 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolchain.tune.microkernel import _loads, _moves, as_pass, own_module
+
 
 @dataclass(frozen=True)
 class RowKernel:
-    """A kernel whose blocks all run over the same leading rows (``rows``: their extents), each then over nothing
-    (a row's mean) or one axis of ``length`` (an elementwise step, or a reduction along the row); its last block is
-    elementwise over rows × length. Block names are the unscheduled function's, in program order."""
+    """A kernel whose core blocks all run over the same leading rows (``rows``: their extents), each then over
+    nothing (a row's mean) or one axis of ``length`` (an elementwise step, or a reduction along the row), the last of
+    them elementwise over rows × length; before them copies over other domains (a reshape: inlined into their
+    loads), after them spatial blocks over other domains (a transpose of the result: passes of their own). Block
+    names are the unscheduled function's, in program order."""
 
-    blocks: tuple[str, ...]
+    blocks: tuple[str, ...]  # the core
     rows: tuple[int, ...]
     length: int
     reductions: tuple[str, ...]
+    lead: tuple[str, ...] = ()
+    rest: tuple[str, ...] = ()
 
 
 def row_kernel(func) -> RowKernel | None:
-    """``func``'s :class:`RowKernel`, or None: no reduction, a block with nested blocks, or a block over another
-    domain than rows (× one axis of the row's length)."""
+    """``func``'s :class:`RowKernel`, or None: no reduction along a row, a block with nested blocks, a reduction or
+    a block of more than one store outside the core, or the core's last block not elementwise over rows × length."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     if len(blocks) < 2 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
         return None
-    last = blocks[-1]
-    extents = [int(iv.dom.extent) for iv in last.iter_vars]
-    if len(extents) < 2 or any(int(iv.iter_type) != 0 for iv in last.iter_vars):
+    kinds = [[int(iv.iter_type) for iv in b.iter_vars] for b in blocks]
+    extents = [tuple(int(iv.dom.extent) for iv in b.iter_vars) for b in blocks]
+    first = next((i for i, k in enumerate(kinds) if 2 in k), None)
+    if first is None or kinds[first].count(2) != 1 or kinds[first][-1] != 2 or len(kinds[first]) < 2:
         return None
-    rows, length = tuple(extents[:-1]), extents[-1]
-    reductions = []
-    for b in blocks:
-        kinds = [int(iv.iter_type) for iv in b.iter_vars]
-        ext = tuple(int(iv.dom.extent) for iv in b.iter_vars)
-        if ext[:len(rows)] != rows or any(kinds[:len(rows)]) or ext[len(rows):] not in ((), (length,)):
-            return None
-        if kinds[len(rows):] == [2]:
-            reductions.append(b.name_hint)
-        elif kinds[len(rows):] not in ([], [0]):
-            return None
-    if not reductions:
+    rows, length = extents[first][:-1], extents[first][-1]
+
+    def core(i: int) -> bool:
+        tail = kinds[i][len(rows):]
+        return (extents[i][:len(rows)] == rows and not any(kinds[i][:len(rows)])
+                and extents[i][len(rows):] in ((), (length,)) and tail in ([], [0], [2]))
+
+    start = first
+    while start > 0 and core(start - 1):
+        start -= 1
+    end = first + 1
+    while end < len(blocks) and core(end):
+        end += 1
+    others = [*range(start), *range(end, len(blocks))]
+    if any(2 in kinds[i] or type(blocks[i].body).__name__ not in ("TensorStore", "BufferStore") for i in others):
         return None
-    return RowKernel(tuple(b.name_hint for b in blocks), rows, length, tuple(reductions))
+    if not all(_moves(blocks[i].body.value) and len(_loads(blocks[i].body.value)) == 1 for i in range(start)):
+        return None  # inlined into every load of the core, arithmetic would be computed again in each
+    if extents[end - 1] != (*rows, length) or 2 in kinds[end - 1]:
+        return None
+    names = [b.name_hint for b in blocks]
+    return RowKernel(tuple(names[start:end]), rows, length,
+                     tuple(n for n, k in zip(names[start:end], kinds[start:end]) if 2 in k),
+                     tuple(names[:start]), tuple(names[end:]))
 
 
 def schedule_rows(sch, kernel: RowKernel, lanes: int):
     """Schedule a :class:`RowKernel`: elementwise steps read by one block inlined into it, each reduction in
     ``lanes`` partial sums (``rfactor``) added once at the row's end, every block computed inside the last block's
-    row loop (fused and parallel), the loop along the row in vectors of ``lanes``. Returns ``sch``."""
+    row loop (fused and parallel), the loop along the row in vectors of ``lanes``; the copies before inlined, the
+    blocks after inlined into the last of them, a parallel pass. Returns ``sch``."""
+    for name in kernel.lead:
+        sch.compute_inline(sch.get_sblock(name))
+    for name in kernel.rest[:-1]:  # a chain of reshapes and transposes: one pass, its last, reading through them
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except Exception:  # noqa: BLE001 - read by two, or not inlinable: a pass of its own
+            as_pass(sch, name, lanes)
+    if kernel.rest:
+        as_pass(sch, kernel.rest[-1], lanes)
     for name in reversed(kernel.blocks[:-1]):
         block = sch.get_sblock(name)
         if name not in kernel.reductions and len(sch.get_consumers(block)) == 1:
@@ -63,8 +90,7 @@ def schedule_rows(sch, kernel: RowKernel, lanes: int):
         for name in kernel.reductions:
             *_, along = sch.get_loops(sch.get_sblock(name))
             sch.rfactor(sch.split(along, [None, lanes])[1], len(kernel.rows))
-    root = sch.get_sblock("root")
-    *steps, last = sch.get_child_blocks(root)
+    *steps, last = [sch.get_sblock(n) for n in _after_rfactor(sch, kernel.blocks)]
     *row_loops, _ = sch.get_loops(last)
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     for block in reversed(steps):
@@ -92,12 +118,11 @@ def _vectorize_step(sch, block, lanes: int) -> None:
     sch.vectorize(along if extents[spatial[0]] == lanes else sch.split(along, [None, lanes])[1])
 
 
-def _exists(sch, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-    except Exception:  # noqa: BLE001 - inlined away
-        return False
-    return True
+def _after_rfactor(sch, core: tuple[str, ...]) -> list[str]:
+    """The core's blocks as they stand now (inlined ones gone, each reduction's partial-sum block before it), in
+    program order."""
+    names = [sch.get(rv).name_hint for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    return [n for n in names if n in core or (n.endswith("_rf") and n[:-3] in core)]
 
 
 def row_schedule(func, target):
@@ -106,7 +131,6 @@ def row_schedule(func, target):
     from tvm import s_tir
 
     from toolchain.tune.intensive import vector_lanes
-    from toolchain.tune.microkernel import own_module
 
     kernel = row_kernel(func)
     if kernel is None:
