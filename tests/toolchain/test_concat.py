@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import models
+from tests.toolchain.kernels import run_kernel
 from toolchain import build, concat, onnx_import, partition
 from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
@@ -19,14 +20,7 @@ HOST = resolve_target("host")
 
 
 def _run(func, seed: int = 0) -> list[np.ndarray]:
-    import tvm
-
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=HOST.tvm())
-    rng = np.random.default_rng(seed)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32"))
-            for p in func.params]
-    lib["main"](*args)
-    return [a.numpy() for a in args]
+    return run_kernel(func, HOST.tvm(), seed)
 
 
 def _topi_concat(*channels: int):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import models
+from tests.toolchain.kernels import run_kernel
 from toolchain import build, onnx_import
 from toolchain.targets import resolve_target
 from toolchain.tune import microkernel as mk
@@ -27,15 +28,7 @@ def _kernels(name: str, shape, spec=HOST) -> dict:
 
 
 def _run(func, target, seed: int = 0) -> list[np.ndarray]:
-    """``func`` built for ``target`` and run here on random arguments; every argument after the call."""
-    import tvm
-
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
-    rng = np.random.default_rng(seed)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32"))
-            for p in func.params]
-    lib["main"](*args)
-    return [a.numpy() for a in args]
+    return run_kernel(func, target, seed)
 
 
 def test_pointwise_and_depthwise_convs_and_matmuls_are_blocked_spatial_convs_not():

@@ -5,6 +5,7 @@ and softmaxes and on row lengths no vector divides."""
 import numpy as np
 import pytest
 
+from tests.toolchain.kernels import run_kernel
 from toolchain.targets import resolve_target
 from toolchain.tune import rows
 from toolchain.tune.race_check import parallel_races
@@ -14,14 +15,7 @@ HOST = resolve_target("host")
 
 
 def _run(func, seed: int = 0) -> list[np.ndarray]:
-    import tvm
-
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=HOST.tvm())
-    rng = np.random.default_rng(seed)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32"))
-            for p in func.params]
-    lib["main"](*args)
-    return [a.numpy() for a in args]
+    return run_kernel(func, HOST.tvm(), seed)
 
 
 def _legalized(op: str, shape: tuple[int, ...]):
