@@ -182,3 +182,17 @@ def test_a_pair_kept_together_for_the_cache_is_built_as_its_minis_without_a_data
     split, records = untuned.split_untuned(graph, kept)
     assert all(len(graph.reducing_ids.intersection(g)) <= 1 for g in split.groups) and len(records) == len(pairs)
     partition.check(graph, split)
+
+
+def test_a_transformers_attention_is_register_blocked_and_its_norms_and_softmax_row_scheduled(tmp_path):
+    """tiny-transformer compiled without a database: the weight matmuls and the attention's batch matmuls of two
+    activations take the register block, the softmax and the layer norm the row schedule; nothing is left to a
+    sample, and the model checks against onnxruntime."""
+    model = models.build("tiny-transformer")
+    artifact = compile_model(CompileRequest(model, "tiny-transformer", SPEC, no_library=True),
+                             find_compiler(SPEC), tmp_path / "a")
+    schedules = {k["name"]: k["schedule"] for k in artifact.manifest.kernels}
+    assert {s for n, s in schedules.items() if "softmax" in n or "layer_norm" in n} == {"rows"}
+    assert {s for n, s in schedules.items() if "matmul" in n} == {"block"}
+    assert sum("prepacked" not in n and "matmul" in n for n in schedules) >= 2  # Q·Kᵀ and softmax·V
+    assert artifact.manifest.check["status"] == "passed"
