@@ -85,3 +85,17 @@ def test_a_reshape_before_and_a_transpose_after_the_rows_are_inlined_and_a_pass(
     np.testing.assert_allclose(out[-1], plain[-1], rtol=1e-5, atol=1e-5)
     scaled = topi.transpose(topi.multiply(topi.reshape(x, (1, 32, 24)), 2.0), (0, 2, 1))  # arithmetic, not a copy
     assert rows.row_kernel(te.create_prim_func([x, g, b, topi.nn.layer_norm(scaled, g, b, axis=[-1])])) is None
+
+
+def test_a_kernel_of_copies_is_a_parallel_pass_and_computes_the_same():
+    """A reshape mini of an attention join (no reduction: no search reaches it): its blocks inlined into the last,
+    one parallel, vectorised pass; what the tuner commits as its first record so the join can be composed."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 32, 2, 16), name="x")
+    func = te.create_prim_func([x, topi.add(topi.transpose(topi.reshape(x, (1, 32, 32)), (0, 2, 1)), 1.0)])
+    sch, detail = rows.pass_schedule(func, HOST.tvm())
+    assert detail == "1 pass" and "T.parallel" in sch.mod.script() and "T.vectorized" in sch.mod.script()
+    np.testing.assert_allclose(_run(sch.mod["main"])[-1], _run(func)[-1], rtol=1e-6)
+    assert rows.pass_schedule(_legalized("softmax", (4, 16)), HOST.tvm())[0] is None  # a reduction: not a pass
+    assert rows_schedule(func, HOST)[0] is None and rows_schedule(func, HOST, passes=True)[0] is not None

@@ -147,9 +147,10 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
 
 def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
                     measure: "Measure | None" = None) -> str:
-    """Start ``task`` from its register block (a conv, a matmul, a pool: tune/microkernel.py) or its row schedule (a
-    layer norm, a softmax: tune/rows.py), measured and committed as a record when it passes the static checks; the
-    block's shape, or "" (none, or it failed)."""
+    """Start ``task`` from its register block (a conv, a matmul, a pool: tune/microkernel.py), its row schedule (a
+    layer norm, a softmax: tune/rows.py) or, with no reduction, its blocks as parallel passes (a reshape mini that no
+    search reaches: with no record of it, its join could not be composed or timed against its minis), measured and
+    committed as a record when it passes the static checks; the block's shape, or "" (none, or it failed)."""
     from toolchain.tune.untuned import block_schedule, rows_schedule
 
     if settings.transfer <= 0:
@@ -157,7 +158,7 @@ def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, 
     func = plan.funcs[task.name]
     sch, shape = block_schedule(func, spec, spatial=True)
     if sch is None:
-        sch, shape = rows_schedule(func, spec)
+        sch, shape = rows_schedule(func, spec, passes=True)
     return shape if sch is not None and commit_seed(sch, func, database, spec, settings, measure) else ""
 
 

@@ -140,3 +140,29 @@ def row_schedule(func, target):
         lanes //= 2
     sch = schedule_rows(s_tir.Schedule(own_module(func)), kernel, lanes)
     return sch, f"{len(kernel.blocks)} steps×{lanes}"
+
+
+def pass_schedule(func, target):
+    """A kernel of spatial blocks only (reshapes, transposes, elementwise steps): each block inlined into what reads
+    it where TVM can (not an output), the others parallel passes, vectorised where their innermost loop divides into
+    the target's vectors. (schedule, "N passes"), or (None, why not): a reduction, or nested blocks."""
+    from tvm import s_tir
+
+    from toolchain.tune.intensive import vector_lanes
+
+    sch = s_tir.Schedule(own_module(func))
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    if any(2 in [int(iv.iter_type) for iv in b.iter_vars] for b in blocks):
+        return None, "a reduction"
+    if any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
+        return None, "nested blocks"
+    names, kept = [b.name_hint for b in blocks], []
+    for name in reversed(names[:-1]):
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except Exception:  # noqa: BLE001 - an output, or read by a block it cannot be inlined into: a pass
+            kept.append(name)
+    lanes = vector_lanes(target)
+    for name in [*reversed(kept), names[-1]]:
+        as_pass(sch, name, lanes)
+    return sch, f"{len(kept) + 1} pass{'es' if kept else ''}"

@@ -197,11 +197,14 @@ def block_schedule(func, spec, spatial: bool = False):
     return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
 
 
-def rows_schedule(func, spec):
-    """A row kernel's schedule (a layer norm, a softmax: toolchain/tune/rows.py), postprocessed and passing the
-    static checks: (schedule, its shape), or (None, "")."""
+def rows_schedule(func, spec, passes: bool = False):
+    """A row kernel's schedule (a layer norm, a softmax: toolchain/tune/rows.py; ``passes``: else a kernel of
+    spatial blocks as parallel passes), postprocessed and passing the static checks: (schedule, its shape), or
+    (None, "")."""
     try:
         sch, detail = rows.row_schedule(func, spec.tvm())
+        if sch is None and passes:
+            sch, detail = rows.pass_schedule(func, spec.tvm())
     except Exception as exc:  # noqa: BLE001 - a kernel the row schedule does not fit: the next finder
         log.info("no row schedule for %s: %s", func, exc)
         return None, ""
