@@ -99,3 +99,18 @@ def test_a_kernel_of_copies_is_a_parallel_pass_and_computes_the_same():
     np.testing.assert_allclose(_run(sch.mod["main"])[-1], _run(func)[-1], rtol=1e-6)
     assert rows.pass_schedule(_legalized("softmax", (4, 16)), HOST.tvm())[0] is None  # a reduction: not a pass
     assert rows_schedule(func, HOST)[0] is None and rows_schedule(func, HOST, passes=True)[0] is not None
+
+
+def test_a_row_taken_after_the_norm_is_a_pass_after_the_rows_even_over_the_rows_extents():
+    """BERT's pooler: a layer norm over 32 rows of 32, then row 0 taken — a block whose extents (1, 32) happen to be
+    the rows' is not a step of each row but a pass after them; the kernel computes the same."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 32, 32), name="x")
+    g, b = te.placeholder((32,), name="g"), te.placeholder((32,), name="b")
+    norm = topi.nn.layer_norm(x, g, b, axis=[-1], epsilon=1e-5)
+    func = te.create_prim_func([x, g, b, te.compute((1, 32), lambda n, j: norm[n, 0, j], name="take")])
+    kernel = rows.row_kernel(func)
+    assert kernel is not None and kernel.rest == ("take",) and kernel.blocks[-1] != "take"
+    sch, _ = rows_schedule(func, HOST)
+    np.testing.assert_allclose(_run(sch.mod["main"])[-1], _run(func)[-1], rtol=1e-5, atol=1e-5)

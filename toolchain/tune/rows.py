@@ -52,6 +52,8 @@ def row_kernel(func) -> RowKernel | None:
     end = first + 1
     while end < len(blocks) and core(end):
         end += 1
+    while end > first + 1 and extents[end - 1] != (*rows, length) and 2 not in kinds[end - 1]:
+        end -= 1  # a block after the last step over the whole row (BERT's pooler takes one row): after the rows
     others = [*range(start), *range(end, len(blocks))]
     if any(2 in kinds[i] or type(blocks[i].body).__name__ not in ("TensorStore", "BufferStore") for i in others):
         return None
