@@ -1,5 +1,6 @@
-"""Row kernels (a layer norm, a softmax, a row's mean): every block over the same rows, each row's reductions and
-elementwise steps computed together in parallel rows, the reductions in vector partial sums. Why and the figures:
+"""Row kernels (a layer norm, a softmax): every block over the same rows, each row's reductions and elementwise
+steps computed together in parallel rows, the reductions in vector partial sums; and kernels of copies alone as
+parallel passes. Why and the figures:
 docs/tuning-internals.md (Row kernels)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ class RowKernel:
     """A kernel whose core blocks all run over the same leading rows (``rows``: their extents), each then over
     nothing (a row's mean) or one axis of ``length`` (an elementwise step, or a reduction along the row), the last of
     them elementwise over rows × length; before them copies over other domains (a reshape: inlined into their
-    loads), after them spatial blocks over other domains (a transpose of the result: passes of their own). Block
+    loads), after them spatial blocks (a transpose of the result, a row taken: one pass after the rows). Block
     names are the unscheduled function's, in program order."""
 
     blocks: tuple[str, ...]  # the core
@@ -129,7 +130,7 @@ def _after_rfactor(sch, core: tuple[str, ...]) -> list[str]:
 
 def row_schedule(func, target):
     """``func`` scheduled as a :class:`RowKernel` for ``target`` (its float32 vector lanes), not yet
-    postprocessed: (schedule, "rows×lanes"), or (None, why not)."""
+    postprocessed: (schedule, "N steps×lanes"), or (None, why not)."""
     from tvm import s_tir
 
     from toolchain.tune.intensive import vector_lanes
@@ -147,7 +148,7 @@ def row_schedule(func, target):
 def pass_schedule(func, target):
     """A kernel of spatial blocks only (reshapes, transposes, elementwise steps): each block inlined into what reads
     it where TVM can (not an output), the others parallel passes, vectorised where their innermost loop divides into
-    the target's vectors. (schedule, "N passes"), or (None, why not): a reduction, or nested blocks."""
+    the target's vectors. (schedule, "N pass(es)"), or (None, why not): a reduction, or nested blocks."""
     from tvm import s_tir
 
     from toolchain.tune.intensive import vector_lanes
