@@ -204,7 +204,7 @@ def matmul_like(func) -> MatmulLike | None:
     fed = _buffer(operands[weight[0]]).__chandle__() if len(operands) == 2 else None
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
-                      _names(b for b in blocks[:at] if not (_moves(b.body.value) and len(_loads(b.body.value)) == 1)
+                      _names(b for b in blocks[:at] if not moves_one_load(b)
                              or any(w.source.__chandle__() == fed for w in b.writes)),
                       str(store.buffer.dtype))
 
@@ -221,6 +221,12 @@ def _is_copy(block) -> bool:
     """A spatial block of one store: one that moves values (a padding, inlined into the block's loads) or another
     (a concatenation, a scaling by a squeeze-excitation's factors: a pass of its own before the block)."""
     return not any(int(iv.iter_type) == 2 for iv in block.iter_vars) and _is(block.body, STORES)
+
+
+def moves_one_load(block) -> bool:
+    """Whether ``block`` stores one loaded value as it is (a reshape, a transpose, a padding's select of a load and a
+    constant): inlined into its readers it adds no arithmetic to their loads."""
+    return _moves(block.body.value) and len(_loads(block.body.value)) == 1
 
 
 def _moves(value) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolchain.tune.microkernel import _loads, _moves, as_pass, own_module
+from toolchain.tune.microkernel import as_pass, moves_one_load, own_module
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def row_kernel(func) -> RowKernel | None:
     others = [*range(start), *range(end, len(blocks))]
     if any(2 in kinds[i] or type(blocks[i].body).__name__ not in ("TensorStore", "BufferStore") for i in others):
         return None
-    if not all(_moves(blocks[i].body.value) and len(_loads(blocks[i].body.value)) == 1 for i in range(start)):
+    if not all(moves_one_load(blocks[i]) for i in range(start)):
         return None  # inlined into every load of the core, arithmetic would be computed again in each
     if extents[end - 1] != (*rows, length) or 2 in kinds[end - 1]:
         return None
@@ -75,13 +75,8 @@ def schedule_rows(sch, kernel: RowKernel, lanes: int):
     blocks after inlined into the last of them, a parallel pass. Returns ``sch``."""
     for name in kernel.lead:
         sch.compute_inline(sch.get_sblock(name))
-    for name in kernel.rest[:-1]:  # a chain of reshapes and transposes: one pass, its last, reading through them
-        try:
-            sch.compute_inline(sch.get_sblock(name))
-        except Exception:  # noqa: BLE001 - read by two, or not inlinable: a pass of its own
-            as_pass(sch, name, lanes)
-    if kernel.rest:
-        as_pass(sch, kernel.rest[-1], lanes)
+    if kernel.rest:  # a chain of reshapes and transposes: one pass, its last, reading through them
+        _as_passes(sch, kernel.rest, lanes)
     for name in reversed(kernel.blocks[:-1]):
         block = sch.get_sblock(name)
         if name not in kernel.reductions and len(sch.get_consumers(block)) == 1:
@@ -159,13 +154,19 @@ def pass_schedule(func, target):
         return None, "a reduction"
     if any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
         return None, "nested blocks"
-    names, kept = [b.name_hint for b in blocks], []
+    passes = _as_passes(sch, [b.name_hint for b in blocks], vector_lanes(target))
+    return sch, f"{passes} pass{'es' if passes > 1 else ''}"
+
+
+def _as_passes(sch, names, lanes: int) -> int:
+    """Blocks ``names`` (program order): each but the last inlined into what reads it where TVM can, the others and
+    the last parallel passes (:func:`as_pass`); how many passes."""
+    kept = []
     for name in reversed(names[:-1]):
         try:
             sch.compute_inline(sch.get_sblock(name))
         except Exception:  # noqa: BLE001 - an output, or read by a block it cannot be inlined into: a pass
             kept.append(name)
-    lanes = vector_lanes(target)
     for name in [*reversed(kept), names[-1]]:
         as_pass(sch, name, lanes)
-    return sch, f"{len(kept) + 1} pass{'es' if kept else ''}"
+    return len(kept) + 1

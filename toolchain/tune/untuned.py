@@ -189,10 +189,17 @@ def block_schedule(func, spec, spatial: bool = False):
     ``spatial``: the last resort's too), postprocessed and passing the static checks: (schedule, its shape), or
     (None, "")."""
     try:
-        sch, detail = microkernel.register_block(func, spec.tvm(), spatial)
+        found = microkernel.register_block(func, spec.tvm(), spatial)
     except Exception as exc:  # noqa: BLE001 - a kernel the block's schedule does not fit: the next finder
         log.info("no register block for %s: %s", func, exc)
         return None, ""
+    return _checked(found, func, spec)
+
+
+def _checked(found: tuple, func, spec):
+    """A hand-made schedule ``found`` (schedule or None, its detail) postprocessed and passing the static checks, or
+    (None, "")."""
+    sch, detail = found
     sch = postprocess(sch, spec) if sch is not None else None
     return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
 
@@ -202,14 +209,13 @@ def rows_schedule(func, spec, passes: bool = False):
     spatial blocks as parallel passes), postprocessed and passing the static checks: (schedule, its shape), or
     (None, "")."""
     try:
-        sch, detail = rows.row_schedule(func, spec.tvm())
-        if sch is None and passes:
-            sch, detail = rows.pass_schedule(func, spec.tvm())
+        found = rows.row_schedule(func, spec.tvm())
+        if found[0] is None and passes:
+            found = rows.pass_schedule(func, spec.tvm())
     except Exception as exc:  # noqa: BLE001 - a kernel the row schedule does not fit: the next finder
         log.info("no row schedule for %s: %s", func, exc)
         return None, ""
-    sch = postprocess(sch, spec) if sch is not None else None
-    return (sch, detail) if sch is not None and passes_static_checks(sch, func) else (None, "")
+    return _checked(found, func, spec)
 
 
 def _rows(func, spec, _library):
