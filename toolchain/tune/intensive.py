@@ -9,6 +9,7 @@ from typing import Callable
 
 from toolchain.geometry import LINE
 from toolchain.tune.schedule_check import free_vars
+from toolchain.tune.transfer import divisors
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -503,11 +504,6 @@ def tile_units(kind: str, shape: tuple[int, ...],
                 x_it: (w, c * 4, lambda f: touched(c, f * 4, h * w * 4))}
     *_, rows, k = shape
     return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending (the tile factors a loop of ``n`` iterations splits into evenly)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _tile_bounds(sch, pair: IntensivePair, budget: int, cores: int = 1) -> dict[int, tuple[int, int]]:

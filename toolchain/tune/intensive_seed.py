@@ -4,9 +4,10 @@ decisions of the intensive-fusion space, so the seed is a point of that space. W
 from __future__ import annotations
 
 from toolchain.tune.adapter import workload_module
-from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, divisors, tile_units, vector_lanes
+from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, tile_units, vector_lanes
 from toolchain.tune.space import rest_complex, schedule_fn
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
+from toolchain.tune.transfer import divisors
 
 #: Bytes of the intermediate one tile of D reads (U's output for the tile), one seed each. A phone
 #: core's L2 is 256-512 KiB (host/bench/proxy.py's geometries): the tile's slice of the intermediate should

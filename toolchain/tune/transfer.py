@@ -79,7 +79,8 @@ def siblings(func, candidates: dict, k: int) -> list[str]:
     return (first + [n for n in same + alike if n not in first])[:k]
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (the tile factors a loop of ``n`` iterations splits into evenly)."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -94,7 +95,7 @@ def refit_tile(factors: list[int], extent: int, max_innermost: int = 0) -> list[
         cap = max(1, int(factors[i]))
         if i == len(factors) - 1 and max_innermost > 0:
             cap = min(cap, max_innermost)
-        out[i] = max(d for d in _divisors(rest) if d <= cap)
+        out[i] = max(d for d in divisors(rest) if d <= cap)
         rest //= out[i]
     out[0] = rest
     return out
