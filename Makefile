@@ -23,7 +23,7 @@ CACHE   ?=
 BENCH_ARGS = $(if $(MODELS),--models "$(MODELS)") $(if $(SHAPES),--shapes "$(SHAPES)") \
              $(if $(QUICK),--quick) $(if $(THREADS),--threads $(THREADS)) $(if $(CACHE),--cache $(CACHE))
 
-.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning bench-phases library bench-library clean
+.PHONY: help setup system venv runners demo lint test test-slow test-all test-conformance bench bench-host bench-untuned bench-quick bench-pairs bench-e2e bench-locality bench-layout bench-cuda bench-rpc bench-tuning bench-phases library bench-library bench-shipped clean
 
 # the C++ runner: make runner TARGET=host|linux-arm64|android-arm64|android-arm64-ndk (see android_runner/README.md)
 include android_runner/runner.mk
@@ -54,6 +54,8 @@ help:
 	@echo "                   mobilenet-v2 + mnasnet @112, every variant (tuned: long; QUICK=1 for 16 trials)"
 	@echo "make library    tune the zoo CNNs, package their schedules as library/<target>/ (TARGET=host SHAPE=56 TRIALS=96)"
 	@echo "make bench-library  MODEL tuned with and without a record library of the other zoo CNNs (MODEL=mnasnet)"
+	@echo "make bench-shipped  the zoo CNNs @112/224 after the default \`agoc tune\`, tuned and untuned builds beside onnxruntime"
+	@echo "                   at 2 and 1 threads, warm and cold; the share of the FMA peak (MODELS= SIZES= THREADS=: ~2 h)"
 	@echo "make setup      create $(VENV), install agoc and the system tools (idempotent)"
 
 setup: system venv
@@ -194,6 +196,11 @@ library: setup
 bench-library: setup
 	$(VENV)/bin/python -m host.bench.library_loo --model $(or $(MODEL),mnasnet) --shape $(or $(SHAPE),56) \
 		--trials $(or $(TRIALS),48) --per-iter $(or $(PER_ITER),4)
+
+# the sizes users ship: the default tune of each zoo CNN, its builds timed beside onnxruntime (host/bench/shipped.py)
+bench-shipped: setup runners
+	$(VENV)/bin/python -m host.bench.shipped $(if $(MODELS),--models "$(MODELS)") $(if $(SIZES),--sizes "$(SIZES)") \
+		$(if $(THREADS),--threads "$(THREADS)")
 
 bench-host: setup
 	$(AGOC) bench-suite host $(BENCH_ARGS)

@@ -1,0 +1,67 @@
+"""`make bench-shipped` (host/bench/shipped.py): the verdict per size, the share of the peak read from a per-kernel
+run, the chart, and one small run of the whole suite (a tune, two verified builds, timings beside onnxruntime)."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from host.bench import shipped
+
+
+def _point(model, size, ratios: dict, note=""):
+    timed = {"tuned": {t: {"ms": {}, "onnxruntime_ms": {}, "note": "", "speedup": r} for t, r in ratios.items()}}
+    return shipped.Point(model, size, 100.0, 256, timed if ratios else {}, note=note)
+
+
+def test_a_size_is_met_only_where_every_thread_count_and_regime_reaches_its_target():
+    points = [_point("a", 112, {"2": {"warm": 1.2, "cold": 1.15}, "1": {"warm": 1.1, "cold": 1.3}}),
+              _point("b", 112, {"2": {"warm": 1.2, "cold": 1.05}}),
+              _point("c", 112, {}, note="tune exited 1"),
+              _point("a", 224, {"2": {"warm": 1.0, "cold": 1.01}}),
+              _point("a", 56, {"2": {"warm": 0.5, "cold": 0.5}})]  # no target at 56: no verdict
+    found = shipped.verdict(points)
+    assert set(found) == {"112", "224"}
+    assert found["112"]["met"] == ["a"] and found["112"]["not_timed"] == ["c"]
+    assert found["112"]["below"] == [{"model": "b", "threads": 2, "regime": "cold", "ratio": 1.05}]
+    assert found["224"] == {"target": 1.0, "met": ["a"], "below": [], "not_timed": []}
+
+
+def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time():
+    result = {"peak": {"gflops": 200.0},
+              "kernels": [{"flops": 1e8, "calls_per_run": 2, "median_ms": 1.0},  # 0.2 GFLOP in 1 ms
+                          {"flops": 2e8, "calls_per_run": 1, "median_ms": 1.0},
+                          {"flops": None, "calls_per_run": 1, "median_ms": 0.5}]}  # no count: time, no work
+    share = shipped.share_of_peak(result)
+    assert share["gflop"] == pytest.approx(0.4) and share["kernels_ms"] == pytest.approx(2.5)
+    assert share["gflops"] == pytest.approx(160.0) and share["fraction"] == pytest.approx(0.8)
+    assert shipped.share_of_peak({"kernels": result["kernels"]})["fraction"] is None  # no peak measured
+
+
+def test_the_chart_is_written(tmp_path):
+    doc = {"points": [asdict(_point("mobilenet-v2", 224, {"2": {"warm": 1.2, "cold": 1.3},
+                                                                  "1": {"warm": 0.9, "cold": 1.0}}))]}
+    path = shipped.chart(doc, tmp_path / "c.png")
+    from PIL import Image
+
+    assert Image.open(path).size[0] >= 480
+
+
+@pytest.mark.e2e  # about two minutes: a short tune, two builds checked against onnxruntime, the timings
+def test_a_small_run_tunes_builds_times_and_resumes_after_its_tune(tmp_path, capsys):
+    args = ["--models", "tiny-cnn", "--sizes", "16", "--threads", "1", "--rounds", "2", "--calls", "3",
+            "--tune-args", "--trials 4", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    assert shipped.main(args) == 0
+    [written] = (tmp_path / "out").glob("shipped-*.json")
+    doc = json.loads(written.read_text())
+    [point] = doc["points"]
+    assert point["note"] == "" and 0 < point["trials"] <= 4 and point["tune_s"] > 0
+    for build in shipped.BUILDS:
+        one = point["timed"][build]["1"]
+        assert set(one["speedup"]) == {"warm", "cold"} and all(v > 0 for v in one["speedup"].values())
+    assert point["peak"]["gflop"] > 0 and written.with_suffix(".png").exists()
+    assert doc["verdict"] == {}  # no target at 16
+    tuned_at = (tmp_path / "w" / "tiny-cnn-16" / "db").stat().st_mtime
+    assert shipped.main(args) == 0  # resumed: the tune not run again
+    assert (tmp_path / "w" / "tiny-cnn-16" / "db").stat().st_mtime == tuned_at
+    assert "tuned in" in capsys.readouterr().out
