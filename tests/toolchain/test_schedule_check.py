@@ -132,28 +132,6 @@ def test_predicates_are_counted_exactly(pw_dw):
     assert out.executed == out.needed == 144 * 14 * 14 and out.exact
 
 
-def test_a_partitioned_loop_is_counted_once_over_its_copies():
-    """``loop_partition`` copies a loop's blocks, one copy per range; the copies together run the block once over
-    its domain. A copy left out (only the first range's) shows as dropped."""
-    from tvm import te
-
-    x = te.placeholder((3, 37), name="x")
-    func = te.create_prim_func([x, te.compute((3, 37), lambda i, j: x[i, j] * 2.0, name="double")])
-    sch = schedule(func)
-    _, j = sch.get_loops(sch.get_sblock("double"))
-    outer, _ = sch.split(j, [None, 16])
-    sch.loop_partition(outer, [2, None])
-    counts = execution_counts(sch.mod)
-    doubled = [c for c in counts if c.domain == 3 * 37]
-    assert len(doubled) == 1 and doubled[0].executed == doubled[0].needed == 3 * 37 and dropped_blocks(sch.mod) == []
-    import tvm
-
-    script = sch.mod.script()
-    assert script.count("range(2, 3)") == 1
-    shortened = tvm.script.from_source(script.replace("range(2, 3)", "range(2, 2)"))  # the remainder's copy never runs
-    assert [c.executed for c in dropped_blocks(shortened)] == [3 * 32]
-
-
 def test_the_check_is_a_metaschedule_postproc():
     from tvm.s_tir.meta_schedule.postproc import Postproc
 

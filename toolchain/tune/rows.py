@@ -84,8 +84,8 @@ def schedule_rows(sch, kernel: RowKernel, lanes: int):
                 sch.compute_inline(block)
             except Exception:  # noqa: BLE001 - not inlinable (TVM says why): it stays a step of the row
                 pass
-    if kernel.length % lanes == 0 and lanes > 1:  # (a predicate of a split that overhangs the row is lost when
-        for name in kernel.reductions:  # TVM's compute_at moves its block: such rows' reductions stay scalar)
+    if kernel.length % lanes == 0 and lanes > 1:
+        for name in kernel.reductions:
             *_, along = sch.get_loops(sch.get_sblock(name))
             sch.rfactor(sch.split(along, [None, lanes])[1], len(kernel.rows))
     *steps, last = [sch.get_sblock(n) for n in _after_rfactor(sch, kernel.blocks)]
@@ -96,39 +96,24 @@ def schedule_rows(sch, kernel: RowKernel, lanes: int):
     for block in steps:
         _vectorize_step(sch, block, lanes)
     *_, along = sch.get_loops(last)
-    vector_loop(sch, along, lanes)
+    if kernel.length % lanes == 0 and lanes > 1:
+        sch.vectorize(sch.split(along, [None, lanes])[1])
     sch.parallel(row)
     return sch
 
 
-def vector_loop(sch, loop, lanes: int) -> None:
-    """``loop`` (innermost, nothing scheduled below it) in vectors of ``lanes``: the whole vectors a vectorised loop,
-    a remainder no vector fills a scalar loop after them (``loop_partition``: a schedule's last step at that loop, its
-    blocks nested then). A loop shorter than one vector stays scalar."""
-    extent = int(sch.get(loop).extent)
-    if lanes < 2 or extent < lanes:
-        return
-    outer, inner = sch.split(loop, [None, lanes])
-    if extent % lanes == 0:
-        sch.vectorize(inner)
-        return
-    whole, _ = sch.loop_partition(outer, [extent // lanes, None])
-    sch.vectorize(sch.get_loops(sch.get_child_blocks(whole)[-1])[-1])
-
-
 def _vectorize_step(sch, block, lanes: int) -> None:
     """A step computed at the row (its loops there one per iter var, in order, unit loops kept): its one spatial
-    loop longer than 1 — along the row, or a reduction's partial sums — moved innermost and in vectors of ``lanes``
-    (:func:`vector_loop`)."""
+    loop longer than 1 — along the row, or a reduction's partial sums — moved innermost and vectorised in ``lanes``."""
     kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
     loops = sch.get_loops(block)[1:]
     extents = [int(sch.get(lp).extent) for lp in loops]
     spatial = [i for i, (k, e) in enumerate(zip(kinds, extents)) if k == 0 and e > 1]
-    if len(loops) != len(kinds) or len(spatial) != 1:
+    if len(loops) != len(kinds) or len(spatial) != 1 or extents[spatial[0]] % lanes or lanes < 2:
         return
     along = loops[spatial[0]]
     sch.reorder(*[lp for i, lp in enumerate(loops) if i != spatial[0]], along)
-    vector_loop(sch, along, lanes)
+    sch.vectorize(along if extents[spatial[0]] == lanes else sch.split(along, [None, lanes])[1])
 
 
 def _after_rfactor(sch, core: tuple[str, ...]) -> list[str]:
@@ -148,19 +133,11 @@ def row_schedule(func, target):
     kernel = row_kernel(func)
     if kernel is None:
         return None, "not a row kernel"
-    lanes = row_lanes(kernel.length, vector_lanes(target))
+    lanes = vector_lanes(target)
+    while lanes > 1 and kernel.length % lanes:
+        lanes //= 2
     sch = schedule_rows(s_tir.Schedule(own_module(func)), kernel, lanes)
     return sch, f"{len(kernel.blocks)} steps×{lanes}"
-
-
-def row_lanes(length: int, lanes: int) -> int:
-    """The vector width along a row of ``length``: the target's ``lanes`` or half of it where that divides the row
-    (no remainder), else the widest no longer than the row (its remainder a scalar loop)."""
-    if lanes > 2 and length % lanes and length % (lanes // 2) == 0:
-        return lanes // 2
-    while lanes > 1 and lanes > length:
-        lanes //= 2
-    return lanes
 
 
 def pass_schedule(func, target):

@@ -210,7 +210,6 @@ class _Seen:
     block: object  # tvm.s_tir.SBlock
     executed: int
     exact: bool
-    part: tuple | None = None  # (the partition's name, which block in it) of a block copied by ``loop_partition``
 
 
 def _is_true(expr) -> bool:
@@ -273,15 +272,7 @@ def _walk(stmt, loops: list, preds: list, out: list) -> None:
         inner = preds + [stmt.predicate]
         executed, exact = _count(loops, inner)
         out.append(_Seen(stmt.block, executed, exact))
-        if stmt.block.name_hint.endswith(PARTITION) and not stmt.block.iter_vars:
-            parts: list = []  # loop_partition's copies of one loop's blocks, one range of the loop each
-            _walk(stmt.block.body, loops, inner, parts)
-            for part in _partitions(parts):
-                for k, seen in enumerate(b for b in part if b.block.iter_vars):
-                    seen.part = (stmt.block.name_hint, k)
-            out.extend(parts)
-        else:
-            _walk(stmt.block.body, loops, inner, out)
+        _walk(stmt.block.body, loops, inner, out)
     elif isinstance(stmt, s_tir.SBlock):
         _walk(stmt.body, loops, preds, out)
     elif isinstance(stmt, t.IfThenElse):  # rare before lowering: count both branches (upper bound)
@@ -291,22 +282,6 @@ def _walk(stmt, loops: list, preds: list, out: list) -> None:
         body = getattr(stmt, "body", None)
         if body is not None:
             _walk(body, loops, preds, out)
-
-
-#: the name ``loop_partition`` gives the block around a partitioned loop's copies (each copy in a block named
-#: ``…_partition``)
-PARTITION = "_common"
-
-
-def _partitions(seen: list) -> list[list]:
-    """The blocks seen under a partitioned loop's ``…_common`` block, split at each ``…_partition`` block."""
-    parts: list = []
-    for b in seen:
-        if b.block.name_hint.endswith("_partition") and not b.block.iter_vars:
-            parts.append([])
-        elif parts:
-            parts[-1].append(b)
-    return parts
 
 
 def _primfunc(obj):
@@ -487,18 +462,11 @@ def execution_counts(func) -> list[BlockCount]:
     seen = _seen(func)
     blocks = [s.block for s in seen]
     boxes = _needed_boxes(blocks, {_handle(p) for p in func.params})
-    counts, parts = [], {}
+    counts = []
     for s, box in zip(seen, boxes):
         domain = 1
         for _, ext, _ in _domain(s.block):
             domain *= ext
-        if s.part in parts:  # a copy of a partitioned loop's block: counted with the first copy
-            first = counts[parts[s.part]]
-            counts[parts[s.part]] = BlockCount(first.name, first.executed + s.executed, first.domain,
-                                               max(first.needed, _box_size(box)), first.exact and s.exact)
-            continue
-        if s.part is not None:
-            parts[s.part] = len(counts)
         counts.append(BlockCount(s.block.name_hint, s.executed, domain, _box_size(box), s.exact))
     return counts
 
