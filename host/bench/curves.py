@@ -46,11 +46,11 @@ class Point:
     build: str = ""  # the checkpoint's build directory (host/bench/together.py times them again side by side)
 
 
-def _agoc() -> str:
+def agoc_path() -> str:
     return str(Path(sys.executable).with_name("agoc"))
 
 
-def _run(words: list[str], log: Path) -> None:
+def run_logged(words: list[str], log: Path) -> None:
     """Run an agoc/python command, its output appended to ``log``; raise with its tail when it fails."""
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(words)}\n")
@@ -134,16 +134,16 @@ def agoc_curve(args, name: str, library: Path | None, work: Path, log: Path) -> 
         point = Point(name, round(spent, 1))
         if minutes > 0:
             started = time.monotonic()
-            _run([_agoc(), "tune", args.model, "--db", str(db), "--time", f"{max(1, round(minutes * 60 - spent))}s",
-                  "--seed", str(args.seed), *lib], log)
+            run_logged([agoc_path(), "tune", args.model, "--db", str(db), "--time",
+                        f"{max(1, round(minutes * 60 - spent))}s", "--seed", str(args.seed), *lib], log)
             spent += time.monotonic() - started
             from toolchain import tune as tuning
 
             status = tuning.status(db)
             point = Point(name, round(spent, 1), trials=status["trials"], estimate_ms=status["estimate_ms"])
         out = work / name / f"at-{minutes:g}m"
-        words = [_agoc(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib]
-        points.append(_built_and_timed(point, lambda words=words: _run(words, log), out, args))
+        words = [agoc_path(), "compile", args.model, "-o", str(out), *(["--db", str(db)] if minutes > 0 else []), *lib]
+        points.append(_built_and_timed(point, lambda words=words: run_logged(words, log), out, args))
     return points
 
 
@@ -231,12 +231,12 @@ def _stock_artifact(model_path: Path, target: str, stock: Path, records: int, te
     shutil.copytree(template, out, ignore=shutil.ignore_patterns("*.so"))
     manifest = json.loads((out / MANIFEST).read_text())
     library = out / manifest["library"]
-    _run([sys.executable, "-m", "host.bench.stock_ms", "build", "--model", str(model_path), "--target", target,
+    run_logged([sys.executable, "-m", "host.bench.stock_ms", "build", "--model", str(model_path), "--target", target,
           "--work", str(stock / "ms"), "--records", str(records), "--out", str(library)], log)
     manifest.update(library_sha256=file_sha256(library), partition="stock", kernels=[], untuned=None,
                     tuning={"db": str(stock / "ms"), "records": records, "by": "tvm.s_tir.meta_schedule.tune_relax"})
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    _run([_agoc(), "verify", str(out)], log)
+    run_logged([agoc_path(), "verify", str(out)], log)
 
 
 # ----------------------------------------------------------------------------- summary
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         template = next((work / v / "at-0m" for v in ("b", "c") if (work / v / "at-0m").is_dir()), None)
         if template is None:
             template = work / "template"
-            _run([_agoc(), "compile", args.model, "-o", str(template), "--no-library"], log)
+            run_logged([agoc_path(), "compile", args.model, "-o", str(template), "--no-library"], log)
         curves["a"] = stock_curve(args, spec, model_path, template, work, log)
     document["curves"] = {v: [asdict(p) for p in pts] for v, pts in sorted(curves.items())}
     document["summary"] = summarize({v: curves[v] for v in sorted(curves)})

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from host.bench.curves import _agoc, _run, measure
+from host.bench.curves import agoc_path, measure, run_logged
 
 MODELS = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet", "shufflenet-v2")
 #: onnxruntime ÷ agoc the tuned build is to reach at each input size, warm and cold, on every thread count (#59);
@@ -49,14 +50,14 @@ def run_point(model: str, size: int, args, log: Path) -> Point:
     try:
         if point.tune_s is None:
             started = time.monotonic()
-            _run([_agoc(), "tune", ref, "--db", str(work / "db"), *args.tune_args], log)
+            run_logged([agoc_path(), "tune", ref, "--db", str(work / "db"), *args.tune_args], log)
             point.tune_s = round(time.monotonic() - started, 1)
             point.trials = tuning.status(work / "db")["trials"]
             _save(point, saved)
         for build in BUILDS:
             if not (work / build / "manifest.json").exists():
                 db = ["--db", str(work / "db")] if build == "tuned" else []
-                _run([_agoc(), "compile", ref, "-o", str(work / build), *db], log)
+                run_logged([agoc_path(), "compile", ref, "-o", str(work / build), *db], log)
         for threads in args.threads:
             for build in BUILDS:
                 ours, ort, note = measure(work / build, threads, args.rounds, args.calls)
@@ -75,9 +76,7 @@ def peak_share(artifact: Path, threads: int, log: Path) -> dict:
     medians, the GFLOP/s that makes and its fraction of the FMA peak the runner measured in the same run."""
     out = log.with_name(f"{artifact.parent.name}-per-kernel.json")
     with open(out, "w") as f:
-        import subprocess
-
-        done = subprocess.run([_agoc(), "bench", str(artifact), "--per-kernel", "--json", "--threads", str(threads),
+        done = subprocess.run([agoc_path(), "bench", str(artifact), "--per-kernel", "--json", "--threads", str(threads),
                                "--repeat", "50"], stdout=f, stderr=subprocess.DEVNULL, check=False)
     if done.returncode != 0:
         return {"note": f"agoc bench --per-kernel exited {done.returncode}"}

@@ -39,8 +39,8 @@ def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time():
 
 
 def test_the_chart_is_written(tmp_path):
-    doc = {"points": [asdict(_point("mobilenet-v2", 224, {"2": {"warm": 1.2, "cold": 1.3},
-                                                                  "1": {"warm": 0.9, "cold": 1.0}}))]}
+    ratios = {"2": {"warm": 1.2, "cold": 1.3}, "1": {"warm": 0.9, "cold": 1.0}}
+    doc = {"points": [asdict(_point("mobilenet-v2", 224, ratios))]}
     path = shipped.chart(doc, tmp_path / "c.png")
     from PIL import Image
 
