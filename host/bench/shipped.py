@@ -8,13 +8,14 @@ import argparse
 import datetime
 import json
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from host.bench.curves import agoc_path, measure, run_logged
 
-MODELS = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet", "shufflenet-v2")
+MODELS = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet-1.1", "shufflenet-v2")
 #: onnxruntime ÷ agoc the tuned build is to reach at each input size, warm and cold, on every thread count (#59);
 #: a size not listed is reported without a verdict
 TARGET = {112: 1.1, 224: 1.0}
@@ -173,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from models.registry import MODELS as ZOO
+
+    unknown = [m for m in args.models.split(",") if m and m not in {z.name for z in ZOO}]
+    if unknown:  # before any tune
+        print(f"error: unknown zoo model(s) {', '.join(unknown)}; give --models from: {', '.join(z.name for z in ZOO)}",
+              file=sys.stderr)
+        return 1
     args.threads = [int(t) for t in args.threads.split(",") if t]
     args.tune_args = args.tune_args.split()
     args.work.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,14 @@ def test_a_size_is_met_only_where_every_thread_count_and_regime_reaches_its_targ
     assert found["224"] == {"target": 1.0, "met": ["a"], "below": [], "not_timed": []}
 
 
+def test_an_unknown_model_is_refused_before_any_tune(tmp_path, capsys):
+    assert shipped.main(["--models", "squeezenet", "--work", str(tmp_path / "w")]) == 1
+    assert "squeezenet-1.1" in capsys.readouterr().err and not (tmp_path / "w").exists()
+    from models.registry import MODELS as ZOO
+
+    assert set(shipped.MODELS) <= {z.name for z in ZOO}
+
+
 def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time():
     result = {"peak": {"gflops": 200.0},
               "kernels": [{"flops": 1e8, "calls_per_run": 2, "median_ms": 1.0},  # 0.2 GFLOP in 1 ms
