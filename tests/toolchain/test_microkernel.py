@@ -298,3 +298,38 @@ def test_attention_batch_matmuls_of_two_activations_are_blocked_the_transposed_o
     np.testing.assert_allclose(out[-1], out[0] @ out[1], rtol=1e-4, atol=1e-4)
     assert mk.matmul_like(te.create_prim_func([p, v, te.compute(
         (1, heads, seq, dim), lambda b, h, i, d: te.sum(p[b, h, i, s] * v[b, h, i, d], axis=s), name="O")])) is None
+
+
+def test_late_pointwise_convs_run_their_channel_tiles_outermost_early_ones_their_positions():
+    """Few positions, large weights (a late 1×1 conv, GEMV-like): each weight tile read once, the small data re-read;
+    many positions, small weights: as before. Depthwise convs and batch matmuls' second activation: as before."""
+    avx2 = mk.UNITS["avx2"]
+
+    def outer(spatial, reduce, **kw):
+        kernel = mk.MatmulLike("C", spatial, reduce, (), (), **kw)
+        return mk.channels_outer(kernel, *mk.choose_block(kernel, avx2))
+
+    assert outer((1, 4, 4, 1280), (1, 1, 320))  # MobileNet-V2 @112's last 1×1 conv: 1.6 MB of weights
+    assert outer((1, 13, 13, 1000), (1, 1, 512))  # SqueezeNet's classifier conv
+    assert not outer((1, 56, 56, 96), (1, 1, 16))  # an early expansion: 6 KiB of weights stay in L1
+    assert not outer((1, 4, 4, 1280), (3, 3, 1), depthwise=True)
+    assert not outer((1, 4, 4, 1280), (1, 1, 320), shared=False)
+    assert not outer((1, 1280), (320,))  # one row: nothing to order
+
+
+def test_a_block_with_its_channel_tiles_outermost_computes_the_same():
+    from tvm import te
+
+    a, w = te.placeholder((4, 4, 256), name="A"), te.placeholder((256, 512), name="W")
+    k = te.reduce_axis((0, 256), name="k")
+    c = te.compute((4, 4, 512), lambda h, x, j: te.sum(a[h, x, k] * w[k, j], axis=k), name="C")
+    func = te.create_prim_func([a, w, c])
+    kernel = mk.matmul_like(func)
+    shape = mk.choose_block(kernel, mk.unit_of(HOST.tvm()), perfect=False)
+    assert kernel.shared and mk.channels_outer(kernel, *shape)
+    sch, _ = mk.register_block(func, HOST.tvm())
+    fused = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("C_init"))][0]
+    assert fused.kind == 1 and fused.loop_var.name.startswith("j")  # parallel, the channel tiles first
+    assert parallel_races(sch.mod) == []
+    out = _run(sch.mod["main"], HOST.tvm())
+    np.testing.assert_allclose(out[-1], np.einsum("hxk,kj->hxj", out[0], out[1]), rtol=1e-4, atol=1e-4)

@@ -18,8 +18,12 @@ class VectorUnit:
 
     def of(self, dtype: str) -> VectorUnit:
         """The same registers holding ``dtype`` (float16: twice the FP32 lanes, NEON's ``fmla v.8h``)."""
-        nbytes = max(1, int("".join(c for c in dtype if c.isdigit()) or 32) // 8)
+        nbytes = dtype_bytes(dtype)
         return VectorUnit(self.registers, self.lanes * self.element_bytes // nbytes, nbytes)
+
+
+def dtype_bytes(dtype: str) -> int:
+    return max(1, int("".join(c for c in dtype if c.isdigit()) or 32) // 8)
 
 
 #: the vector units of the targets' ISAs (the key: toolchain.asm's architecture, or "avx2" for x86 without AVX-512)
@@ -39,6 +43,12 @@ STACK_BYTES = 1024
 MASKED_GAIN = 1.5
 #: the largest depthwise or pooling window unrolled around the block (7 × 7; a global pool's is not)
 MAX_UNROLLED_WINDOW = 49
+#: what re-reading one byte of an operand costs in the tile loops, by the cache its bytes fit in: (at most this many
+#: bytes, cost) — within half a small core's L2 (Cortex-A76's 256 KiB) a re-read hides behind the block's FMAs, beyond
+#: it comes from the shared cache or memory. The tiles run the output channels' vectors outermost where re-reading
+#: the data costs less than re-reading the weights (late pointwise convs, GEMV-like: few positions, large weights):
+#: docs/tuning-internals.md (Tile order)
+REREAD_COST = ((128 << 10, 0), (math.inf, 1))
 
 
 def block_shape(unit: VectorUnit) -> tuple[int, int]:
@@ -95,6 +105,7 @@ class MatmulLike:
     # matmul's transposed activation: read in vectors, it is copied once in the layout the block reads): passes first
     gathers: tuple[str, ...] = ()
     dtype: str = "float32"  # what the block accumulates in (its vectors' lanes: VectorUnit.of)
+    shared: bool = True  # the weight reads none of the tiles' axes (False: a batch matmul's second activation)
 
     @property
     def channels(self) -> int:
@@ -202,11 +213,12 @@ def matmul_like(func) -> MatmulLike | None:
     if any(int(iv.iter_type) == 2 for b in blocks[end:] for iv in b.iter_vars):
         return None
     fed = _buffer(operands[weight[0]]).__chandle__() if len(operands) == 2 else None
+    shared = not depthwise and not uses[weight[0]] & batch
     return MatmulLike(block.name_hint, spatial_extents, tuple(extents[len(spatial):]), _names(blocks[:at]),
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
                       _names(b for b in blocks[:at] if not moves_one_load(b)
                              or any(w.source.__chandle__() == fed for w in b.writes)),
-                      str(store.buffer.dtype))
+                      str(store.buffer.dtype), shared)
 
 
 def _buffer(load):
@@ -305,10 +317,30 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
     return rows, vectors, lanes
 
 
+def _reread(nbytes: float) -> int:
+    return next(cost for size, cost in REREAD_COST if nbytes <= size)
+
+
+def channels_outer(kernel: MatmulLike, rows: int, vectors: int, lanes: int) -> bool:
+    """Whether the block's tiles run the output channels' vectors outermost, each tile's weights then read once
+    while the data is re-read for every vector tile — rather than the positions outermost, the weights re-read for
+    every tile of rows: where the re-read bytes cost less so (:data:`REREAD_COST`). Only for a weight the tiles
+    share (not a depthwise conv's or a batch matmul's)."""
+    if kernel.depthwise or not kernel.shared or len(kernel.spatial) < 2:
+        return False
+    size = dtype_bytes(kernel.dtype)
+    weights = kernel.channels * math.prod(kernel.reduce) * size
+    data = math.prod(kernel.spatial[:-1]) * kernel.reduce[-1] * size
+    position_tiles = math.prod(kernel.spatial[:-2]) * -(-kernel.width // rows)
+    channel_tiles = kernel.channels // (vectors * lanes)
+    return (channel_tiles - 1) * data * _reread(data) < (position_tiles - 1) * weights * _reread(weights)
+
+
 def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, sampled: bool = False):
     """Schedule a :class:`MatmulLike` kernel with a ``rows`` × ``vectors``·``lanes`` register block: its producers
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
-    loop outside the block) in parallel. ``sampled``: the rows and vectors as tile samples (their decisions the
+    loop outside the block) in parallel, the output channels' tiles outermost where :func:`channels_outer` says
+    (the order chosen from the given shape, kept when a search varies it). ``sampled``: the rows and vectors as tile samples (their decisions the
     given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
     for name in kernel.producers:  # a padding inlined into the block's loads, but a spatial conv's of a vector of
         # input channels or more (its bounds tests cost more than one padded copy: docs/tuning-internals.md); other
@@ -329,14 +361,16 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         tiles, inner = [*outer, wo], [wi]
     j, jv = sch.split(j, [None, lanes])
     jo, jj = sch.split(j, _factors(sch, j, [kernel.channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
-    sch.reorder(*tiles, jo, *reduce, *inner, jj, jv)
+    order = [jo, *tiles] if channels_outer(kernel, rows, vectors, lanes) else [*tiles, jo]
+    sch.reorder(*order, *reduce, *inner, jj, jv)
     acc = sch.cache_write(c, 0, "global")  # a stack array below STACK_BYTES (a "local" one is a heap workspace)
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
-    sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
+    # its loops as many whatever the tiles (a trace replays)
+    sch.reverse_compute_at(acc, order[-1], preserve_unit_loops=True)
     for name in kernel.rest:  # each a pass of its own (inlined into each other, one feeding two or an output fails)
         as_pass(sch, name, lanes)
-    sch.parallel(sch.fuse(*tiles, jo))
+    sch.parallel(sch.fuse(*order))
     window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
     for loop in inner + window:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
