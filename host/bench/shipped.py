@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from host.bench.curves import agoc_path, measure, run_logged
+from host.bench.suites import machine_context
 
 MODELS = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet-1.1", "shufflenet-v2")
 #: onnxruntime ÷ agoc the tuned build is to reach at each input size, warm and cold, on every thread count (#59);
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             points.append(run_point(model, size, args, log))
             print(f"  {_line(points[-1])}", flush=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    document = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "date": stamp,
+    document = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "date": stamp, "machine": machine_context(),
                 "settings": {"threads": args.threads, "rounds": args.rounds, "calls": args.calls,
                              "tune": ["agoc", "tune", "MODEL", *args.tune_args]},
                 "points": [asdict(p) for p in points]}

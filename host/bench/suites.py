@@ -216,19 +216,28 @@ def suite_cases(suite: Suite, quick: bool, models: list[str] | None = None,
     return cases
 
 
+#: /proc/cpuinfo flags of FP32 vector units, widest first: (flag, name)
+VECTOR_FLAGS = (("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"), ("sse2", "sse2"))
+
+
+def cpu_info(text: str) -> tuple[str | None, str | None]:
+    """(the first core's model name, its widest FP32 vector unit: :data:`VECTOR_FLAGS`) from /proc/cpuinfo's text."""
+    lines = reversed(text.splitlines())  # the first core's values written last
+    info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    return info.get("model name"), next((name for flag, name in VECTOR_FLAGS if flag in flags), None)
+
+
 def machine_context() -> dict:
     import psutil
 
-    cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu, vector = cpu_info(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
+        cpu, vector = None, None
     return {
-        "cpu": cpu,
+        "cpu": cpu or platform.processor() or platform.machine(),
+        "vector": vector,  # figures from hosts with different vector units do not compare
         "machine": platform.machine(),
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),

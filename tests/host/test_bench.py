@@ -415,3 +415,14 @@ def test_the_locality_variants_build_what_an_arm_preset_builds_by_default():
         assert (parts, tile_cache) == (arm, arm_cache) and tile_cache > 0 and "a76" in why
     host_parts, host_cache, _ = partition_settings("ago", None, None, "host")
     assert host_cache == 0 and host_parts.locality_unit == 0
+
+
+def test_the_machine_names_its_vector_unit_figures_from_other_units_do_not_compare():
+    from host.bench.suites import cpu_info
+
+    x86 = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx fma avx2\n\n"
+           "processor\t: 1\nmodel name\t: other\nflags\t\t: sse2\n")
+    assert cpu_info(x86) == ("AMD EPYC 7B13", "avx2")
+    assert cpu_info("model name : Xeon\nflags : sse2 avx2 avx512f avx512bw\n")[1] == "avx512"
+    assert cpu_info("processor : 0\nFeatures : fp asimd evtstrm aes\nCPU part : 0xd0b\n") == (None, "neon")
+    assert cpu_info("") == (None, None)

@@ -340,8 +340,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     """Schedule a :class:`MatmulLike` kernel with a ``rows`` × ``vectors``·``lanes`` register block: its producers
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel, the output channels' tiles outermost where :func:`channels_outer` says
-    (the order chosen from the given shape, kept when a search varies it). ``sampled``: the rows and vectors as tile samples (their decisions the
-    given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
+    (the order chosen from the given shape, kept when a search varies it). ``sampled``: the rows and vectors as
+    tile samples (their decisions the given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
     for name in kernel.producers:  # a padding inlined into the block's loads, but a spatial conv's of a vector of
         # input channels or more (its bounds tests cost more than one padded copy: docs/tuning-internals.md); other
         # producers than copies a pass before it
