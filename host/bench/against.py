@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from host.bench.run import Worker, measure_rounds
-from host.bench.suites import Settings, Variant
+from host.bench.suites import Settings, Variant, ratio_stats
 
 #: the engines compared: agoc's artifact (TVM's runtime) and the reference
 ENGINES = (Variant("agoc", "tvm", "the artifact, on TVM's runtime"),
@@ -28,13 +28,15 @@ class Comparison:
     rounds: int
     calls: int
     median_ms: dict  # regime -> engine -> ms
-    speedup: dict  # regime -> onnxruntime median / agoc median
+    speedup: dict  # regime -> onnxruntime ÷ agoc, the median of the rounds' ratios (paired_ratio)
     failures: dict  # regime -> engine -> why it did not run
     disturbed: dict  # regime -> engine -> rounds timed while another program held its cores (toolchain/timing.py)
+    per_round: dict = field(default_factory=dict)  # regime -> engine -> each round's median ms
 
     def to_json(self) -> dict:
         return {"threads": self.threads, "rounds": self.rounds, "calls": self.calls, "median_ms": self.median_ms,
-                "speedup": self.speedup, "failures": self.failures, "disturbed_rounds": self.disturbed}
+                "speedup": self.speedup, "failures": self.failures, "disturbed_rounds": self.disturbed,
+                "per_round_ms": self.per_round}
 
 
 def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, calls: int = 10,
@@ -42,15 +44,26 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
     """Time the artifact beside onnxruntime, each engine in a worker process of its own (host/bench/worker.py),
     in each regime of :data:`REGIMES`: ``rounds`` rounds of ``calls`` calls, engines in a random order."""
     threads = threads or os.cpu_count() or 1
-    medians, speedup, failures, disturbed = {}, {}, {}, {}
+    medians, speedup, failures, disturbed, per_round = {}, {}, {}, {}, {}
     for regime in REGIMES:
         timed = side_by_side({v.name: (v, artifact_dir) for v in ENGINES}, regime, threads, rounds, calls, warmup,
                              seed, lambda r, regime=regime: on_round(regime, r, rounds))
         failures[regime], disturbed[regime] = timed.failures, timed.disturbed
+        per_round[regime] = {name: [float(x) for x in r] for name, r in timed.per_round.items()}
         medians[regime] = {name: float(np.median(s)) for name, s in timed.samples.items() if s}
         if {"agoc", "onnxruntime"} <= set(medians[regime]):
-            speedup[regime] = medians[regime]["onnxruntime"] / medians[regime]["agoc"]
-    return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed)
+            speedup[regime] = paired_ratio(timed.per_round, medians[regime])
+    return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed, per_round)
+
+
+def paired_ratio(per_round: dict, medians: dict) -> float:
+    """onnxruntime ÷ agoc: the median of the rounds' ratios, both engines timed in each round (a slow spell of the
+    host slows both: a round's ratio keeps what the ratio of the medians loses); the ratio of the medians where a
+    round lacks either engine."""
+    ort, ours = per_round.get("onnxruntime") or [], per_round.get("agoc") or []
+    if ort and len(ort) == len(ours):
+        return ratio_stats(ort, ours)["median"]
+    return medians["onnxruntime"] / medians["agoc"]
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,10 @@ def suspect(ours: dict, ort: dict, disturbed: dict) -> str:
     return ""
 
 
-def measure(artifact: Path, threads: int, rounds: int, calls: int) -> tuple[dict, dict, str]:
-    """(build's median ms per regime, onnxruntime's, a note), each engine in its own process, interleaved rounds;
-    timed a second time where the first is :func:`suspect` (the note says why; the second timing is kept)."""
+def measure(artifact: Path, threads: int, rounds: int, calls: int) -> tuple[dict, dict, str, dict]:
+    """(build's median ms per regime, onnxruntime's, a note, onnxruntime ÷ agoc per regime: the median of the rounds'
+    ratios), each engine in its own process, interleaved rounds; timed a second time where the first is
+    :func:`suspect` (the note says why; the second timing is kept)."""
     from host.bench.against import compare
 
     note = ""
@@ -115,11 +116,12 @@ def measure(artifact: Path, threads: int, rounds: int, calls: int) -> tuple[dict
         found = compare(artifact, threads=threads, rounds=rounds, calls=calls)
         ours = {r: round(m["agoc"], 4) for r, m in found.median_ms.items() if "agoc" in m}
         ort = {r: round(m["onnxruntime"], 4) for r, m in found.median_ms.items() if "onnxruntime" in m}
+        speedup = {r: round(v, 3) for r, v in found.speedup.items()}
         why = suspect(ours, ort, found.disturbed)
         if not why:
-            return ours, ort, note
+            return ours, ort, note, speedup
         note = f"timed again: {why}" if attempt == 0 else f"{note}; again: {why}"
-    return ours, ort, note
+    return ours, ort, note, speedup
 
 
 # ----------------------------------------------------------------------------- agoc (b), (c)
@@ -160,7 +162,7 @@ def _built_and_timed(point: Point, build, out: Path, args) -> Point:
     try:
         build()
         point.verified, point.build_s = True, round(time.monotonic() - started, 1)
-        point.ms, point.onnxruntime_ms, point.note = measure(out, args.threads, args.rounds, args.calls)
+        point.ms, point.onnxruntime_ms, point.note, _ = measure(out, args.threads, args.rounds, args.calls)
     except RuntimeError as exc:
         point.note = str(exc).splitlines()[0]
     print(f"  ({point.variant}) {_line(point)}", flush=True)

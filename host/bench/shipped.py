@@ -62,10 +62,9 @@ def run_point(model: str, size: int, args, log: Path) -> Point:
                 run_logged([agoc_path(), "compile", ref, "-o", str(work / build), *db], log)
         for threads in args.threads:
             for build in BUILDS:
-                ours, ort, note = measure(work / build, threads, args.rounds, args.calls)
+                ours, ort, note, speedup = measure(work / build, threads, args.rounds, args.calls)
                 point.timed.setdefault(build, {})[str(threads)] = {
-                    "ms": ours, "onnxruntime_ms": ort, "note": note,
-                    "speedup": {r: round(ort[r] / ours[r], 3) for r in ours if r in ort and ours[r] > 0}}
+                    "ms": ours, "onnxruntime_ms": ort, "note": note, "speedup": speedup}
         point.peak = peak_share(work / "tuned", max(args.threads), log)
     except RuntimeError as exc:
         point.note = str(exc).splitlines()[0]

@@ -241,7 +241,7 @@ def test_a_suspect_timing_is_taken_again_once_and_the_note_says_why(monkeypatch)
         return against.Comparison(2, 1, 1, {r: {"agoc": ours[r], "onnxruntime": ort[r]} for r in ours}, {}, {}, {})
 
     monkeypatch.setattr(against, "compare", compare)
-    ours, ort, note = curves.measure("artifact", 2, 1, 1)
+    ours, ort, note, _ = curves.measure("artifact", 2, 1, 1)
     assert ours == {"warm": 3.9, "cold": 4.8} and ort["warm"] == 4.4
     assert note == "timed again: agoc 6.800 ms warm against 3.700 cold"
 
