@@ -52,7 +52,7 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
         per_round[regime] = {name: [float(x) for x in r] for name, r in timed.per_round.items()}
         medians[regime] = {name: float(np.median(s)) for name, s in timed.samples.items() if s}
         if {"agoc", "onnxruntime"} <= set(medians[regime]):
-            speedup[regime] = paired_ratio(timed.per_round, medians[regime])
+            speedup[regime] = paired_ratio(per_round[regime], medians[regime])
     return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed, per_round)
 
 

@@ -234,7 +234,7 @@ def _stock_artifact(model_path: Path, target: str, stock: Path, records: int, te
     manifest = json.loads((out / MANIFEST).read_text())
     library = out / manifest["library"]
     run_logged([sys.executable, "-m", "host.bench.stock_ms", "build", "--model", str(model_path), "--target", target,
-          "--work", str(stock / "ms"), "--records", str(records), "--out", str(library)], log)
+                "--work", str(stock / "ms"), "--records", str(records), "--out", str(library)], log)
     manifest.update(library_sha256=file_sha256(library), partition="stock", kernels=[], untuned=None,
                     tuning={"db": str(stock / "ms"), "records": records, "by": "tvm.s_tir.meta_schedule.tune_relax"})
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -295,9 +295,7 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
     (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes as many
     vectors as fit: its only independent FMA chains. None when no vector divides the channels (``min_lanes`` lanes
     or more)."""
-    lanes = unit.lanes
-    while lanes >= min_lanes and kernel.channels % lanes:
-        lanes //= 2
+    lanes = dividing_lanes(kernel.channels, unit.lanes)
     if lanes < min_lanes:
         return None
     width = kernel.width
@@ -334,6 +332,13 @@ def channels_outer(kernel: MatmulLike, rows: int, vectors: int, lanes: int) -> b
     position_tiles = math.prod(kernel.spatial[:-2]) * -(-kernel.width // rows)
     channel_tiles = kernel.channels // (vectors * lanes)
     return (channel_tiles - 1) * data * _reread(data) < (position_tiles - 1) * weights * _reread(weights)
+
+
+def dividing_lanes(extent: int, lanes: int) -> int:
+    """The widest vector of ``lanes`` halved until it divides ``extent`` (1 at the least)."""
+    while lanes > 1 and extent % lanes:
+        lanes //= 2
+    return lanes
 
 
 def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, sampled: bool = False):

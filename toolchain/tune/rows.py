@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolchain.tune.microkernel import as_pass, moves_one_load, own_module
+from toolchain.tune.microkernel import as_pass, dividing_lanes, moves_one_load, own_module
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,7 @@ def row_schedule(func, target):
     kernel = row_kernel(func)
     if kernel is None:
         return None, "not a row kernel"
-    lanes = vector_lanes(target)
-    while lanes > 1 and kernel.length % lanes:
-        lanes //= 2
+    lanes = dividing_lanes(kernel.length, vector_lanes(target))
     sch = schedule_rows(s_tir.Schedule(own_module(func)), kernel, lanes)
     return sch, f"{len(kernel.blocks)} steps×{lanes}"
 
