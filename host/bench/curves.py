@@ -63,15 +63,18 @@ def run_logged(words: list[str], log: Path) -> None:
 # ----------------------------------------------------------------------------- leave-one-out library
 
 
-def loo_library(model: str, spec, out: Path):
-    """The packaged record library of ``spec``'s target less everything tuned on ``model`` (a zoo name), with
-    its cost model retrained on what is left, at ``out``; None when there is no library or nothing is left."""
+def loo_library(model: str, spec, out: Path, given: Path | None = None):
+    """The record library ``given`` (else the packaged one of ``spec``'s target) less everything tuned on ``model``
+    (a zoo name), with its cost model retrained on what is left, at ``out``; None when there is no library or
+    nothing is left. A given library that is not for ``spec``'s target raises LibraryError."""
     from toolchain.tune import library
 
-    packaged = library.default_for(spec)
-    if packaged is None:
+    source = given or library.default_for(spec)
+    if source is None:
         return None
-    return library.subset(library.Library.load(packaged), out, lambda source: not tuned_on(model, source))
+    found = library.Library.load(source)
+    found.check(spec)
+    return library.subset(found, out, lambda s: not tuned_on(model, s))
 
 
 def tuned_on(model: str, source: dict) -> bool:
@@ -359,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stock-scheduler", default="gradient", choices=("gradient", "round-robin"),
                    help="(a)'s task scheduler: TVM's default, gradient, records nothing before every task has had a "
                    "batch; round-robin records each batch as it goes")
+    p.add_argument("--library", type=Path, metavar="DIR", help="(c)'s record library (agoc library build), less "
+                   "the model's own records; default: the packaged one of this host's target")
     p.add_argument("--work", type=Path, default=Path("build/bench-tuning"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
@@ -393,13 +398,21 @@ def main(argv: list[str] | None = None) -> int:
     proto, _, _ = load_source(args.model, [])
     name = args.model[4:].split("@")[0]
     spec = resolve_target("host", num_cores=args.threads)
+    if args.library is not None and "c" in variants:
+        from toolchain.tune.library import Library, LibraryError
+
+        try:  # no library, or not for this target: said before anything is written
+            Library.load(args.library).check(spec)
+        except LibraryError as exc:
+            print(exc, file=sys.stderr)
+            return 1
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     work = args.work / f"{name}-{stamp}"
     work.mkdir(parents=True)
     log = work / "commands.log"
     model_path = work / "model.onnx"
     onnx.save(proto, str(model_path))
-    library = loo_library(name, spec, work / "library") if "c" in variants else None
+    library = loo_library(name, spec, work / "library", args.library) if "c" in variants else None
     document = {"bench": "tuning-curves", "model": args.model, "date": stamp, "threads": args.threads,
                 "checkpoints_min": args.checkpoints, "rounds": args.rounds, "calls": args.calls, "seed": args.seed,
                 "stock_scheduler": args.stock_scheduler,
@@ -408,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "kernels": len(library.entries),
                                                          "cost_model": library.cost_model is not None}}
     if "c" in variants and library is None:
-        print(f"no record library for this target without {name}: (c) is skipped", file=sys.stderr)
+        print(f"no record library for this target without {name}: (c) is skipped (give one: --library DIR)",
+              file=sys.stderr)
         variants.remove("c")
     until = ", ".join(f"{v} to {checkpoints(args, v)[-1]:g} min" for v in variants)
     print(f"{args.model}: {until}; log {log}", flush=True)

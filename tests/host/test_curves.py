@@ -90,6 +90,20 @@ def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full
     assert library.subset(full, tmp_path / "none", lambda s: False) is None and not (tmp_path / "none").exists()
 
 
+def test_a_given_library_that_is_none_or_for_another_target_is_refused_before_anything_is_written(capsys, tmp_path):
+    args = ["--model", "zoo:tiny-cnn@1x3x32x32", "--checkpoints", "1", "--variants", "b,c", "--work",
+            str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    assert curves.main([*args, "--library", str(tmp_path)]) == 1
+    assert "agoc library build" in capsys.readouterr().err
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "arm" / "library.json").write_text(json.dumps({
+        "format": "agoc-record-library", "target_key": "llvm-aarch64-linux-gnu-cortex-a76", "layout": "NHWC",
+        "precision": "fp32", "target": {"kind": "llvm"}, "sources": [], "records": "records.json.gz"}))
+    assert curves.main([*args, "--library", str(tmp_path / "arm")]) == 1
+    assert "--no-library" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("model, source, tuned", [
     ("mobilenet-v2", {"database": "build/library-dbs/mobilenet-v2"}, True),
     ("mobilenet-v2", {"database": "/tmp/t15/mobilenet-v2-112.db", "command": None}, True),  # no command recorded
@@ -176,8 +190,12 @@ def test_a_resumed_time_limited_tune_plans_its_trials_on_top_of_the_records_held
 
 
 @pytest.mark.e2e
-def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and_writes_its_curves(tmp_path):
+def test_the_bench_runs_agoc_from_scratch_and_with_a_library_to_a_checkpoint_and_writes_its_curves(cli, tmp_path):
+    # (c)'s library made here, from a short tune of another model: a packaged one exists for some CPUs only
+    assert cli("tune", "zoo:tiny-dwsep", "--db", tmp_path / "db", "--no-library", "--trials", "8").exit_code == 0
+    assert cli("library", "build", tmp_path / "db", "--out", tmp_path / "lib").exit_code == 0
     code = curves.main(["--model", "zoo:tiny-cnn@1x3x32x32", "--checkpoints", "0.75", "--variants", "b,c",
+                        "--library", str(tmp_path / "lib"),
                         "--rounds", "1", "--calls", "3", "--work", str(tmp_path / "work"), "--out", str(tmp_path)])
     assert code == 0
     (doc_path,) = tmp_path.glob("tuning-curves-tiny-cnn-*.json")
