@@ -72,12 +72,16 @@ def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full
 
     spec = resolve_target("host", num_cores=2)
     packaged = library.default_for(spec)
-    if packaged is None:
-        pytest.skip("no record library packaged for this machine's target")
+    if packaged is None:  # a library of two databases made here, named after the models they tuned
+        from tests.toolchain.test_library import DW, PW, _database, _kernels
+
+        made = [_database(tmp_path / f"{name}.db", _kernels(shape), {PW: 0.05, DW: 0.02}, sha=sha * 64)
+                for name, shape, sha in (("tiny-dwsep", (1, 8, 8, 8), "a"), ("other", (1, 16, 12, 12), "b"))]
+        packaged = library.build(made, tmp_path / "made").path
     full = library.Library.load(packaged)
     names = {s["database"].rsplit("/", 1)[-1] for s in full.sources}
     left_out = sorted(names)[0]
-    loo = curves.loo_library(left_out, spec, tmp_path / "loo")
+    loo = curves.loo_library(left_out, spec, tmp_path / "loo", packaged)
     out_sha = {s["model_sha256"] for s in full.sources if s["database"].endswith("/" + left_out)}
     if len(names) == 1:
         assert loo is None and not (tmp_path / "loo").exists()
