@@ -229,6 +229,41 @@ def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_che
     assert out_of_bounds_writes(mk.register_block(_kernels("tiny-dwsep", (1, 8, 12, 12))[PW], HOST.tvm())[0].mod) == []
 
 
+def test_a_channel_shuffle_after_the_block_is_inlined_into_the_outputs_it_writes():
+    """ShuffleNet's branch-closing conv: its output sliced to its channels, concatenated with the other branch,
+    shuffled (reshape, transpose, reshape) and split in two — blocks that only move values, each a pass of its own
+    reading and writing the whole tensor again (the kernel 1.2–2× slower): inlined, one pass per output remains."""
+    from tvm import te
+
+    from toolchain.tune.schedule_check import out_of_bounds_writes
+
+    a, w = te.placeholder((1, 4, 4, 8), name="A"), te.placeholder((8, 8), name="W")
+    other = te.placeholder((1, 4, 4, 6), name="Y")
+    k = te.reduce_axis((0, 8), name="k")
+    conv = te.compute((1, 4, 4, 8), lambda n, h, x, f: te.sum(a[n, h, x, k] * w[k, f], axis=k), name="C")
+    relu = te.compute((1, 4, 4, 8), lambda *i: te.max(conv(*i), 0.0), name="R")
+    sliced = te.compute((1, 4, 4, 6), lambda *i: relu(*i), name="S")
+    cat = te.compute((1, 4, 4, 12), lambda n, h, x, c: te.if_then_else(c < 6, other[n, h, x, c],
+                                                                         sliced[n, h, x, te.max(c - 6, 0)]), name="cat")
+    grouped = te.compute((1, 4, 4, 2, 6), lambda n, h, x, g, c: cat[n, h, x, g * 6 + c], name="reshape")
+    swapped = te.compute((1, 4, 4, 6, 2), lambda n, h, x, c, g: grouped[n, h, x, g, c], name="transpose")
+    flat = te.compute((1, 4, 4, 12), lambda n, h, x, c: swapped[n, h, x, c // 2, c % 2], name="reshape1")
+    first = te.compute((1, 4, 4, 6), lambda n, h, x, c: flat[n, h, x, c], name="split0")
+    second = te.compute((1, 4, 4, 6), lambda n, h, x, c: flat[n, h, x, c + 6], name="split1")
+    func = te.create_prim_func([a, w, other, first, second])
+    kernel = mk.matmul_like(func)
+    assert kernel is not None and kernel.rest == ("S", "cat", "reshape", "transpose", "reshape1", "split0", "split1")
+    sch, _ = mk.register_block(func, HOST.tvm())
+    blocks = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert {"split0", "split1"} <= blocks and not blocks & {"S", "cat", "reshape", "transpose", "reshape1"}
+    assert out_of_bounds_writes(sch.mod) == [] and parallel_races(sch.mod) == []
+    out = _run(sch.mod["main"], HOST.tvm())
+    shuffled = np.concatenate([out[2], np.maximum(out[0] @ out[1], 0)[..., :6]], axis=-1)
+    shuffled = shuffled.reshape(1, 4, 4, 2, 6).transpose(0, 1, 2, 4, 3).reshape(1, 4, 4, 12)
+    np.testing.assert_allclose(out[3], shuffled[..., :6], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[4], shuffled[..., 6:], rtol=1e-5, atol=1e-5)
+
+
 def test_a_concatenation_feeding_a_pointwise_conv_is_copied_once_before_the_block():
     """A concatenation (two loads selected by the channel) moves values only: a parallel pass of its own before
     the block (inlined, its select would sit in every load of the block: a third of the speed)."""

@@ -100,7 +100,9 @@ class MatmulLike:
     producers: tuple[str, ...]  # blocks before it (padding, copies): inlined into its reads
     epilogue: tuple[str, ...]  # elementwise blocks after it (bias, activation, residual add), program order
     depthwise: bool = False
-    rest: tuple[str, ...] = ()  # spatial blocks after the epilogue over another domain (a slice): one pass after it
+    # spatial blocks after the epilogue over another domain (a slice, a channel shuffle): those that only move values
+    # into the kernel's own buffers inlined into their readers, the others (its outputs) a pass each after it
+    rest: tuple[str, ...] = ()
     # producers that are not a one-load copy (a concatenation, a scaling) or that write the weight operand (a batch
     # matmul's transposed activation: read in vectors, it is copied once in the layout the block reads): passes first
     gathers: tuple[str, ...] = ()
@@ -373,7 +375,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     # its loops as many whatever the tiles (a trace replays)
     sch.reverse_compute_at(acc, order[-1], preserve_unit_loops=True)
-    for name in kernel.rest:  # each a pass of its own (inlined into each other, one feeding two or an output fails)
+    for name in _inline_moves(sch, kernel.rest):  # what is left a pass each (an output's reads stay in its bounds)
         as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
     window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
@@ -386,6 +388,22 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     _, lane = sch.split(last, [None, lanes])
     sch.vectorize(lane)
     return sch
+
+
+def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
+    """``names`` (blocks after the epilogue) less those inlined into their readers: a block that only moves values
+    (a slice, a concatenation's select, a reshape, a transpose: ShuffleNet's channel shuffle) into a buffer of the
+    kernel's own, which as a pass of its own would read and write the whole tensor once more."""
+    own = {b.__chandle__() for b in sch.get(sch.get_sblock("root")).alloc_buffers}
+    left = []
+    for name in names:
+        block = sch.get(sch.get_sblock(name))
+        if is_view(name) or not _is(block.body, STORES) or not _moves(block.body.value) \
+                or any(w.source.__chandle__() not in own for w in block.writes):
+            left.append(name)
+        else:
+            sch.compute_inline(sch.get_sblock(name))
+    return left
 
 
 def as_pass(sch, name: str, lanes: int) -> None:
