@@ -394,6 +394,8 @@ def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
     """``names`` (blocks after the epilogue) less those inlined into their readers: a block that only moves values
     (a slice, a concatenation's select, a reshape, a transpose: ShuffleNet's channel shuffle) into a buffer of the
     kernel's own, which as a pass of its own would read and write the whole tensor once more."""
+    from tvm.s_tir import ScheduleError
+
     own = {b.__chandle__() for b in sch.get(sch.get_sblock("root")).alloc_buffers}
     left = []
     for name in names:
@@ -401,8 +403,11 @@ def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
         if is_view(name) or not _is(block.body, STORES) or not _moves(block.body.value) \
                 or any(w.source.__chandle__() not in own for w in block.writes):
             left.append(name)
-        else:
+            continue
+        try:
             sch.compute_inline(sch.get_sblock(name))
+        except ScheduleError:  # a reader TVM cannot inline into (checked before anything changes): a pass then
+            left.append(name)
     return left
 
 
