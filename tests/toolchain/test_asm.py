@@ -101,3 +101,24 @@ def test_a_float16_block_fills_the_neon_registers_with_eight_lanes():
     loop = asm.hottest(asm.innermost_loops(code, arch))
     assert loop is not None and loop.spills == 0 and loop.fmas >= rows * vectors, loop
     assert re.search(r"fmla\s+v\d+\.8h", code) and not re.search(r"fmla\s+v\d+\.4h", code)
+
+
+def test_a_5x5_depthwise_block_on_neon_keeps_its_window_rolled_and_barely_spills():
+    """NEON's FMLA takes no memory operand: a 5 × 5 window unrolled around a 7 × 3 block kept every tap's loads in
+    registers and spilled (MnasNet-B1 @112's 7 × 7 × 240 depthwise conv: 623 stack accesses in its FMA loops). Its
+    window stays a loop on ARM (3 × 3 unrolled) and stays unrolled on x86, whose FMAs read memory."""
+    from tests.toolchain.test_microkernel import _kernels
+    from toolchain.targets import resolve_target
+    from toolchain.tune import microkernel as mk
+    from toolchain.tune.adapter import postprocess
+
+    arm = resolve_target("linux-arm64")
+    assert UNITS["aarch64"].window == 9 and UNITS["avx2"].window == UNITS["x86_64"].window == 49
+    five = {name: func for name, func in _kernels("mnasnet", (1, 3, 112, 112), arm).items()
+            if (k := mk.matmul_like(func)) is not None and k.depthwise and k.reduce[:2] == (5, 5)}
+    assert len(five) >= 3
+    for name, func in five.items():
+        sch, _ = mk.register_block(func, arm.tvm())
+        code = asm.assembly(postprocess(sch, arm).mod["main"], arm.tvm())
+        loops = [loop for loop in asm.innermost_loops(code, "aarch64") if loop.fmas]
+        assert loops and sum(loop.spills for loop in loops) <= 24, (name, loops)

@@ -5,7 +5,7 @@ the epilogue fused into their write-back. Why and the figures: docs/tuning-inter
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from toolchain.concat import is_view
 
@@ -15,11 +15,15 @@ class VectorUnit:
     registers: int  # architectural vector registers
     lanes: int  # lanes per register of the element type (FP32 in UNITS)
     element_bytes: int = 4
+    # the largest depthwise or pooling window unrolled around the block (a global pool's is not): an FMA that takes
+    # a memory operand (x86) leaves the unrolled window's loads out of the registers; NEON's FMLA needs each in one,
+    # and a 5 × 5 window around a 7 × 3 block spilled (docs/tuning-internals.md, Register blocks)
+    window: int = 49
 
     def of(self, dtype: str) -> VectorUnit:
         """The same registers holding ``dtype`` (float16: twice the FP32 lanes, NEON's ``fmla v.8h``)."""
         nbytes = dtype_bytes(dtype)
-        return VectorUnit(self.registers, self.lanes * self.element_bytes // nbytes, nbytes)
+        return replace(self, lanes=self.lanes * self.element_bytes // nbytes, element_bytes=nbytes)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -28,7 +32,7 @@ def dtype_bytes(dtype: str) -> int:
 
 #: the vector units of the targets' ISAs (the key: toolchain.asm's architecture, or "avx2" for x86 without AVX-512)
 UNITS = {
-    "aarch64": VectorUnit(32, 4),  # NEON: v0–v31, 128 bits
+    "aarch64": VectorUnit(32, 4, window=9),  # NEON: v0–v31, 128 bits
     "x86_64": VectorUnit(32, 16),  # AVX-512: zmm0–zmm31
     "avx2": VectorUnit(16, 8),  # ymm0–ymm15
 }
@@ -41,8 +45,6 @@ STACK_BYTES = 1024
 #: a block whose last tile's rows are masked (their test inside the reduction loop: LLVM keeps those rows'
 #: accumulators in memory) only where it uses this many times the accumulators of the best block that divides
 MASKED_GAIN = 1.5
-#: the largest depthwise or pooling window unrolled around the block (7 × 7; a global pool's is not)
-MAX_UNROLLED_WINDOW = 49
 #: what re-reading one byte of an operand costs in the tile loops, by the cache its bytes fit in: (at most this many
 #: bytes, cost) — within half a small core's L2 (Cortex-A76's 256 KiB) a re-read hides behind the block's FMAs, beyond
 #: it comes from the shared cache or memory. The tiles run the output channels' vectors outermost where re-reading
@@ -343,7 +345,8 @@ def dividing_lanes(extent: int, lanes: int) -> int:
     return lanes
 
 
-def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, sampled: bool = False):
+def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, sampled: bool = False,
+                 window: int = UNITS["x86_64"].window):
     """Schedule a :class:`MatmulLike` kernel with a ``rows`` × ``vectors``·``lanes`` register block: its producers
     inlined, its accumulators in a local buffer per tile, its epilogue fused into their write-back, the tiles (every
     loop outside the block) in parallel, the output channels' tiles outermost where :func:`channels_outer` says
@@ -378,8 +381,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     for name in _inline_moves(sch, kernel.rest):  # what is left a pass each (an output's reads stay in its bounds)
         as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
-    window = reduce if kernel.depthwise and math.prod(kernel.reduce) <= MAX_UNROLLED_WINDOW else []
-    for loop in inner + window:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
+    unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else []
+    for loop in inner + unrolled:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
     sch.vectorize(jv)
@@ -431,12 +434,12 @@ def _factors(sch, loop, decision: list[int], most: int, sampled: bool) -> list:
     return list(sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max(most, decision[1]), decision=decision))
 
 
-def block_space_fn(kernel: MatmulLike, shape: tuple[int, int, int]):
+def block_space_fn(kernel: MatmulLike, shape: tuple[int, int, int], window: int = UNITS["x86_64"].window):
     """The function a MetaSchedule ``ScheduleFn`` calls: the register block of ``shape`` (:func:`choose_block`) with
     its rows and vectors as tile samples (a search varies them; the lanes and the structure stay)."""
 
     def apply(sch):
-        return [block_kernel(sch, kernel, *shape, sampled=True)]
+        return [block_kernel(sch, kernel, *shape, sampled=True, window=window)]
 
     return apply
 
@@ -464,10 +467,11 @@ def register_block(func, target, spatial: bool = False):
         return None, "not a matmul-like kernel"
     if not (kernel.blocked or spatial):
         return None, "a spatial conv (its padding would sit in the block's loads)"
-    shape = choose_block(kernel, unit_of(target).of(kernel.dtype), perfect=False, min_lanes=1 if spatial else 4)
+    unit = unit_of(target).of(kernel.dtype)
+    shape = choose_block(kernel, unit, perfect=False, min_lanes=1 if spatial else 4)
     if shape is None:
         return None, f"{kernel.channels} output channels: no vector of 4 lanes or more divides them"
-    return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape), "×".join(map(str, shape))
+    return block_kernel(s_tir.Schedule(own_module(func)), kernel, *shape, window=unit.window), "×".join(map(str, shape))
 
 
 def own_module(func):

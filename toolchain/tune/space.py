@@ -196,10 +196,11 @@ def block_space(func, target, check: bool = True):
     from toolchain.tune import microkernel
 
     kernel = microkernel.matmul_like(func)
-    shape = microkernel.choose_block(kernel, microkernel.unit_of(target).of(kernel.dtype)) if kernel else None
+    unit = microkernel.unit_of(target).of(kernel.dtype) if kernel else None
+    shape = microkernel.choose_block(kernel, unit) if kernel else None
     if shape is None:
         return None
-    fn = microkernel.block_space_fn(kernel, shape)
+    fn = microkernel.block_space_fn(kernel, shape, unit.window)
     try:
         fn(s_tir.Schedule(microkernel.own_module(func)))
     except Exception:  # noqa: BLE001 - a kernel the block's primitives refuse: the other spaces
