@@ -63,18 +63,18 @@ def run_logged(words: list[str], log: Path) -> None:
 # ----------------------------------------------------------------------------- leave-one-out library
 
 
-def loo_library(model: str, spec, out: Path, given: Path | None = None):
-    """The record library ``given`` (else the packaged one of ``spec``'s target) less everything tuned on ``model``
-    (a zoo name), with its cost model retrained on what is left, at ``out``; None when there is no library or
-    nothing is left. A given library that is not for ``spec``'s target raises LibraryError."""
+def loo_library(model: str, spec, out: Path, given=None):
+    """The record library ``given`` (a loaded one that serves ``spec``; else the packaged one of ``spec``'s target)
+    less everything tuned on ``model`` (a zoo name), with its cost model retrained on what is left, at ``out``; None
+    when there is no library or nothing is left."""
     from toolchain.tune import library
 
-    source = given or library.default_for(spec)
-    if source is None:
-        return None
-    found = library.Library.load(source)
-    found.check(spec)
-    return library.subset(found, out, lambda s: not tuned_on(model, s))
+    if given is None:
+        packaged = library.default_for(spec)
+        if packaged is None:
+            return None
+        given = library.Library.load(packaged)
+    return library.subset(given, out, lambda source: not tuned_on(model, source))
 
 
 def tuned_on(model: str, source: dict) -> bool:
@@ -398,11 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     proto, _, _ = load_source(args.model, [])
     name = args.model[4:].split("@")[0]
     spec = resolve_target("host", num_cores=args.threads)
+    given = None
     if args.library is not None and "c" in variants:
         from toolchain.tune.library import Library, LibraryError
 
         try:  # no library, or not for this target: said before anything is written
-            Library.load(args.library).check(spec)
+            given = Library.load(args.library)
+            given.check(spec)
         except LibraryError as exc:
             print(exc, file=sys.stderr)
             return 1
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     log = work / "commands.log"
     model_path = work / "model.onnx"
     onnx.save(proto, str(model_path))
-    library = loo_library(name, spec, work / "library", args.library) if "c" in variants else None
+    library = loo_library(name, spec, work / "library", given) if "c" in variants else None
     document = {"bench": "tuning-curves", "model": args.model, "date": stamp, "threads": args.threads,
                 "checkpoints_min": args.checkpoints, "rounds": args.rounds, "calls": args.calls, "seed": args.seed,
                 "stock_scheduler": args.stock_scheduler,

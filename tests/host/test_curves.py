@@ -81,7 +81,7 @@ def test_a_leave_one_out_library_holds_no_record_of_the_model_and_refuses_a_full
     full = library.Library.load(packaged)
     names = {s["database"].rsplit("/", 1)[-1] for s in full.sources}
     left_out = sorted(names)[0]
-    loo = curves.loo_library(left_out, spec, tmp_path / "loo", packaged)
+    loo = curves.loo_library(left_out, spec, tmp_path / "loo", full)
     out_sha = {s["model_sha256"] for s in full.sources if s["database"].endswith("/" + left_out)}
     if len(names) == 1:
         assert loo is None and not (tmp_path / "loo").exists()

@@ -402,13 +402,14 @@ def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
     own = {b.__chandle__() for b in sch.get(sch.get_sblock("root")).alloc_buffers}
     left = []
     for name in names:
-        block = sch.get(sch.get_sblock(name))
+        rv = sch.get_sblock(name)
+        block = sch.get(rv)
         if is_view(name) or not _is(block.body, STORES) or not _moves(block.body.value) \
                 or any(w.source.__chandle__() not in own for w in block.writes):
             left.append(name)
             continue
         try:
-            sch.compute_inline(sch.get_sblock(name))
+            sch.compute_inline(rv)
         except ScheduleError:  # a reader TVM cannot inline into (checked before anything changes): a pass then
             left.append(name)
     return left
@@ -434,7 +435,7 @@ def _factors(sch, loop, decision: list[int], most: int, sampled: bool) -> list:
     return list(sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max(most, decision[1]), decision=decision))
 
 
-def block_space_fn(kernel: MatmulLike, shape: tuple[int, int, int], window: int = UNITS["x86_64"].window):
+def block_space_fn(kernel: MatmulLike, shape: tuple[int, int, int], window: int):
     """The function a MetaSchedule ``ScheduleFn`` calls: the register block of ``shape`` (:func:`choose_block`) with
     its rows and vectors as tile samples (a search varies them; the lanes and the structure stay)."""
 

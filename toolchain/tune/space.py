@@ -196,8 +196,10 @@ def block_space(func, target, check: bool = True):
     from toolchain.tune import microkernel
 
     kernel = microkernel.matmul_like(func)
-    unit = microkernel.unit_of(target).of(kernel.dtype) if kernel else None
-    shape = microkernel.choose_block(kernel, unit) if kernel else None
+    if kernel is None:
+        return None
+    unit = microkernel.unit_of(target).of(kernel.dtype)
+    shape = microkernel.choose_block(kernel, unit)
     if shape is None:
         return None
     fn = microkernel.block_space_fn(kernel, shape, unit.window)
