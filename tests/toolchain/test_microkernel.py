@@ -34,7 +34,9 @@ def _run(func, target, seed: int = 0) -> list[np.ndarray]:
 def test_pointwise_and_depthwise_convs_and_matmuls_are_blocked_spatial_convs_not():
     kernels = _kernels("tiny-dwsep", (1, 8, 12, 12))
     pw = mk.matmul_like(kernels[PW])
-    assert pw is not None and pw.pointwise and pw.blocked and pw.channels == 32 and pw.width == 12
+    assert pw is not None and pw.pointwise and pw.blocked and pw.channels == 32
+    assert pw.flat and pw.width == 144  # its rows over every position
+    assert not mk.matmul_like(kernels[DW]).flat
     assert pw.epilogue and all(not name.startswith("conv") for name in pw.epilogue)
     dw = mk.matmul_like(kernels[DW])  # its channel read by the data too, as its channel index alone
     assert dw is not None and dw.depthwise and dw.blocked and not dw.pointwise and dw.reduce[:2] == (3, 3)
@@ -48,7 +50,7 @@ def test_pointwise_and_depthwise_convs_and_matmuls_are_blocked_spatial_convs_not
 
 def test_the_block_divides_the_kernel_and_fits_the_registers():
     def kernel(width, channels):
-        return mk.MatmulLike("C", (1, 7, width, channels), (1, 1, 64), (), ())
+        return mk.MatmulLike("C", (1, 1, width, channels), (1, 1, 64), (), ())
 
     avx512, neon = mk.UNITS["x86_64"], mk.UNITS["aarch64"]
     assert mk.choose_block(kernel(28, 96), avx512) == (7, 2, 16)  # 14 accumulators: 7 × 3 would take 1.3 KiB
@@ -59,6 +61,11 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
     assert mk.choose_block(kernel(28, 58), avx512, min_lanes=1) == (7, 1, 2)  # the last resort's narrow vectors
     assert mk.choose_block(kernel(13, 1024), avx512) == (1, 4, 16)  # a search's tiles divide: 13 is prime
     assert mk.choose_block(kernel(13, 1024), avx512, perfect=False) == (7, 2, 16)  # 13 of 14 rows used
+    # a pointwise conv's rows run over every position: SqueezeNet's 13 × 13 classifier on AVX2 takes 6 rows (169 of
+    # 174 used), its width of 13 alone gave 5 (13 of 15) and fewer accumulators; a depthwise conv's stay in a row
+    squeeze = mk.MatmulLike("C", (1, 13, 13, 1024), (1, 1, 512), (), ())
+    assert squeeze.width == 169 and mk.choose_block(squeeze, mk.UNITS["avx2"], perfect=False) == (6, 2, 8)
+    assert mk.MatmulLike("C", (1, 13, 13, 1024), (3, 3), (), (), depthwise=True).width == 13
     rows, vectors, lanes = mk.choose_block(mk.MatmulLike("C", (1, 1000), (1280,), (), ()), avx512)
     assert (rows, lanes) == (1, 8) and vectors == 5  # a GEMV: as many independent chains as fit and divide
     for unit in (avx512, neon, mk.UNITS["avx2"]):
@@ -70,12 +77,13 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
                 assert r * v * lanes_ * 4 < mk.STACK_BYTES  # a stack array, not a workspace per tile
 
 
-@pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5), (1, 8, 3, 13)])
+@pytest.mark.parametrize("shape", [(1, 8, 12, 12), (1, 8, 7, 5), (1, 8, 3, 13), (1, 8, 13, 13)])
 @pytest.mark.parametrize("name", [PW, DW])
 def test_the_blocked_kernel_computes_what_the_plain_one_does_without_a_race(shape, name):
     """The pointwise and the depthwise conv (its padding inlined) with bias and ReLU6 fused into the accumulators'
     write-back, the weight pre-packed by the postprocessors (as a compile stores it), at a width the rows divide,
-    one (5) they divide only as 5 and one (13) whose last tile of rows is masked."""
+    one (5) they divide only as 5 and one (13) whose last tile of rows is masked; the pointwise conv's rows over
+    every position (13 × 13: 169, its last tile masked)."""
     func = _kernels("tiny-dwsep", shape)[name]
     sch, detail = mk.register_block(func, HOST.tvm())
     assert sch is not None and detail.count("×") == 2
@@ -205,7 +213,8 @@ def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_che
     """SqueezeNet's classifier: a conv padded to 1008 output channels, sliced to 1000, then ReLU. TVM lets the
     ReLU be inlined into the accumulators' write-back over the padded tile and writes past the output's end (the
     model then gave 1e23): the static check reports such writes; the block runs the slice and what follows it as a
-    pass of its own after the block, within bounds, and computes the same."""
+    pass of its own after the block, within bounds, and computes the same — one pass: the slice and a bias added
+    after it are inlined into the ReLU that reads them."""
     from tvm import s_tir, te
 
     from toolchain.tune.schedule_check import out_of_bounds_writes
@@ -220,12 +229,18 @@ def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_che
     sch = mk.block_kernel(s_tir.Schedule(mk.own_module(func)), forced, 4, 1, 4)
     (bad,) = out_of_bounds_writes(sch.mod)
     assert bad.buffer == "R" and bad.written[1] == (0, 15) and bad.shape == (4, 12)
+    bias = te.placeholder((12,), name="bias")
+    added = te.compute((4, 12), lambda i, j: sliced[i, j] + bias[j], name="B")
+    func = te.create_prim_func([a, w, bias, te.compute((4, 12), lambda i, j: te.max(added[i, j], 0.0), name="R")])
     kernel = mk.matmul_like(func)
-    assert kernel.epilogue == () and kernel.rest == ("S", "R")
+    assert kernel.epilogue == () and kernel.rest == ("S", "B", "R")
     sch, _ = mk.register_block(func, HOST.tvm())
     assert out_of_bounds_writes(sch.mod) == [] and parallel_races(sch.mod) == []
+    left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert "R" in left and not left & {"S", "B"}
     blocked = _run(sch.mod["main"], HOST.tvm())
-    np.testing.assert_allclose(blocked[-1], np.maximum(blocked[0] @ blocked[1], 0)[:, :12], rtol=1e-5, atol=1e-5)
+    expected = np.maximum((blocked[0] @ blocked[1])[:, :12] + blocked[2], 0)
+    np.testing.assert_allclose(blocked[-1], expected, rtol=1e-5, atol=1e-5)
     assert out_of_bounds_writes(mk.register_block(_kernels("tiny-dwsep", (1, 8, 12, 12))[PW], HOST.tvm())[0].mod) == []
 
 
@@ -364,7 +379,8 @@ def test_a_block_with_its_channel_tiles_outermost_computes_the_same():
     assert kernel.shared and mk.channels_outer(kernel, *shape)
     sch, _ = mk.register_block(func, HOST.tvm())
     fused = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("C_init"))][0]
-    assert fused.kind == 1 and fused.loop_var.name.startswith("j")  # parallel, the channel tiles first
+    # parallel, the channel tiles first (the block's ax1 once its positions are fused into ax0)
+    assert fused.kind == 1 and fused.loop_var.name.startswith("ax1")
     assert parallel_races(sch.mod) == []
     out = _run(sch.mod["main"], HOST.tvm())
     np.testing.assert_allclose(out[-1], np.einsum("hxk,kj->hxj", out[0], out[1]), rtol=1e-4, atol=1e-4)

@@ -127,8 +127,19 @@ class MatmulLike:
         return self.pointwise or self.depthwise
 
     @property
+    def flat(self) -> bool:
+        """Whether the block's rows run over every output position (the spatial loops before the channels fused:
+        a 13 × 13 layer's 169 positions take 6 rows, 97 % of them used, where its width of 13 took 5 with 87 %):
+        a conv whose weight the tiles share; a depthwise or pooling window's rows stay within one image row, where
+        neighbouring rows share the window's loads."""
+        return not self.depthwise and self.shared and len(self.spatial) > 2
+
+    @property
     def width(self) -> int:
-        """The extent of the loop the block's rows run over (the one before the channels; 1 when none)."""
+        """The extent of the loop the block's rows run over: every position's (:attr:`flat`), else the one before
+        the channels (1 when none)."""
+        if self.flat:
+            return math.prod(self.spatial[:-1])
         return self.spatial[-2] if len(self.spatial) > 1 else 1
 
 
@@ -333,7 +344,7 @@ def channels_outer(kernel: MatmulLike, rows: int, vectors: int, lanes: int) -> b
     size = dtype_bytes(kernel.dtype)
     weights = kernel.channels * math.prod(kernel.reduce) * size
     data = math.prod(kernel.spatial[:-1]) * kernel.reduce[-1] * size
-    position_tiles = math.prod(kernel.spatial[:-2]) * -(-kernel.width // rows)
+    position_tiles = (1 if kernel.flat else math.prod(kernel.spatial[:-2])) * -(-kernel.width // rows)
     channel_tiles = kernel.channels // (vectors * lanes)
     return (channel_tiles - 1) * data * _reread(data) < (position_tiles - 1) * weights * _reread(weights)
 
@@ -362,8 +373,14 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     for name in kernel.epilogue[:-1]:
         sch.compute_inline(sch.get_sblock(name))
     c = sch.get_sblock(kernel.block)
+    ranks = len(kernel.spatial)
+    if kernel.flat:  # the rows over every position: one iter var of the block, so that a tile's accumulators
+        # (written at the fused position) compact to rows × vectors
+        index = str(sch.get(c).iter_vars[0].var.ty)
+        sch.transform_block_layout(c, _flat_positions(kernel.spatial, index, len(kernel.reduce)))
+        ranks = 2
     loops = sch.get_loops(c)
-    spatial, reduce = loops[:len(kernel.spatial)], loops[len(kernel.spatial):]
+    spatial, reduce = loops[:ranks], loops[ranks:]
     outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
     tiles, inner = outer, []
     if w is not None:
@@ -376,6 +393,9 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     acc = sch.cache_write(c, 0, "global")  # a stack array below STACK_BYTES (a "local" one is a heap workspace)
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
+    if kernel.flat:  # the accumulators and their write-back over the fused positions too
+        sch.transform_layout(c, ("write", 0), _flat_positions(kernel.spatial, index))
+        sch.transform_block_layout(acc, _flat_positions(kernel.spatial, index))
     # its loops as many whatever the tiles (a trace replays)
     sch.reverse_compute_at(acc, order[-1], preserve_unit_loops=True)
     for name in _inline_moves(sch, kernel.rest):  # what is left a pass each (an output's reads stay in its bounds)
@@ -393,10 +413,26 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     return sch
 
 
+def _flat_positions(extents: tuple[int, ...], dtype: str, reductions: int = 0):
+    """The index map of ``extents`` (positions…, channels) then ``reductions`` axes to (position, channel, the
+    reductions…): a buffer's or a block's iter vars with the positions fused (indices of ``dtype``)."""
+    from tvm import tirx
+
+    def flat(*index):
+        position = index[0]
+        for axis, extent in zip(index[1:len(extents) - 1], extents[1:-1]):
+            position = position * tirx.const(extent, dtype) + axis
+        return (position, *index[len(extents) - 1:])
+
+    return tirx.IndexMap.from_func(flat, ndim=len(extents) + reductions, index_dtype=dtype)
+
+
 def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
     """``names`` (blocks after the epilogue) less those inlined into their readers: a block that only moves values
-    (a slice, a concatenation's select, a reshape, a transpose: ShuffleNet's channel shuffle) into a buffer of the
-    kernel's own, which as a pass of its own would read and write the whole tensor once more."""
+    (a slice, a concatenation's select, a reshape, a transpose: ShuffleNet's channel shuffle) or computes each value
+    of its own from its loads (a bias and an activation after a padded conv's slice: SqueezeNet's classifier) into a
+    buffer of the kernel's own, which as a pass of its own would read and write the whole tensor once more. An
+    arithmetic block only where no reader computes it twice (:func:`_read_once`)."""
     from tvm.s_tir import ScheduleError
 
     own = {b.__chandle__() for b in sch.get(sch.get_sblock("root")).alloc_buffers}
@@ -404,7 +440,8 @@ def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
     for name in names:
         rv = sch.get_sblock(name)
         block = sch.get(rv)
-        if is_view(name) or not _is(block.body, STORES) or not _moves(block.body.value) \
+        if is_view(name) or not _is(block.body, STORES) \
+                or not (_moves(block.body.value) or _read_once(sch, rv, block)) \
                 or any(w.source.__chandle__() not in own for w in block.writes):
             left.append(name)
             continue
@@ -413,6 +450,19 @@ def _inline_moves(sch, names: tuple[str, ...]) -> list[str]:
         except ScheduleError:  # a reader TVM cannot inline into (checked before anything changes): a pass then
             left.append(name)
     return left
+
+
+def _read_once(sch, rv, block) -> bool:
+    """Whether every reader of ``block``'s buffer loads it once per value it computes, over no more values than
+    ``block`` computes: inlined there, ``block``'s arithmetic is done no more often than as a pass."""
+    written = block.body.buffer.__chandle__()
+    size = math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+    for consumer in (sch.get(c) for c in sch.get_consumers(rv)):
+        loads = [x for x in _loads(consumer.body.value) if _buffer(x).__chandle__() == written] \
+            if _is(consumer.body, STORES) else [None, None]
+        if len(loads) != 1 or math.prod(int(iv.dom.extent) for iv in consumer.iter_vars) > size:
+            return False
+    return True
 
 
 def as_pass(sch, name: str, lanes: int) -> None:
