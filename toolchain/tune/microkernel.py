@@ -130,9 +130,11 @@ class MatmulLike:
     def flat(self) -> bool:
         """Whether the block's rows run over every output position (the spatial loops before the channels fused:
         a 13 × 13 layer's 169 positions take 6 rows, 97 % of them used, where its width of 13 took 5 with 87 %):
-        a conv whose weight the tiles share; a depthwise or pooling window's rows stay within one image row, where
-        neighbouring rows share the window's loads."""
-        return not self.depthwise and self.shared and len(self.spatial) > 2
+        a conv whose weight the tiles share, pointwise or with its padding a pass before the block (input channels
+        that fill a vector); a stem's padding tested in its loads would be tested per position (NEON spilled), and
+        a depthwise or pooling window's rows stay within one image row, where neighbouring rows share its loads."""
+        return not self.depthwise and self.shared and len(self.spatial) > 2 and (
+            self.pointwise or self.reduce[-1] >= max(unit.lanes for unit in UNITS.values()))
 
     @property
     def width(self) -> int:
