@@ -441,8 +441,15 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
         assert channels // int(sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0]).extent) == got
     args, want = reference("pw->dw")  # the floor's split computes what the pair computes
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
-    # a budget below one line of every pixel: the tile is one line wide, no narrower
-    assert intensive._tile_bounds(schedule(func), pair, 64 * h * w // 2) == {3: (16, 16)}
+    # a budget below one line of every pixel: tiles of rows with every channel (a line-wide channel tile's slice
+    # would not fit, and every channel tile reads all of U's input again), which compute what the pair computes
+    small = 64 * h * w // 2
+    assert intensive._tile_bounds(schedule(func), pair, small) == {1: (1, 1)}
+    sch = schedule(func)
+    intensive_schedule(sch, pair, SPEC.num_cores, tile_cache=small)
+    tile = sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0])
+    assert int(tile.extent) == h - 2  # one output row per tile (3 x 3, stride 1: the padded rows less 2)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
     nchw = func_of("pw->dw/nchw")
     _, _, h, w = intensive.data_shape(nchw, find_pair(nchw))
     plane = intensive.touched(1, 8 * h * w * 4, 0)
