@@ -483,7 +483,8 @@ class Run:
             self.on_event(Verifying(task=task.name))
             checked = self.clock.now()
             self.verified[task.name] = {
-                **candidates.verify_task(task, self.plan.funcs[task.name], self.database, self.spec, self.settings),
+                **candidates.verify_task(task, self.plan.funcs[task.name], self.database, self.spec, self.settings,
+                                         self.measure),
                 "phase": task.phase, **({"search_error": search_error} if search_error else {})}
             self.clock.verified(self.clock.now() - checked)
             self.db.save_verified(self.verified)
