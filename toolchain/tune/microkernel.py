@@ -38,7 +38,6 @@ UNITS = {
 }
 
 MAX_ROWS, MAX_VECTORS = 8, 4
-WINDOW_INNER = False
 #: a tile's accumulators must take fewer bytes than this (TVM's ``kMaxStackAlloca``) to be a stack array, which LLVM
 #: keeps in registers; at or above it, or in "local" scope whatever its size, TVM lowers the buffer to a heap workspace
 #: allocated and freed per tile (docs/tuning-internals.md, Register blocks)
@@ -392,9 +391,6 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     j, jv = sch.split(j, [None, lanes])
     jo, jj = sch.split(j, _factors(sch, j, [kernel.channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
     order = [jo, *tiles] if channels_outer(kernel, rows, vectors, lanes) else [*tiles, jo]
-    window_inner = WINDOW_INNER and not kernel.blocked and len(reduce) > 1
-    if window_inner:
-        reduce = [reduce[-1], *reduce[:-1]]
     sch.reorder(*order, *reduce, *inner, jj, jv)
     acc = sch.cache_write(c, 0, "global")  # a stack array below STACK_BYTES (a "local" one is a heap workspace)
     if kernel.epilogue:
@@ -408,8 +404,6 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
     unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else []
-    if window_inner:
-        unrolled = reduce[1:]
     for loop in inner + unrolled:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
