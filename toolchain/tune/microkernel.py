@@ -460,8 +460,9 @@ def _read_once(sch, rv, block) -> bool:
     written = block.body.buffer.__chandle__()
     size = math.prod(int(iv.dom.extent) for iv in block.iter_vars)
     for consumer in (sch.get(c) for c in sch.get_consumers(rv)):
-        loads = [x for x in _loads(consumer.body.value) if _buffer(x).__chandle__() == written] \
-            if _is(consumer.body, STORES) else [None, None]
+        if not _is(consumer.body, STORES):
+            return False
+        loads = [x for x in _loads(consumer.body.value) if _buffer(x).__chandle__() == written]
         if len(loads) != 1 or math.prod(int(iv.dom.extent) for iv in consumer.iter_vars) > size:
             return False
     return True
