@@ -128,7 +128,8 @@ def time_in_one_session(tracker: tuple[str, int], key: str, hygiene: Hygiene, lo
     """``Measure.together`` over a farm: one session from the tracker (so one device), every kernel
     uploaded and loaded once, then ``rounds`` rounds of each timed in turn (order reversed every
     other round) with the same hygiene as a candidate; per round, each kernel's median ms. The log
-    lines say ``"purpose": "pairing"`` and, in ``"pairing"``, which call they belong to.
+    lines say ``"purpose": "pairing"`` (a join beside its minis, a task's best records timed again) and, in
+    ``"pairing"``, which call they belong to.
 
     The session runs in a child process, as MetaSchedule's runner runs its own: a blocking TVM call
     holds the interpreter lock, which would stall anything this process relays for the device (the
