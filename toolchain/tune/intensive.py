@@ -552,7 +552,7 @@ def row_units(sch, pair: IntensivePair, shape: tuple[int, ...], budget: int):
     d = sch.get(sch.get_sblock(pair.downstream))
     out = _int(d.iter_vars[1].dom.extent)
     window = next((_int(iv.dom.extent) for iv in d.iter_vars if int(iv.iter_type) == 2), 1)  # its rows
-    stride = max(1, (h - window) // max(1, out - 1)) if out > 1 else 1
+    stride = max(1, (h - window) // (out - 1)) if out > 1 else 1
     return out, lambda f: touched(1, ((f - 1) * stride + window) * w * c * 4, 0)
 
 

@@ -37,6 +37,8 @@ UNITS = {
     "avx2": VectorUnit(16, 8),  # ymm0–ymm15
 }
 
+#: the most float32 lanes of any unit's vector: input channels that fill a vector on every target
+WIDEST_LANES = max(unit.lanes for unit in UNITS.values())
 MAX_ROWS, MAX_VECTORS = 8, 4
 #: a tile's accumulators must take fewer bytes than this (TVM's ``kMaxStackAlloca``) to be a stack array, which LLVM
 #: keeps in registers; at or above it, or in "local" scope whatever its size, TVM lowers the buffer to a heap workspace
@@ -134,7 +136,7 @@ class MatmulLike:
         that fill a vector); a stem's padding tested in its loads would be tested per position (NEON spilled), and
         a depthwise or pooling window's rows stay within one image row, where neighbouring rows share its loads."""
         return not self.depthwise and self.shared and len(self.spatial) > 2 and (
-            self.pointwise or self.reduce[-1] >= max(unit.lanes for unit in UNITS.values()))
+            self.pointwise or self.reduce[-1] >= WIDEST_LANES)
 
     @property
     def width(self) -> int:
@@ -380,7 +382,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         # (written at the fused position) compact to rows × vectors
         index = str(sch.get(c).iter_vars[0].var.ty)
         sch.transform_block_layout(c, _flat_positions(kernel.spatial, index, len(kernel.reduce)))
-        ranks = 2
+        positions, ranks = _flat_positions(kernel.spatial, index), 2
     loops = sch.get_loops(c)
     spatial, reduce = loops[:ranks], loops[ranks:]
     outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
@@ -396,8 +398,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     if kernel.epilogue:
         sch.reverse_compute_inline(sch.get_sblock(kernel.epilogue[-1]))
     if kernel.flat:  # the accumulators and their write-back over the fused positions too
-        sch.transform_layout(c, ("write", 0), _flat_positions(kernel.spatial, index))
-        sch.transform_block_layout(acc, _flat_positions(kernel.spatial, index))
+        sch.transform_layout(c, ("write", 0), positions)
+        sch.transform_block_layout(acc, positions)
     # its loops as many whatever the tiles (a trace replays)
     sch.reverse_compute_at(acc, order[-1], preserve_unit_loops=True)
     for name in _inline_moves(sch, kernel.rest):  # what is left a pass each (an output's reads stay in its bounds)
