@@ -205,6 +205,8 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
 #: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does
 #: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.tune.intensive`)
 INTENSIVE_DOWNSTREAM = frozenset({"depthwise_conv", "pointwise_conv", "matmul"})
+#: three complex ops a locality unit may chain (head, depthwise, pointwise; toolchain.tune.intensive.find_pair)
+CHAINS = frozenset((head, "depthwise_conv", "pointwise_conv") for head in ("pointwise_conv", "conv"))
 #: bytes per element of the tensors the zoo and the supported ONNX subset compute in (float32)
 ELEMENT_BYTES = 4
 
@@ -222,9 +224,10 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
 
     The producer's last op must have that downstream op as its only consumer (then joining them makes
     no cycle: a path out of the producer passes through the pair). The largest tensors go first; a
-    unit joins one pair at most (intensive fusion fuses two complex ops). Returns the units (the given
-    ones, with each pair's two replaced by their union, members in graph order) and one decision per
-    pair saying why."""
+    unit joins one pair at most, except that two pairs through one depthwise conv make a chain (a conv
+    into it, it into a pointwise conv: :data:`CHAINS`, which intensive fusion computes in one row tile).
+    Returns the units (the given ones, with each pair's or chain's replaced by their union, members in
+    graph order) and one decision per pair saying why."""
     node, consumers = graph.by_id, graph.consumers
     position = {n.id: i for i, n in enumerate(graph.nodes)}
     unit_of = {m: tuple(u) for u in units for m in u}
@@ -242,19 +245,25 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
         size = tensor_bytes(node[tail])
         if size >= min_bytes:
             found.append((-size, position[tail], unit_of[n.id], unit_of[d]))
-    used: set[tuple[str, ...]] = set()
-    joined, notes = [], []
+    def cls(unit) -> str:
+        return next(node[m].op_class for m in unit if node[m].is_complex)
+
+    chain_of: dict[tuple[str, ...], tuple] = {}  # a joined unit → its pair or chain (units, upstream first)
+    notes = []
     for minus_size, _, up, down in sorted(found):
-        if up in used or down in used:
+        first, second = chain_of.get(up, (up,)), chain_of.get(down, (down,))
+        if first[-1] != up or second[0] != down or (
+                len(first) + len(second) > 2 and tuple(map(cls, first + second)) not in CHAINS):
             continue
-        used |= {up, down}
-        joined.append(tuple(sorted(up + down, key=position.__getitem__)))
+        for unit in first + second:
+            chain_of[unit] = first + second
         notes.append(clustering.Decision(
             "unit", up, down,
             f"kept together: the {-minus_size / 1024:.0f} KiB tensor between them stays inside one subgraph "
             f"(at least {min_bytes / 1024:g} KiB: --keep-inside)"))
-    rest = [tuple(u) for u in units if tuple(u) not in used]
-    return tuple(sorted(rest + joined, key=lambda u: position[u[0]])), tuple(notes)
+    joined = {tuple(sorted(sum(c, ()), key=position.__getitem__)) for c in chain_of.values()}
+    rest = [tuple(u) for u in units if tuple(u) not in chain_of]
+    return tuple(sorted(rest + list(joined), key=lambda u: position[u[0]])), tuple(notes)
 
 
 def plan_ago(graph: OpGraph, settings: PartitionSettings = PartitionSettings(),

@@ -454,3 +454,41 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
     _, _, h, w = intensive.data_shape(nchw, find_pair(nchw))
     plane = intensive.touched(1, 8 * h * w * 4, 0)
     assert intensive._tile_bounds(schedule(nchw), find_pair(nchw), plane) == {1: (1, 8)}
+
+
+def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
+    """Under a tile cache an inverted residual (expand → depthwise → project, NHWC) is one chain: D's row tiles
+    hold the depthwise U's rows and the expand head's rows of every channel, both intermediates within the cache
+    (their lines counted, the window's halo included); U runs once, the head again only at the tiles' seams, and
+    the kernel computes what the unscheduled one does. Without a head wanted, the same kernel is the dw → pw pair."""
+    from toolchain.tune import intensive
+
+    func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 + relu6 → dw 3×3/1 + relu6 → project 144→24
+    assert find_pair(func).kind == "dw->pw"
+    chain = find_pair(func, head=True)
+    assert chain.kind == "pw->dw->pw" and chain.head == "conv2d_nhwc" and chain.upstream_input is None
+    assert chain.blocks[:2] == ("pad_temp", "conv2d_nhwc") and chain.head_chain[-1] == "pad_temp1"
+    _, h, w, c = intensive.data_shape(func, chain)  # the dw's output, 14 × 14 × 144
+    _, h_in, w_in, c_in = intensive.data_shape(func, chain, chain.upstream)  # the expand's, padded: 16 × 16
+    budget = 4 * (3 * w * c + 5 * w_in * c_in)  # three rows of U's output, the five of the head's they read
+    assert intensive._tile_bounds(schedule(func), chain, budget, cores=1) == {1: (1, 3)}
+    assert intensive._tile_bounds(schedule(func), chain, budget, cores=7) == {1: (1, 2)}  # a tile per core
+    args, want = reference_of(func)
+    for seed in (1, 2):
+        sch = schedule(func, seed)
+        intensive_schedule(sch, chain, SPEC.num_cores, tile_cache=budget)
+        rows = h // int(sch.get(sch.get_loops(sch.get_sblock(chain.downstream))[0]).extent)
+        assert rows <= 3
+        counts = {c.name: c for c in execution_counts(sch.mod)}
+        assert counts[chain.upstream].executed == counts[chain.upstream].needed
+        head = counts[chain.head]
+        assert head.needed < head.executed <= head.needed * (rows + 2) / rows
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
+    choice = make_space_generator(func, SPEC.tvm(), num_cores=SPEC.num_cores, tile_cache=budget, block=False)
+    assert choice.kind == "intensive" and choice.pair == chain
+    assert make_space_generator(func, SPEC.tvm(), num_cores=SPEC.num_cores, block=False).pair.head is None
+
+
+def reference_of(func):
+    args = random_args(func, 0)
+    return args, run(func, args, SPEC.tvm())

@@ -277,10 +277,10 @@ def test_partition_cli_json_explain_dot(cli, tmp_path):
     assert "kept together: the 32 KiB tensor between them" in " ".join(result.stdout.split())
     result = cli("partition", "zoo:tiny-dwsep", "--keep-inside", "-1")
     assert result.exit_code == 1 and "--keep-inside must be 0 (off) or a size in KiB" in result.stderr
-    # a cache geometry sets it: half an A55's 128 KiB L2 keeps the 128 KiB tensor of tiny-dwsep at 32 × 32 inside
+    # a cache geometry sets it: half an A55's 128 KiB L2 keeps the 128 KiB tensors of tiny-dwsep at 32 × 32 inside
     # (Td 1 merges nothing else), on host none, the flag over the geometry
     wide = ("partition", "zoo:tiny-dwsep@1x8x32x32", "--threshold", "1", "--json")
-    for flags, most in ((("--geometry", "a55"), 2), ((), 1), (("--geometry", "a55", "--keep-inside", "0"), 1)):
+    for flags, most in ((("--geometry", "a55"), 3), ((), 1), (("--geometry", "a55", "--keep-inside", "0"), 1)):
         result = cli(*wide, *flags)
         assert result.exit_code == 0 and json.loads(result.stdout)["ago"]["max_complex_ops"] == most, flags
     result = cli("partition", "zoo:tiny-dwsep", "--geometry", "a99")
@@ -316,28 +316,32 @@ def test_nhwc_graph_holds_the_same_convs_plus_edge_transposes_and_partitions_acy
     assert partition.stats(g_nhwc, plan)["max_complex_ops"] >= 2
 
 
-def test_keep_inside_joins_a_conv_pair_across_a_large_tensor_once_and_largest_first(dwsep):
+def test_keep_inside_joins_a_conv_chain_across_large_tensors_largest_first(dwsep):
     """--keep-inside: a conv feeding a depthwise / pointwise conv through a tensor of at least that many
-    bytes starts clustering as one unit with it, whatever Td says; a unit joins one pair at most (the
-    pw → dw and dw → pw tensors of tiny-dwsep are equal: the first goes), smaller tensors none."""
+    bytes starts clustering as one unit with it, whatever Td says; the pw → dw and dw → pw pairs of tiny-dwsep
+    share their depthwise conv and make one chain (intensive fusion computes it in one row tile); smaller
+    tensors join nothing."""
     _, _, _, graph = dwsep
     ids = [n.id for n in graph.nodes]
     units = partition.epilogue_units(graph)
     size = partition.tensor_bytes(graph.by_id[ids[3]])  # the expand conv's relu6 output, 1x32x16x16 floats
     assert size == 4 * 32 * 16 * 16 == partition.tensor_bytes(graph.by_id[ids[7]])
     joined, notes = partition.locality_units(graph, units, size)
-    assert joined == (tuple(ids[0:8]), tuple(ids[8:11]))
-    (note,) = notes
-    assert note.kind == "unit" and note.nodes == tuple(ids[0:4]) and note.partner == tuple(ids[4:8])
-    assert "the 32 KiB tensor between them stays inside one subgraph" in note.reason
+    assert joined == (tuple(ids[0:11]),)
+    first, second = notes
+    assert first.kind == "unit" and first.nodes == tuple(ids[0:4]) and first.partner == tuple(ids[4:8])
+    assert second.nodes == tuple(ids[4:8]) and second.partner == tuple(ids[8:11])
+    assert "the 32 KiB tensor between them stays inside one subgraph" in first.reason
     assert partition.locality_units(graph, units, size + 1) == (units, ())
-    # a Td so small that AGO alone merges no two units: the pair still shares a subgraph, and the plan is checked
+    # a Td so small that AGO alone merges no two units: the chain still shares a subgraph, and the plan is checked
     alone = partition.plan_ago(graph, PartitionSettings(threshold=1.0))
     kept = partition.plan_ago(graph, PartitionSettings(threshold=1.0, locality_unit=size))
-    assert tuple(ids[0:4]) in alone.groups and tuple(ids[0:8]) in kept.groups
+    assert tuple(ids[0:4]) in alone.groups and tuple(ids[0:11]) in kept.groups
     assert kept.settings == PartitionSettings(threshold=1.0, locality_unit=size) and kept.threshold == 1.0
     partition.check(graph, kept)
-    assert note in kept.decisions
+    assert first in kept.decisions
+    assert partition.CHAINS == {("pointwise_conv", "depthwise_conv", "pointwise_conv"),
+                                ("conv", "depthwise_conv", "pointwise_conv")}
 
 
 @pytest.mark.e2e

@@ -917,7 +917,7 @@ def _flat_form(settings: TuneSettings, keep_inside: bool = True) -> dict:
 
 def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path, cli):
     """--keep-inside changes the kernels, so a database holds one value: compile --db cuts the model as
-    the session did (here the pw → dw pair in one kernel although Td 1 merges nothing else), and a
+    the session did (here the pw → dw → pw chain in one kernel although Td 1 merges nothing else), and a
     session with another value is refused; databases made before the setting hold 0."""
     model = models.build("tiny-dwsep")
     kept = TuneSettings(partition=PartitionSettings(threshold=1.0, locality_unit=32 * 1024), tile_cache=32 * 1024)
@@ -928,7 +928,7 @@ def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path,
     result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
-    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2
+    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 3
     assert info["settings"] == session["settings"]["partition"]  # the same JSON in manifest and session
     plain = TuneSettings(partition=PartitionSettings(threshold=1.0))
     with pytest.raises(TuningError, match=r"different settings \(partition.locality_unit: 32768 → 0, tile_cache"):
@@ -953,7 +953,7 @@ def test_a_database_made_before_the_settings_record_still_opens_and_compiles(tmp
     result = cli("compile", "zoo:tiny-dwsep", "--db", tmp_path / "db", "-o", tmp_path / "art")
     assert result.exit_code == 0, result.stderr
     info = json.loads((tmp_path / "art" / "manifest.json").read_text())["partition_info"]
-    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 2 and info["threshold"] == 1.0
+    assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 3 and info["threshold"] == 1.0
     with pytest.raises(TuningError, match="different settings"):
         db.open_session({**session, "settings": dataclasses.replace(kept, tile_cache=0).to_json()})
     db.open_session({**session, "settings": dataclasses.replace(kept, trials=512).to_json()})  # resumed

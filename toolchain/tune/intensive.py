@@ -4,11 +4,11 @@ it in the Fig. 7 structure. How and why: docs/tuning-internals.md (Intensive fus
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from toolchain.geometry import LINE
 from toolchain.tune.schedule_check import free_vars
+from toolchain.tune.tiles import tile_units, touched, window_rows
 from toolchain.tune.transfer import divisors
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
@@ -60,15 +60,22 @@ class IntensivePair:
     upstream_input: str | None  # U's data-input producer (a padding / copy block), if in the function
     tiled: str  # what D's tile loop runs over, in words
     layout: str = "NCHW"  # the convs' activation layout (CONV_AXES); a matmul pair: NCHW
+    # a chain's head H (H → U → D: a conv into a depthwise U into a pointwise D, NHWC, :func:`find_pair`), computed
+    # in D's row tiles too; the simple blocks between H and U (U's input padding included), H's input producer
+    head: str | None = None
+    head_kind: str = ""
+    head_chain: tuple[str, ...] = ()
+    head_input: str | None = None
 
     @property
     def kind(self) -> str:
-        return f"{self.upstream_kind}->{self.downstream_kind}"
+        return f"{self.head_kind}->" * bool(self.head) + f"{self.upstream_kind}->{self.downstream_kind}"
 
     @property
     def blocks(self) -> tuple[str, ...]:
+        first = (self.head_input,) * bool(self.head_input) + (self.head,) * bool(self.head) + self.head_chain
         extra = (self.upstream_input,) if self.upstream_input else ()
-        return extra + (self.upstream,) + self.chain + (self.downstream,) + self.epilogue
+        return first + extra + (self.upstream,) + self.chain + (self.downstream,) + self.epilogue
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,10 +219,11 @@ TILED = {
     "dw": "batch × output-channel tiles (H, W whole)",
     "pw": "batch × H × W tiles (output channels whole)",
     "matmul": "batch dims × row tiles (columns whole)",
+    "chain": "batch × row tiles (columns and channels whole; the head's window rows recomputed at the seams)",
 }
 
 
-def find_pair(func) -> IntensivePair | None:
+def find_pair(func, head: bool = False) -> IntensivePair | None:
     """The (U, D) pair for intensive fusion in a fused PrimFunc, or None.
 
     D is the *last* complex block that is a depthwise conv, a pointwise conv
@@ -223,10 +231,18 @@ def find_pair(func) -> IntensivePair | None:
     through elementwise / padding blocks only (every path back from D's
     data input ends at U or at a function parameter). U may be any conv or
     matmul. The blocks between them must not be read outside the pair.
+    ``head``: an NHWC depthwise U into a pointwise D takes the pointwise / spatial conv H that feeds U the same way
+    as the chain's head (MobileNet's inverted residual: expand → depthwise → project in one row tile, neither
+    intermediate written out; the head's window rows at a tile's seam are computed twice).
     """
     infos = block_infos(func)
     for d_idx in range(len(infos) - 1, -1, -1):
         pair = _pair_for(infos, d_idx)
+        if pair is not None and head and pair.kind == "dw->pw" and pair.layout == "NHWC":
+            first = _pair_for(infos, next(i for i, info in enumerate(infos) if info.name == pair.upstream))
+            if first is not None and first.upstream_kind in ("pw", "conv") and first.layout == "NHWC":
+                return replace(pair, upstream_input=None, head=first.upstream, head_kind=first.upstream_kind,
+                               head_chain=first.chain, head_input=first.upstream_input, tiled=TILED["chain"])
         if pair is not None:
             return pair
     return None
@@ -316,8 +332,9 @@ def _has_if_then_else(block) -> bool:
 
 def _inline(sch, pair: IntensivePair) -> None:
     """Inline elementwise blocks of the pair where it duplicates no work."""
-    complex_names = {pair.upstream, pair.downstream}
-    names = ([pair.upstream_input] if pair.upstream_input else []) + list(pair.chain) + list(pair.epilogue)
+    complex_names = {pair.upstream, pair.downstream, pair.head}
+    firsts = [n for n in (pair.head_input, pair.upstream_input) if n]
+    names = firsts + list(pair.head_chain) + list(pair.chain) + list(pair.epilogue)
     for name in names:
         rv = sch.get_sblock(name)
         block = sch.get(rv)
@@ -407,7 +424,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         floor, cap = bounds.get(it, (1, TILE_FACTOR_MAX))
         chosen = decide("tile", pair.downstream, it, extent, cap) if decide else None
         if floor <= 1:
-            return _split(sch, loop, cap, chosen)
+            return _split(sch, loop, cap, max(k for k in divisors(extent) if k <= min(chosen, cap)) if chosen else None)
         # a whole number of floors per tile: the floor split off inside, the search over the rest; a decided
         # tile (a seed's) moved to the widest such tile not wider than it
         outer, whole = sch.split(loop, factors=[None, floor])
@@ -435,6 +452,11 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         sch.reorder(*((n, f_o, y, x, f_i) if nhwc else (n, f_o, f_i)))
         tile = sch.fuse(n, f_o)
         d_inner, d_reg = 3, None
+    elif kind == "pw" and pair.head:  # a chain: tile y, inside the tile (y_i, x, f)
+        n, y, x, f = spatial
+        y_o, y_i = tile_split(y, 1)
+        tile = sch.fuse(n, y_o)
+        d_inner, d_reg = 3, 1
     elif kind == "pw":  # tile y, x; inside the tile NCHW (f, y_i, x_i), NHWC (y_i, x_i, f)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
         y_o, y_i = tile_split(y, 1 if nhwc else 2)
@@ -457,9 +479,11 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     sch.compute_at(sch.get_sblock(pair.upstream), tile, preserve_unit_loops=True)
     if pair.upstream_input and block_exists(sch, pair.upstream_input) and _input_joins_tile(pair):
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
+    vector_max = vector_cap(lanes)
+    if pair.head:
+        _head_into_tile(sch, pair, tile, decide, vector_max)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
-    vector_max = vector_cap(lanes)
     _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide,
                    vector_max=vector_max)
     _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
@@ -467,48 +491,29 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 
 
-def data_shape(func, pair: IntensivePair) -> tuple[int, ...] | None:
-    """Shape of D's data input in ``func``: the intermediate (padded, where D pads it) its tile reads."""
+def _head_into_tile(sch, pair: IntensivePair, tile, decide: Decide | None, vector_max: int) -> None:
+    """A chain's head H (and the blocks between it and U, U's padding too) computed in D's tile: H's rows of every
+    channel that the tile's rows of U read; H register-tiled as U is."""
+    for name in reversed(pair.head_chain):
+        if block_exists(sch, name):
+            sch.compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
+    sch.compute_at(sch.get_sblock(pair.head), tile, preserve_unit_loops=True)
+    if pair.head_input and block_exists(sch, pair.head_input):
+        sch.compute_at(sch.get_sblock(pair.head_input), tile, preserve_unit_loops=True)
+    h_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.head)).iter_vars if int(iv.iter_type) != 2)
+    _register_tile(sch, pair.head, tile, _reg_iter(pair.head_kind, h_sp, pair.layout), h_sp, decide,
+                   vector_max=vector_max)
+
+
+def data_shape(func, pair: IntensivePair, block: str | None = None) -> tuple[int, ...] | None:
+    """Shape of D's (or ``block``'s) data input in ``func``: the intermediate (padded, where D pads it) its tile
+    reads."""
     for info in block_infos(func):
-        if info.name == pair.downstream and info.data_buf is not None:
+        if info.name == (block or pair.downstream) and info.data_buf is not None:
             for region in info.block.reads:
                 if region.source.__chandle__() == info.data_buf:
                     return tuple(_int(x) for x in region.source.shape)
     return None
-
-
-def touched(count: int, run: int, stride: int, line: int = LINE) -> int:
-    """Bytes of the cache lines a slice touches: ``count`` runs of ``run`` contiguous bytes, ``stride``
-    bytes apart (runs taken to start on a line; runs closer than a line touch every line of their span)."""
-    if count <= 1 or stride <= run:
-        return -(-count * run // line) * line
-    if stride >= line:
-        return count * -(-run // line) * line
-    return -(-((count - 1) * stride + run) // line) * line
-
-
-def tile_units(kind: str, shape: tuple[int, ...],
-               layout: str = "NCHW") -> dict[int, tuple[int, int, Callable[[int], int]]]:
-    """D's tiled iterators, each → (its extent, bytes of the intermediate one step covers, bytes of the cache
-    lines a tile of ``f`` steps touches), for D of ``kind`` ("dw" | "pw" | "matmul") whose data input (the
-    intermediate, float32) has ``shape``: dw a channel plane (in NHWC a run of channels in every pixel: a
-    slice narrower than a line touches as many lines as one a line wide); pw a whole row (the columns then
-    one pixel of every channel); matmul a row."""
-    if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
-        nhwc = layout == "NHWC"
-        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if nhwc else (
-            (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
-        if kind == "dw" and nhwc:
-            return {f_it: (c, h * w * 4, lambda f: touched(h * w, 4 * f, 4 * c))}
-        if kind == "dw":
-            return {f_it: (c, h * w * 4, lambda f: touched(1, f * h * w * 4, 0))}
-        if nhwc:
-            return {y_it: (h, w * c * 4, lambda f: touched(1, f * w * c * 4, 0)),
-                    x_it: (w, c * 4, lambda f: touched(1, f * c * 4, 0))}
-        return {y_it: (h, w * c * 4, lambda f: touched(c, f * w * 4, h * w * 4)),
-                x_it: (w, c * 4, lambda f: touched(c, f * 4, h * w * 4))}
-    *_, rows, k = shape
-    return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
 
 
 def _tile_bounds(sch, pair: IntensivePair, budget: int, cores: int = 1) -> dict[int, tuple[int, int]]:
@@ -542,18 +547,24 @@ def row_units(sch, pair: IntensivePair, shape: tuple[int, ...], budget: int):
     channel, the window's halo included) where an NHWC depthwise D's channel tiles cannot keep their slice within
     ``budget`` — one line of every pixel does not fit (MobileNet-V2 @224's 112 × 112 × 96 expansion: 784 KiB a
     line-wide tile, more than an A76's L2; each of the six tiles read the whole input again, 21 MB from memory
-    against 17 for stock's two kernels at a 2 MiB last level) — else None. Rows re-compute the halo's rows of U
+    against 17 for stock's two kernels at a 2 MiB last level) — and for a chain (H → U → D, always rows: both
+    intermediates' rows, U's window's included), else None. Rows re-compute the halo's rows of U (of H in a chain)
     that two tiles both read (one in 2f for a stride-2 3 × 3 window)."""
-    if pair.downstream_kind != "dw" or pair.layout != "NHWC" or not budget:
+    if not budget or pair.layout != "NHWC" or (pair.downstream_kind != "dw" and not pair.head):
         return None
     _, h, w, c = shape
-    if touched(h * w, 4, 4 * c) <= budget:
+    if not pair.head and touched(h * w, 4, 4 * c) <= budget:
         return None
-    d = sch.get(sch.get_sblock(pair.downstream))
+    windowed = pair.upstream if pair.head else pair.downstream
+    d = sch.get(sch.get_sblock(windowed))
     out = _int(d.iter_vars[1].dom.extent)
     window = next((_int(iv.dom.extent) for iv in d.iter_vars if int(iv.iter_type) == 2), 1)  # its rows
-    stride = max(1, (h - window) // (out - 1)) if out > 1 else 1
-    return out, lambda f: touched(1, ((f - 1) * stride + window) * w * c * 4, 0)
+    if not pair.head:
+        rows = window_rows(h, out, window)
+        return out, lambda f: touched(1, rows(f) * w * c * 4, 0)
+    _, h_in, w_in, c_in = data_shape(sch.mod["main"], pair, pair.upstream)
+    rows = window_rows(h_in, out, window)
+    return h, lambda f: touched(1, f * w * c * 4, 0) + touched(1, rows(f) * w_in * c_in * 4, 0)
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs

@@ -4,8 +4,9 @@ decisions of the intensive-fusion space, so the seed is a point of that space. W
 from __future__ import annotations
 
 from toolchain.tune.adapter import workload_module
-from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, tile_units, vector_lanes
+from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, vector_lanes
 from toolchain.tune.space import rest_complex, schedule_fn
+from toolchain.tune.tiles import tile_units
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 from toolchain.tune.transfer import divisors
 
@@ -106,7 +107,7 @@ class MiniChoices:
         self.unroll: int | None = None
         for trace_json, block_map in parts:
             for mini_block, joined_block in block_map.items():
-                if joined_block in (pair.upstream, pair.downstream):
+                if joined_block in (pair.upstream, pair.downstream, pair.head):
                     self.factors[joined_block] = tile_decisions(trace_json, mini_block)
                     if joined_block == pair.downstream:
                         self.unroll = unroll_of(trace_json)

@@ -268,7 +268,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
         return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")
     if not intensive:
         return stock(None, "intensive fusion disabled")
-    pair = find_pair(func)
+    pair = find_pair(func, head=bool(tile_cache))  # a chain's head where a tile cache keeps intermediates inside
     if pair is None:
         return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
     why_not = dry_run(func, pair, target, num_cores=num_cores)

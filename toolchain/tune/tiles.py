@@ -1,0 +1,49 @@
+"""The cache lines an intensive tile's slice of its intermediates touches: the arithmetic behind the tile caps of
+toolchain/tune/intensive.py (`--keep-inside`). Why: docs/tuning-internals.md (Intensive fusion)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from toolchain.geometry import LINE
+
+
+def touched(count: int, run: int, stride: int, line: int = LINE) -> int:
+    """Bytes of the cache lines a slice touches: ``count`` runs of ``run`` contiguous bytes, ``stride``
+    bytes apart (runs taken to start on a line; runs closer than a line touch every line of their span)."""
+    if count <= 1 or stride <= run:
+        return -(-count * run // line) * line
+    if stride >= line:
+        return count * -(-run // line) * line
+    return -(-((count - 1) * stride + run) // line) * line
+
+
+def tile_units(kind: str, shape: tuple[int, ...],
+               layout: str = "NCHW") -> dict[int, tuple[int, int, Callable[[int], int]]]:
+    """D's tiled iterators, each → (its extent, bytes of the intermediate one step covers, bytes of the cache
+    lines a tile of ``f`` steps touches), for D of ``kind`` ("dw" | "pw" | "matmul") whose data input (the
+    intermediate, float32) has ``shape``: dw a channel plane (in NHWC a run of channels in every pixel: a
+    slice narrower than a line touches as many lines as one a line wide); pw a whole row (the columns then
+    one pixel of every channel); matmul a row."""
+    if kind in ("dw", "pw"):  # D's iterators: NCHW (n, f, y, x), NHWC (n, y, x, f)
+        nhwc = layout == "NHWC"
+        (_, h, w, c), (f_it, y_it, x_it) = (shape, (3, 1, 2)) if nhwc else (
+            (shape[0], shape[2], shape[3], shape[1]), (1, 2, 3))
+        if kind == "dw" and nhwc:
+            return {f_it: (c, h * w * 4, lambda f: touched(h * w, 4 * f, 4 * c))}
+        if kind == "dw":
+            return {f_it: (c, h * w * 4, lambda f: touched(1, f * h * w * 4, 0))}
+        if nhwc:
+            return {y_it: (h, w * c * 4, lambda f: touched(1, f * w * c * 4, 0)),
+                    x_it: (w, c * 4, lambda f: touched(1, f * c * 4, 0))}
+        return {y_it: (h, w * c * 4, lambda f: touched(c, f * w * 4, h * w * 4)),
+                x_it: (w, c * 4, lambda f: touched(c, f * 4, h * w * 4))}
+    *_, rows, k = shape
+    return {len(shape) - 2: (rows, k * 4, lambda f: touched(1, f * k * 4, 0))}
+
+
+def window_rows(rows_in: int, rows_out: int, window: int) -> Callable[[int], int]:
+    """The input rows ``f`` output rows of a sliding window of ``window`` rows read, for a window that takes
+    ``rows_in`` (padded) rows to ``rows_out`` (its stride inferred)."""
+    stride = max(1, (rows_in - window) // (rows_out - 1)) if rows_out > 1 else 1
+    return lambda f: (f - 1) * stride + window
