@@ -458,9 +458,10 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
 
 def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
     """Under a tile cache an inverted residual (expand → depthwise → project, NHWC) is one chain: D's row tiles
-    hold the depthwise U's rows and the expand head's rows of every channel, both intermediates within the cache
-    (their lines counted, the window's halo included); U runs once, the head again only at the tiles' seams, and
-    the kernel computes what the unscheduled one does. Without a head wanted, the same kernel is the dw → pw pair."""
+    hold the expand head's rows of every channel, and inside a tile the depthwise U and D go row by row, both
+    intermediates within the cache (their lines counted, the window's halo included); U runs once, the head again
+    only at the tiles' seams, and the kernel computes what the unscheduled one does. Without a head wanted, the same
+    kernel is the dw → pw pair."""
     from toolchain.tune import intensive
 
     func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 + relu6 → dw 3×3/1 + relu6 → project 144→24
@@ -470,7 +471,7 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
     assert chain.blocks[:2] == ("pad_temp", "conv2d_nhwc") and chain.head_chain[-1] == "pad_temp1"
     _, h, w, c = intensive.data_shape(func, chain)  # the dw's output, 14 × 14 × 144
     _, h_in, w_in, c_in = intensive.data_shape(func, chain, chain.upstream)  # the expand's, padded: 16 × 16
-    budget = 4 * (3 * w * c + 5 * w_in * c_in)  # three rows of U's output, the five of the head's they read
+    budget = 4 * (w * c + 5 * w_in * c_in)  # a row of U's output (U and D go row by row), the head's five for three
     assert intensive._tile_bounds(schedule(func), chain, budget, cores=1) == {1: (1, 3)}
     assert intensive._tile_bounds(schedule(func), chain, budget, cores=7) == {1: (1, 2)}  # a tile per core
     args, want = reference_of(func)
@@ -479,6 +480,10 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
         intensive_schedule(sch, chain, SPEC.num_cores, tile_cache=budget)
         rows = h // int(sch.get(sch.get_loops(sch.get_sblock(chain.downstream))[0]).extent)
         assert rows <= 3
+        d_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock(chain.downstream))]
+        shared = [lp for lp in map(sch.get, sch.get_loops(sch.get_sblock(chain.upstream)))
+                  if any(lp.same_as(d) for d in d_loops)]
+        assert [int(lp.extent) for lp in shared] == [h // rows, rows]  # U and D share the tile and its row loop
         counts = {c.name: c for c in execution_counts(sch.mod)}
         assert counts[chain.upstream].executed == counts[chain.upstream].needed
         head = counts[chain.head]

@@ -441,6 +441,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     spatial = list(sch.get_loops(d_rv))[:n_sp]
     kind = pair.downstream_kind
     nhwc = pair.layout == "NHWC"
+    row = None  # a chain's row loop inside the tile, where U and D go one row at a time
     if kind == "dw" and 1 in bounds:  # NHWC, rows tiled (:func:`row_units`): inside the tile (y_i, x, f)
         n, y, x, f = spatial
         y_o, y_i = tile_split(y, 1)
@@ -452,11 +453,11 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         sch.reorder(*((n, f_o, y, x, f_i) if nhwc else (n, f_o, f_i)))
         tile = sch.fuse(n, f_o)
         d_inner, d_reg = 3, None
-    elif kind == "pw" and pair.head:  # a chain: tile y, inside the tile (y_i, x, f)
+    elif kind == "pw" and pair.head:  # a chain: tile y; inside the tile, row by row, U's row then D's (x, f)
         n, y, x, f = spatial
-        y_o, y_i = tile_split(y, 1)
+        y_o, row = tile_split(y, 1)
         tile = sch.fuse(n, y_o)
-        d_inner, d_reg = 3, 1
+        d_inner, d_reg = 2, 0
     elif kind == "pw":  # tile y, x; inside the tile NCHW (f, y_i, x_i), NHWC (y_i, x_i, f)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
         y_o, y_i = tile_split(y, 1 if nhwc else 2)
@@ -473,10 +474,11 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     for name in pair.epilogue:
         if block_exists(sch, name):
             sch.reverse_compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
+    at = tile if row is None else row
     for name in reversed(pair.chain):
         if block_exists(sch, name):
-            sch.compute_at(sch.get_sblock(name), tile, preserve_unit_loops=True)
-    sch.compute_at(sch.get_sblock(pair.upstream), tile, preserve_unit_loops=True)
+            sch.compute_at(sch.get_sblock(name), at, preserve_unit_loops=True)
+    sch.compute_at(sch.get_sblock(pair.upstream), at, preserve_unit_loops=True)
     if pair.upstream_input and block_exists(sch, pair.upstream_input) and _input_joins_tile(pair):
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     vector_max = vector_cap(lanes)
@@ -484,9 +486,9 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         _head_into_tile(sch, pair, tile, decide, vector_max)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
-    _register_tile(sch, pair.upstream, tile, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide,
+    _register_tile(sch, pair.upstream, at, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide,
                    vector_max=vector_max)
-    _register_tile(sch, pair.downstream, tile, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
+    _register_tile(sch, pair.downstream, at, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
                    vector_max=vector_max)
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 
@@ -547,8 +549,8 @@ def row_units(sch, pair: IntensivePair, shape: tuple[int, ...], budget: int):
     channel, the window's halo included) where an NHWC depthwise D's channel tiles cannot keep their slice within
     ``budget`` — one line of every pixel does not fit (MobileNet-V2 @224's 112 × 112 × 96 expansion: 784 KiB a
     line-wide tile, more than an A76's L2; each of the six tiles read the whole input again, 21 MB from memory
-    against 17 for stock's two kernels at a 2 MiB last level) — and for a chain (H → U → D, always rows: both
-    intermediates' rows, U's window's included), else None. Rows re-compute the halo's rows of U (of H in a chain)
+    against 17 for stock's two kernels at a 2 MiB last level) — and for a chain (H → U → D, always rows: H's rows
+    that U's window reads, and U's one row), else None. Rows re-compute the halo's rows of U (of H in a chain)
     that two tiles both read (one in 2f for a stride-2 3 × 3 window)."""
     if not budget or pair.layout != "NHWC" or (pair.downstream_kind != "dw" and not pair.head):
         return None
@@ -564,7 +566,7 @@ def row_units(sch, pair: IntensivePair, shape: tuple[int, ...], budget: int):
         return out, lambda f: touched(1, rows(f) * w * c * 4, 0)
     _, h_in, w_in, c_in = data_shape(sch.mod["main"], pair, pair.upstream)
     rows = window_rows(h_in, out, window)
-    return h, lambda f: touched(1, f * w * c * 4, 0) + touched(1, rows(f) * w_in * c_in * 4, 0)
+    return h, lambda f: touched(1, w * c * 4, 0) + touched(1, rows(f) * w_in * c_in * 4, 0)
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs
