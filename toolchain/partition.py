@@ -13,6 +13,7 @@ from toolchain.dag import Graph
 from toolchain.opgraph import OpGraph, op_graph
 from toolchain.quotient import check_partition, partition_stats
 from toolchain.settings import PartitionSettings
+from toolchain.tune.tiles import CHAIN_RECOMPUTE, chain_share
 from toolchain.weights import WeightModel, load_model, op_weights
 
 #: Subgraphs lighter than this (weight units = predicted tuning trials) are "trivial" in the stats:
@@ -205,7 +206,7 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
 #: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does
 #: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.tune.intensive`)
 INTENSIVE_DOWNSTREAM = frozenset({"depthwise_conv", "pointwise_conv", "matmul"})
-#: three complex ops a locality unit may chain (head, depthwise, pointwise; toolchain.tune.intensive.find_pair)
+#: three complex ops a locality unit may chain (head, depthwise, pointwise; toolchain.tune.pairs.find_pair)
 CHAINS = frozenset((head, "depthwise_conv", "pointwise_conv") for head in ("pointwise_conv", "conv"))
 #: bytes per element of the tensors the zoo and the supported ONNX subset compute in (float32)
 ELEMENT_BYTES = 4
@@ -216,7 +217,8 @@ def tensor_bytes(node) -> int:
     return ELEMENT_BYTES * math.prod(node.shape)
 
 
-def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[str, ...], ...], tuple]:
+def locality_units(graph: OpGraph, units, min_bytes: int, cores: int = 1,
+                   layout: str = "NHWC") -> tuple[tuple[tuple[str, ...], ...], tuple]:
     """Join pairs of ``units`` (or lone complex ops) where a complex op feeds an intensive-fusion
     downstream op (:data:`INTENSIVE_DOWNSTREAM`) through a tensor of at least ``min_bytes``: the pair
     starts clustering as one hyper node, so that tensor is never a subgraph boundary, and the intensive
@@ -225,9 +227,11 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
     The producer's last op must have that downstream op as its only consumer (then joining them makes
     no cycle: a path out of the producer passes through the pair). The largest tensors go first; a
     unit joins one pair at most, except that two pairs through one depthwise conv make a chain (a conv
-    into it, it into a pointwise conv: :data:`CHAINS`, which intensive fusion computes in one row tile).
-    Returns the units (the given ones, with each pair's or chain's replaced by their union, members in
-    graph order) and one decision per pair saying why."""
+    into it, it into a pointwise conv: :data:`CHAINS`, which intensive fusion computes in one row tile of
+    at most ``min_bytes``, a tile per one of ``cores``) where the head computes at most
+    :data:`~toolchain.tune.tiles.CHAIN_RECOMPUTE` of its rows twice (NHWC only). Returns the units (the given
+    ones, with each pair's or chain's replaced by their union, members in graph order) and one decision per
+    pair or declined chain saying why."""
     node, consumers = graph.by_id, graph.consumers
     position = {n.id: i for i, n in enumerate(graph.nodes)}
     unit_of = {m: tuple(u) for u in units for m in u}
@@ -252,8 +256,14 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
     notes = []
     for minus_size, _, up, down in sorted(found):
         first, second = chain_of.get(up, (up,)), chain_of.get(down, (down,))
-        if first[-1] != up or second[0] != down or (
-                len(first) + len(second) > 2 and tuple(map(cls, first + second)) not in CHAINS):
+        if first[-1] != up or second[0] != down or (len(first) + len(second) > 2 and (
+                layout != "NHWC" or tuple(map(cls, first + second)) not in CHAINS)):
+            continue
+        share = _chain_share(graph, first + second, min_bytes, cores) if len(first) + len(second) > 2 else 0.0
+        if share > CHAIN_RECOMPUTE:
+            notes.append(clustering.Decision(
+                "declined", up, down, f"not chained: its head would compute {share:.2f} of its rows twice in "
+                f"{min_bytes / 1024:g} KiB row tiles (more than {CHAIN_RECOMPUTE:g})"))
             continue
         for unit in first + second:
             chain_of[unit] = first + second
@@ -266,8 +276,20 @@ def locality_units(graph: OpGraph, units, min_bytes: int) -> tuple[tuple[tuple[s
     return tuple(sorted(rest + list(joined), key=lambda u: position[u[0]])), tuple(notes)
 
 
+def _chain_share(graph: OpGraph, chain, budget: int, cores: int) -> float:
+    """The share of its rows a chain's head would compute twice (:func:`toolchain.tune.tiles.chain_share`), from
+    the depthwise conv's NHWC shapes: its output rows, its window and the (padded) input rows it reads."""
+    node = graph.by_id
+    dw = next(node[m] for m in chain[1] if node[m].is_complex)
+    _, h, w, c = dw.shape
+    conv = next(b for b in dw.blocks if b.reduce_extents)
+    pad = next((b for b in dw.blocks if not b.reduce_extents and len(b.spatial_extents) == 4), None)
+    _, h_in, w_in, c_in = pad.spatial_extents if pad else next(node[m] for m in chain[0] if node[m].is_complex).shape
+    return chain_share(h, w * c * 4, h_in, w_in * c_in * 4, conv.reduce_extents[0], budget, cores)
+
+
 def plan_ago(graph: OpGraph, settings: PartitionSettings = PartitionSettings(),
-             model: WeightModel | None = None) -> PartitionPlan:
+             model: WeightModel | None = None, cores: int = 1, layout: str = "NHWC") -> PartitionPlan:
     """AGO's clustering over epilogue units at ``settings.td``; with a locality unit (bytes), complex-op
     pairs joined by a tensor at least that large start as one unit too (:func:`locality_units`)."""
     started = time.perf_counter()
@@ -275,7 +297,7 @@ def plan_ago(graph: OpGraph, settings: PartitionSettings = PartitionSettings(),
     g = Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
     units, notes = epilogue_units(graph), ()
     if settings.locality_unit:
-        units, notes = locality_units(graph, units, settings.locality_unit)
+        units, notes = locality_units(graph, units, settings.locality_unit, cores, layout)
     result = clustering.cluster(g, settings.td, units=units, boundaries=kept_apart(graph))
     return PartitionPlan(
         "ago", result.groups, weights, settings.td, notes + tuple(result.decisions),
@@ -289,7 +311,7 @@ def plan(settings: PartitionSettings, mod, spec, graph: OpGraph | None = None) -
     graph = graph or op_graph(mod)
     if settings.method == "stock":
         return plan_stock(mod, spec, graph, settings=settings)
-    return plan_ago(graph, settings)
+    return plan_ago(graph, settings, cores=spec.num_cores, layout=spec.layout)
 
 
 def check(graph: OpGraph, plan_: PartitionPlan) -> None:

@@ -12,9 +12,10 @@ from toolchain.fusion import fuse_groups
 from toolchain.opgraph import op_graph
 from toolchain.targets import resolve_target
 from toolchain.tune.candidates import random_args, run
-from toolchain.tune.intensive import block_infos, find_pair, intensive_schedule
+from toolchain.tune.intensive import intensive_schedule
 from toolchain.tune.intrinsics import load as load_intrinsics
 from toolchain.tune.intrinsics import tune_context
+from toolchain.tune.pairs import block_infos, find_pair
 from toolchain.tune.schedule_check import execution_counts, format_counts
 from toolchain.tune.space import make_space_generator
 
@@ -399,13 +400,13 @@ def test_the_schedule_offers_the_vector_four_registers(lanes, cap):
 def test_cache_lines_a_slice_touches():
     """A tile's slice is counted in the cache lines it touches: in NHWC one channel of every pixel touches a
     line per pixel, as 16 float32 channels do; contiguous slices and NCHW planes count their bytes."""
-    from toolchain.tune import intensive
+    from toolchain.tune import tiles
 
-    assert intensive.touched(1, 100, 0) == 128 and intensive.touched(10, 16, 128) == 640
-    assert intensive.touched(10, 16, 32) == 320  # runs closer than a line: every line of their span
-    (extent, plane, lines), = intensive.tile_units("dw", (1, 8, 8, 144), "NHWC").values()
+    assert tiles.touched(1, 100, 0) == 128 and tiles.touched(10, 16, 128) == 640
+    assert tiles.touched(10, 16, 32) == 320  # runs closer than a line: every line of their span
+    (extent, plane, lines), = tiles.tile_units("dw", (1, 8, 8, 144), "NHWC").values()
     assert extent == 144 and plane == 256 and lines(1) == lines(16) == 64 * 64 < lines(17) == 2 * 64 * 64
-    (extent, plane, lines), = intensive.tile_units("dw", (1, 144, 8, 8), "NCHW").values()
+    (extent, plane, lines), = tiles.tile_units("dw", (1, 144, 8, 8), "NCHW").values()
     assert lines(1) == 256 and lines(16) == 16 * 256
 
 
@@ -415,14 +416,14 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
     phone's: tuned there, MobileNet-V2's 56x56 expand + dw pair kept a 602 KB slice); and in NHWC a tile
     is a whole number of lines wide (16 channels): a narrower one touches the same lines in more passes
     (MobileNet-V2 @224's stem pair, tuned to 4-channel tiles, moved more than stock's two kernels)."""
-    from toolchain.tune import intensive
+    from toolchain.tune import pairs, tiles
 
     func = func_of("pw->dw")
     pair = find_pair(func)
-    _, h, w, channels = intensive.data_shape(func, pair)  # NHWC, padded for the 3x3 dw: 144 channels
+    _, h, w, channels = pairs.data_shape(func, pair)  # NHWC, padded for the 3x3 dw: 144 channels
     budget = 3 * 64 * h * w  # three lines of every pixel: 48 channels
 
-    def tiles(tile_cache):
+    def widths(tile_cache):
         out = set()
         for seed in range(1, 13):
             sch = schedule(func, seed)
@@ -431,9 +432,9 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
             out.add(channels // int(sch.get(tile).extent))  # channels per tile
         return out
 
-    assert intensive._tile_bounds(schedule(func), pair, budget) == {3: (16, 48)}
-    assert intensive._tile_bounds(schedule(func), pair, budget, cores=16) == {3: (9, 48)}  # a tile per core
-    assert tiles(budget) <= {16, 48} and any(t % 16 for t in tiles(0)) and max(tiles(0)) > 16
+    assert pairs.tile_bounds(func, pair, budget) == {3: (16, 48)}
+    assert pairs.tile_bounds(func, pair, budget, cores=16) == {3: (9, 48)}  # a tile per core
+    assert widths(budget) <= {16, 48} and any(t % 16 for t in widths(0)) and max(widths(0)) > 16
     for wanted, got in ((4, 16), (36, 16), (48, 48), (144, 48)):  # a seed's tile, moved into the bounds
         sch = schedule(func)
         intensive_schedule(sch, pair, SPEC.num_cores, lambda role, *_, w=wanted: w if role == "tile" else None,
@@ -444,42 +445,46 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
     # a budget below one line of every pixel: tiles of rows with every channel (a line-wide channel tile's slice
     # would not fit, and every channel tile reads all of U's input again), which compute what the pair computes
     small = 64 * h * w // 2
-    assert intensive._tile_bounds(schedule(func), pair, small) == {1: (1, 1)}
+    assert pairs.tile_bounds(func, pair, small) == {1: (1, 1)}
     sch = schedule(func)
     intensive_schedule(sch, pair, SPEC.num_cores, tile_cache=small)
     tile = sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0])
     assert int(tile.extent) == h - 2  # one output row per tile (3 x 3, stride 1: the padded rows less 2)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
     nchw = func_of("pw->dw/nchw")
-    _, _, h, w = intensive.data_shape(nchw, find_pair(nchw))
-    plane = intensive.touched(1, 8 * h * w * 4, 0)
-    assert intensive._tile_bounds(schedule(nchw), find_pair(nchw), plane) == {1: (1, 8)}
+    _, _, h, w = pairs.data_shape(nchw, find_pair(nchw))
+    plane = tiles.touched(1, 8 * h * w * 4, 0)
+    assert pairs.tile_bounds(nchw, find_pair(nchw), plane) == {1: (1, 8)}
 
 
 def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
     """Under a tile cache an inverted residual (expand → depthwise → project, NHWC) is one chain: D's row tiles
     hold the expand head's rows of every channel, and inside a tile the depthwise U and D go row by row, both
     intermediates within the cache (their lines counted, the window's halo included); U runs once, the head again
-    only at the tiles' seams, and the kernel computes what the unscheduled one does. Without a head wanted, the same
-    kernel is the dw → pw pair."""
-    from toolchain.tune import intensive
+    only at the tiles' seams, and the kernel computes what the unscheduled one does. Where the cache holds too few
+    rows (the head would compute more than a quarter of its rows twice) the kernel is the pair with the larger
+    intermediate; without a tile cache, the dw → pw pair as before."""
+    from toolchain.tune import pairs
 
     func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 + relu6 → dw 3×3/1 + relu6 → project 144→24
     assert find_pair(func).kind == "dw->pw"
-    chain = find_pair(func, head=True)
+    _, h, w, c = pairs.data_shape(func, find_pair(func))  # the dw's output, 14 × 14 × 144
+    _, h_in, w_in, c_in = pairs.data_shape(func, find_pair(func), "group_conv2d_nhwc")  # the expand's, padded
+    budget = 4 * (w * c + 9 * w_in * c_in)  # a row of U's output (U and D go row by row), the head's 9 for 7
+    chain = find_pair(func, budget, cores=2)
     assert chain.kind == "pw->dw->pw" and chain.head == "conv2d_nhwc" and chain.upstream_input is None
     assert chain.blocks[:2] == ("pad_temp", "conv2d_nhwc") and chain.head_chain[-1] == "pad_temp1"
-    _, h, w, c = intensive.data_shape(func, chain)  # the dw's output, 14 × 14 × 144
-    _, h_in, w_in, c_in = intensive.data_shape(func, chain, chain.upstream)  # the expand's, padded: 16 × 16
-    budget = 4 * (w * c + 5 * w_in * c_in)  # a row of U's output (U and D go row by row), the head's five for three
-    assert intensive._tile_bounds(schedule(func), chain, budget, cores=1) == {1: (1, 3)}
-    assert intensive._tile_bounds(schedule(func), chain, budget, cores=7) == {1: (1, 2)}  # a tile per core
+    assert pairs.tile_bounds(func, chain, budget, cores=1) == {1: (1, 7)}
+    assert pairs.tile_bounds(func, chain, budget, cores=7) == {1: (1, 2)}  # a tile per core
+    assert pairs.chain_recompute(func, chain, budget) == 2 * 9 / 16 - 1  # two tiles of 7 rows read 9 of 16 each
+    assert pairs.chain_recompute(func, chain, budget, cores=7) == 7 * 4 / 16 - 1
+    assert find_pair(func, budget, cores=7).kind == "pw->dw"  # 16 padded rows of 144 channels > the dw's 14
     args, want = reference_of(func)
     for seed in (1, 2):
         sch = schedule(func, seed)
         intensive_schedule(sch, chain, SPEC.num_cores, tile_cache=budget)
         rows = h // int(sch.get(sch.get_loops(sch.get_sblock(chain.downstream))[0]).extent)
-        assert rows <= 3
+        assert rows <= 7
         d_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock(chain.downstream))]
         shared = [lp for lp in map(sch.get, sch.get_loops(sch.get_sblock(chain.upstream)))
                   if any(lp.same_as(d) for d in d_loops)]
@@ -489,9 +494,9 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
         head = counts[chain.head]
         assert head.needed < head.executed <= head.needed * (rows + 2) / rows
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
-    choice = make_space_generator(func, SPEC.tvm(), num_cores=SPEC.num_cores, tile_cache=budget, block=False)
+    choice = make_space_generator(func, SPEC.tvm(), num_cores=2, tile_cache=budget, block=False)
     assert choice.kind == "intensive" and choice.pair == chain
-    assert make_space_generator(func, SPEC.tvm(), num_cores=SPEC.num_cores, block=False).pair.head is None
+    assert make_space_generator(func, SPEC.tvm(), num_cores=2, block=False).pair.head is None
 
 
 def reference_of(func):

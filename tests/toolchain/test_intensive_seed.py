@@ -6,7 +6,7 @@ import pytest
 
 from toolchain.settings import PartitionSettings
 from toolchain.targets import resolve_target
-from toolchain.tune import intensive, intensive_seed
+from toolchain.tune import intensive_seed, pairs
 from toolchain.tune.adapter import postprocess, trial_latencies, workload_module
 from toolchain.tune.candidates import random_args, run
 from toolchain.tune.compose import seed_joined
@@ -66,7 +66,7 @@ def dwsep(dwsep_split):
 
 def test_the_seeds_vector_is_the_widest_the_space_allows_or_the_minis_own_register_tile(dwsep):
     *_, joined, parts = dwsep
-    pair = intensive.find_pair(joined)
+    pair = pairs.find_pair(joined)
     d_factors = intensive_seed.MiniChoices(pair, parts, {}).factors[pair.downstream]
     it, factors = max(d_factors.items())  # D's last spatial loop: its mini's register tile there
     register = factors[-1] * factors[-2]
@@ -99,7 +99,7 @@ def test_a_traces_tile_decisions_are_read_per_loop_of_a_block(dwsep):
 
 def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable(dwsep):
     *_, joined, parts = dwsep
-    pair = intensive.find_pair(joined)
+    pair = pairs.find_pair(joined)
     assert pair.kind == "dw->pw"  # the third conv (the first pw) is tiled as in its mini
     sch = intensive_seed.intensive_seed(joined, pair, parts, SPEC.tvm(), 2)
     assert sch is not None
@@ -113,7 +113,7 @@ def test_the_seed_is_the_fig7_structure_with_the_minis_choices_exact_and_mutable
     trace = plain(sch.trace.as_json())
     # D's tile: what tile_factors says for its 32-channel 16×16 intermediate (rows of 16, 2 tiles for 2 cores)
     assert pair.layout == "NCHW"
-    tile = intensive_seed.tile_factors("pw", intensive.data_shape(joined, pair), 2)
+    tile = intensive_seed.tile_factors("pw", pairs.data_shape(joined, pair), 2)
     assert tile == {2: 8, 3: 16}
     first = intensive_seed.tile_decisions(trace, pair.downstream)
     assert first[2] == [2, 8] and first[3] == [1, 16]

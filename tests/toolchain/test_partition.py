@@ -318,30 +318,43 @@ def test_nhwc_graph_holds_the_same_convs_plus_edge_transposes_and_partitions_acy
 
 def test_keep_inside_joins_a_conv_chain_across_large_tensors_largest_first(dwsep):
     """--keep-inside: a conv feeding a depthwise / pointwise conv through a tensor of at least that many
-    bytes starts clustering as one unit with it, whatever Td says; the pw → dw and dw → pw pairs of tiny-dwsep
-    share their depthwise conv and make one chain (intensive fusion computes it in one row tile); smaller
-    tensors join nothing."""
-    _, _, _, graph = dwsep
-    ids = [n.id for n in graph.nodes]
+    bytes starts clustering as one unit with it, whatever Td says; in NHWC the pw → dw and dw → pw pairs of
+    tiny-dwsep share their depthwise conv and make one chain (intensive fusion computes it in one row tile) unless
+    the tile the size allows would make the expand conv compute over a quarter of its rows twice; in NCHW (no row
+    tiles of chains there) a unit joins one pair at most, the first of two equal tensors; smaller tensors join
+    nothing."""
+    _, _, mod = legalized("tiny-dwsep", spec=NHWC)
+    graph = op_graph(mod)
     units = partition.epilogue_units(graph)
-    size = partition.tensor_bytes(graph.by_id[ids[3]])  # the expand conv's relu6 output, 1x32x16x16 floats
-    assert size == 4 * 32 * 16 * 16 == partition.tensor_bytes(graph.by_id[ids[7]])
+    expand, dw, project = (u for u in units if graph.by_id[u[0]].is_complex)
+    size = partition.tensor_bytes(graph.by_id[expand[-1]])  # the expand conv's relu6 output, 16x16x32 floats
+    assert size == 4 * 32 * 16 * 16 == partition.tensor_bytes(graph.by_id[dw[-1]])
     joined, notes = partition.locality_units(graph, units, size)
-    assert joined == (tuple(ids[0:11]),)
+    assert expand + dw + project in joined
     first, second = notes
-    assert first.kind == "unit" and first.nodes == tuple(ids[0:4]) and first.partner == tuple(ids[4:8])
-    assert second.nodes == tuple(ids[4:8]) and second.partner == tuple(ids[8:11])
+    assert first.kind == "unit" and first.nodes == expand and first.partner == dw
+    assert second.nodes == dw and second.partner == project
     assert "the 32 KiB tensor between them stays inside one subgraph" in first.reason
     assert partition.locality_units(graph, units, size + 1) == (units, ())
+    # row tiles of 9 KiB hold one row of the depthwise conv's output (2 KiB) and the 3 padded rows of the expand's
+    # (2.25 KiB each) its window reads: the expand would compute 16 × 3 of its 18 rows, so the pair stays a pair
+    joined, (pair, declined) = partition.locality_units(graph, units, 9 * 1024)
+    assert expand + dw in joined and project in joined and (pair.nodes, pair.partner) == (expand, dw)
+    assert declined.kind == "declined" and declined.partner == project
+    assert "not chained: its head would compute 1.67 of its rows twice in 9 KiB row tiles" in declined.reason
     # a Td so small that AGO alone merges no two units: the chain still shares a subgraph, and the plan is checked
     alone = partition.plan_ago(graph, PartitionSettings(threshold=1.0))
-    kept = partition.plan_ago(graph, PartitionSettings(threshold=1.0, locality_unit=size))
-    assert tuple(ids[0:4]) in alone.groups and tuple(ids[0:11]) in kept.groups
+    kept = partition.plan(PartitionSettings(threshold=1.0, locality_unit=size), mod, NHWC, graph=graph)
+    assert expand in alone.groups and expand + dw + project in kept.groups
     assert kept.settings == PartitionSettings(threshold=1.0, locality_unit=size) and kept.threshold == 1.0
     partition.check(graph, kept)
     assert first in kept.decisions
     assert partition.CHAINS == {("pointwise_conv", "depthwise_conv", "pointwise_conv"),
                                 ("conv", "depthwise_conv", "pointwise_conv")}
+    _, _, _, nchw = dwsep
+    ids = [n.id for n in nchw.nodes]
+    joined, (note,) = partition.locality_units(nchw, partition.epilogue_units(nchw), size, layout="NCHW")
+    assert joined == (tuple(ids[0:8]), tuple(ids[8:11])) and note.nodes == tuple(ids[0:4])
 
 
 @pytest.mark.e2e
@@ -362,7 +375,7 @@ def test_keep_inside_on_mobilenet_v2_keeps_its_large_activations_inside_and_skip
     partition.check(graph, kept)
     assert 1176 in crossing(plain) and 1176 not in crossing(kept)
     assert len(crossing(kept)) < len(crossing(plain))
-    assert len([d for d in kept.decisions if "--keep-inside" in d.reason]) == 4
+    assert len([d for d in kept.decisions if "--keep-inside" in d.reason]) == 7  # 4 pairs, 3 of them chained on
 
     _, _, mod = legalized("squeezenet-1.1", (1, 3, 56, 56), NHWC)
     graph = op_graph(mod)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
-from toolchain.tune import intensive, intensive_seed, transfer
+from toolchain.tune import intensive_seed, pairs, transfer
 from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
 from toolchain.tune.plan import TaskPlan
 from toolchain.tune.settings import Task, TuneSettings
@@ -106,7 +106,7 @@ def intensive_composed(func, parts: list[tuple[object, dict]], spec, tile_cache:
     (toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
     unroll depths; none where the join's space is not the intensive one or nothing composes.
     ``tile_cache``: the space's cap on a tile's slice of the intermediate (0: none)."""
-    pair = intensive.find_pair(func, head=bool(tile_cache))
+    pair = pairs.find_pair(func, tile_cache, spec.num_cores)
     if pair is None or dry_run(func, pair, spec.tvm(), num_cores=spec.num_cores) is not None:
         return []
     inside = set(pair.blocks)

@@ -4,9 +4,10 @@ decisions of the intensive-fusion space, so the seed is a point of that space. W
 from __future__ import annotations
 
 from toolchain.tune.adapter import workload_module
-from toolchain.tune.intensive import TILE_FACTOR_MAX, IntensivePair, data_shape, vector_lanes
+from toolchain.tune.intensive import vector_lanes
+from toolchain.tune.pairs import IntensivePair, data_shape
 from toolchain.tune.space import rest_complex, schedule_fn
-from toolchain.tune.tiles import tile_units
+from toolchain.tune.tiles import TILE_FACTOR_MAX, tile_units
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 from toolchain.tune.transfer import divisors
 

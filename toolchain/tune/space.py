@@ -7,14 +7,8 @@ import threading
 from dataclasses import dataclass
 
 from toolchain.tune import intrinsics
-from toolchain.tune.intensive import (
-    Decide,
-    IntensivePair,
-    block_exists,
-    find_pair,
-    intensive_schedule,
-    vector_lanes,
-)
+from toolchain.tune.intensive import Decide, block_exists, intensive_schedule, vector_lanes
+from toolchain.tune.pairs import IntensivePair, find_pair
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import (
     _whole_set,
@@ -268,7 +262,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
         return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")
     if not intensive:
         return stock(None, "intensive fusion disabled")
-    pair = find_pair(func, head=bool(tile_cache))  # a chain's head where a tile cache keeps intermediates inside
+    pair = find_pair(func, tile_cache, num_cores or 1)  # a chain where a tile cache keeps intermediates inside
     if pair is None:
         return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
     why_not = dry_run(func, pair, target, num_cores=num_cores)

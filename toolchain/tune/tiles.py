@@ -6,6 +6,12 @@ from __future__ import annotations
 from typing import Callable
 
 from toolchain.geometry import LINE
+from toolchain.tune.transfer import divisors
+
+TILE_FACTOR_MAX = 64  # D's tiled-dim inner factor (the tile the intensive fusion keeps in cache)
+#: a chain's head computes at most this share of its rows twice, or the chain is not made (the partition's
+#: locality units) or, made, is fused as a pair (toolchain/tune/pairs.py find_pair)
+CHAIN_RECOMPUTE = 0.25
 
 
 def touched(count: int, run: int, stride: int, line: int = LINE) -> int:
@@ -47,3 +53,27 @@ def window_rows(rows_in: int, rows_out: int, window: int) -> Callable[[int], int
     ``rows_in`` (padded) rows to ``rows_out`` (its stride inferred)."""
     stride = max(1, (rows_in - window) // (rows_out - 1)) if rows_out > 1 else 1
     return lambda f: (f - 1) * stride + window
+
+
+def chain_rows(rows: int, row_bytes: int, rows_in: int, row_in_bytes: int, window: int,
+               budget: int, cores: int = 1) -> tuple[int, Callable[[int], int]]:
+    """(the widest row tile ``budget`` holds, bytes of the lines a tile of ``f`` rows touches) for a chain whose D has
+    ``rows`` output rows and whose U keeps one row of ``row_bytes`` while its window of ``window`` rows reads the
+    head's (padded) ``rows_in`` rows of ``row_in_bytes``; the tile at most a core's share of the rows."""
+    need = window_rows(rows_in, rows, window)
+
+    def lines(f: int) -> int:
+        return touched(1, row_bytes, 0) + touched(1, need(f) * row_in_bytes, 0)
+
+    cap = max([f for f in range(1, rows + 1) if lines(f) <= budget] or [1])
+    return min(cap, max(1, rows // cores)), lines
+
+
+def chain_share(rows: int, row_bytes: int, rows_in: int, row_in_bytes: int, window: int,
+                budget: int, cores: int = 1) -> float:
+    """The share of its rows a chain's head computes twice (the window's halo at the tiles' seams) at the widest row
+    tile :func:`chain_rows` allows, taken as a divisor of the rows as the space samples it."""
+    cap, _ = chain_rows(rows, row_bytes, rows_in, row_in_bytes, window, budget, cores)
+    need = window_rows(rows_in, rows, window)
+    f = max(k for k in divisors(rows) if k <= cap)
+    return rows // f * need(f) / need(rows) - 1
