@@ -249,6 +249,7 @@ def locality_units(graph: OpGraph, units, min_bytes: int, cores: int = 1,
         size = tensor_bytes(node[tail])
         if size >= min_bytes:
             found.append((-size, position[tail], unit_of[n.id], unit_of[d]))
+
     def cls(unit) -> str:
         return next(node[m].op_class for m in unit if node[m].is_complex)
 
