@@ -12,6 +12,7 @@ from toolchain.tune.tiles import (
     TILE_FACTOR_MAX,
     chain_rows,
     chain_share,
+    row_cap,
     tile_units,
     touched,
     window_rows,
@@ -237,8 +238,7 @@ def _chain_geometry(func, chain: IntensivePair) -> tuple[int, int, int, int, int
     """(D's rows, bytes of U's output row, the head's padded rows U reads, bytes of one, U's window rows)."""
     _, h, w, c = data_shape(func, chain)
     _, h_in, w_in, c_in = data_shape(func, chain, chain.upstream)
-    u = next(info.block for info in block_infos(func) if info.name == chain.upstream)
-    window = next((as_int(iv.dom.extent) for iv in u.iter_vars if int(iv.iter_type) == 2), 1)
+    _, _, window = _window(func, chain.upstream, h_in)
     return h, w * c * 4, h_in, w_in * c_in * 4, window
 
 
@@ -324,10 +324,7 @@ def tile_bounds(func, pair: IntensivePair, budget: int, cores: int = 1) -> dict[
         return {}
     rows = row_units(func, pair, shape, budget)
     if rows is not None:  # a line of every pixel does not fit: tiles of rows with every channel
-        extent, lines = rows
-        cap = max([f for f in range(1, extent + 1) if lines(f) <= budget] or [1])
-        cap = min(cap, max(1, extent // cores))  # a tile per core
-        return {1: (1, cap)}
+        return {1: (1, row_cap(*rows, budget, cores))}  # a tile per core
     bounds = {}
     for it, (extent, _, lines) in tile_units(pair.downstream_kind, shape, pair.layout).items():
         steps = range(1, min(TILE_FACTOR_MAX, extent) + 1)

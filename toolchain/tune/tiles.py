@@ -65,8 +65,13 @@ def chain_rows(rows: int, row_bytes: int, rows_in: int, row_in_bytes: int, windo
     def lines(f: int) -> int:
         return touched(1, row_bytes, 0) + touched(1, need(f) * row_in_bytes, 0)
 
+    return row_cap(rows, lines, budget, cores), lines
+
+
+def row_cap(rows: int, lines: Callable[[int], int], budget: int, cores: int = 1) -> int:
+    """The widest tile of ``rows`` whose ``lines`` fit ``budget`` (1 where none does), at most a core's share."""
     cap = max([f for f in range(1, rows + 1) if lines(f) <= budget] or [1])
-    return min(cap, max(1, rows // cores)), lines
+    return min(cap, max(1, rows // cores))
 
 
 def chain_share(rows: int, row_bytes: int, rows_in: int, row_in_bytes: int, window: int,
