@@ -1,6 +1,8 @@
 """The intensive join's composed seed: a point of the Fig. 7 space whose choices come from the minis
 (toolchain/tune/intensive_seed.py), exact, and committed beside the side-by-side composition."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,48 @@ def test_a_join_is_seeded_in_its_own_space_too_but_not_under_ago_ni(dwsep, tmp_p
         db = TuneDB(tmp_path / f"partly-{intensive_on}")
         assert not seed_joined(task, plan, db.ms_database(), SPEC, partly, settings)
         assert trial_latencies(db.ms_dir, plan.funcs[task.name]) == []
+
+
+def test_a_fused_kernel_without_minis_is_seeded_from_its_convs_register_blocks_in_the_widest_tile(monkeypatch):
+    """A chain (a locality unit: no minis to compose) starts from each conv's register block — rows × vectors from
+    the target's registers, as a single conv's block (microkernel.block_for) — in the widest row tile the cache
+    holds; one seed per unroll depth, exact; seed_from_block commits them as the kernel's first records."""
+    from types import SimpleNamespace
+
+    from tests.toolchain.test_intensive import SPEC as HOST
+    from tests.toolchain.test_intensive import reference_of, zoo
+    from toolchain.tune import compose, microkernel
+    from toolchain.tune.intensive import vector_lanes
+
+    func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 → dw 3×3 → project 144→24, 14×14, NHWC
+    _, h, w, c = pairs.data_shape(func, pairs.find_pair(func))
+    _, _, w_in, c_in = pairs.data_shape(func, pairs.find_pair(func), "group_conv2d_nhwc")
+    budget = 4 * (w * c + 9 * w_in * c_in)  # 7 rows a tile (test_intensive's chain)
+    chain = pairs.find_pair(func, budget, cores=2)
+    assert chain.kind == "pw->dw->pw"
+    choices = intensive_seed.BlockChoices(func, chain, HOST.tvm(), 2, budget)
+    unit = microkernel.unit_of(HOST.tvm())
+    assert choices("tile", chain.downstream, 1, h, 7) == 7  # the cap: the fewest halo rows computed twice
+    assert choices("other", chain.head, 1, 9, 4) == 1
+    rows, vectors, lanes = microkernel.block_for(24, w, unit, min_lanes=1)  # D: 24 channels × 14 columns
+    assert lanes == vector_lanes(HOST.tvm())
+    assert choices("register", chain.downstream, 2, w, 8) == rows
+    assert choices("vector", chain.downstream, 3, 24, 32) == vectors * lanes
+    assert choices("vector", chain.downstream, 3, 24, 4) == 4  # never over the space's cap
+    assert choices("unroll", chain.downstream, -1, 0, 0) == intensive_seed.BLOCK_UNROLLS[0]
+    seeds = intensive_seed.block_seeds(func, HOST.tvm(), 2, budget)
+    assert len(seeds) == len(intensive_seed.BLOCK_UNROLLS)
+    args, want = reference_of(func)
+    for sch, shape in seeds:
+        assert shape == f"{rows}×{vectors}×{lanes}"
+        trace = plain(sch.trace.as_json())
+        assert intensive_seed.tile_decisions(trace, chain.downstream)[1] == [h // 7, 7]
+        done = postprocess(sch, SPEC)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(done.mod, args, SPEC.tvm()))) <= 1e-5
+    committed = []
+    monkeypatch.setattr(compose, "commit_seed", lambda sch, *a: committed.append(sch) or True)
+    task, plan = SimpleNamespace(name="chain"), SimpleNamespace(funcs={"chain": func})
+    settings = TuneSettings(tile_cache=budget)
+    assert compose.seed_from_block(task, plan, None, HOST, {}, settings) == f"fused {rows}×{vectors}×{lanes}"
+    assert len(committed) == 2
+    assert compose.seed_from_block(task, plan, None, HOST, {}, replace(settings, intensive=False)) == ""

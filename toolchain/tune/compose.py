@@ -147,19 +147,36 @@ def seed_from_siblings(task: Task, plan: TaskPlan, database, spec, verified: dic
 
 def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,
                     measure: "Measure | None" = None) -> str:
-    """Start ``task`` from its register block (a conv, a matmul, a pool: tune/microkernel.py), its row schedule (a
-    layer norm, a softmax: tune/rows.py) or, with no reduction, its blocks as parallel passes (a reshape mini that no
-    search reaches: with no record of it, its join could not be composed or timed against its minis), measured and
-    committed as a record when it passes the static checks; the block's shape, or "" (none, or it failed)."""
+    """Start ``task`` from its register block (a conv, a matmul, a pool: tune/microkernel.py), a fused kernel of the
+    intensive space from its convs' register blocks (up to ``settings.transfer`` seeds: tune/intensive_seed.py), its
+    row schedule (a layer norm, a softmax: tune/rows.py) or, with no reduction, its blocks as parallel passes (a
+    reshape mini that no search reaches: with no record of it, its join could not be composed or timed against its
+    minis), measured and committed as a record when it passes the static checks; the block's shape, or "" (none, or
+    it failed)."""
     from toolchain.tune.untuned import block_schedule, rows_schedule
 
     if settings.transfer <= 0:
         return ""
     func = plan.funcs[task.name]
     sch, shape = block_schedule(func, spec, spatial=True)
-    if sch is None:
+    if sch is None and settings.intensive:
+        found = intensive_blocks(func, spec, settings.tile_cache)[:settings.transfer]
+        committed = [shape for sch, shape in found if commit_seed(sch, func, database, spec, settings, measure)]
+        if committed:
+            return f"fused {committed[0]}"
         sch, shape = rows_schedule(func, spec, passes=True)
     return shape if sch is not None and commit_seed(sch, func, database, spec, settings, measure) else ""
+
+
+def intensive_blocks(func, spec, tile_cache: int = 0) -> list:
+    """``func`` in the intensive-fusion space at its convs' register blocks (:func:`intensive_seed.block_seeds`),
+    postprocessed, each with D's block; none where that space does not apply."""
+    try:
+        found = intensive_seed.block_seeds(func, spec.tvm(), spec.num_cores, tile_cache)
+    except Exception as exc:  # noqa: BLE001 - a kernel the structure does not fit: no seed from it
+        log.info("no intensive block seed: %s", exc)
+        return []
+    return [(sch, shape) for sch, shape in ((postprocess(s, spec), shape) for s, shape in found) if sch is not None]
 
 
 def seed_from_library(task: Task, plan: TaskPlan, database, spec, verified: dict, settings: TuneSettings,

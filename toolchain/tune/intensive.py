@@ -87,7 +87,7 @@ def _inline(sch, pair: IntensivePair) -> None:
 
 #: ``decide(role, block, iter, extent, cap)``: the inner factor a split should take instead of a
 #: random sample ("tile": D's tiled dims; "vector": the innermost, vectorised dim of a register tile inside
-#: the tile; "register": its other dims), or the
+#: the tile; "register": its rows, the dim blocked beside the vector; "other": its other dims), or the
 #: auto-unroll depth ("unroll"); None leaves it to sampling. The sampled instruction records the
 #: choice as its decision, so the search mutates it like any other (toolchain/tune/intensive_seed.py).
 Decide = Callable[[str, str, int, int, int], "int | None"]
@@ -120,7 +120,8 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
             continue
         last = k == n_spatial - 1
         cap = vector_max if last else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
-        role = "vector" if last else "register"
+        rows = k == reg_iter or (reg_iter is None and k == n_spatial - 2)  # the block's rows (a depthwise conv's W)
+        role = "vector" if last else ("register" if rows else "other")
         chosen = decide(role, block_name, first_iter + k, as_int(sch.get(lp).extent), cap) if decide else None
         o, i = _split(sch, lp, cap, chosen)
         outers.append(o)

@@ -1,12 +1,14 @@
-"""The composed seed of an intensive join: the minis' choices (register tiles, vector, unroll) taken as
-decisions of the intensive-fusion space, so the seed is a point of that space. Why: docs/tuning-internals.md."""
+"""Seeds of the intensive-fusion space, as its decisions: a join's minis' choices (register tiles, vector, unroll), or
+for any kernel of that space each conv's register block (toolchain/tune/microkernel.py) in the widest tile the cache
+holds. Why: docs/tuning-internals.md (Intensive fusion)."""
 
 from __future__ import annotations
 
+from toolchain.tune import microkernel
 from toolchain.tune.adapter import workload_module
 from toolchain.tune.intensive import vector_lanes
-from toolchain.tune.pairs import IntensivePair, data_shape
-from toolchain.tune.space import rest_complex, schedule_fn
+from toolchain.tune.pairs import IntensivePair, block_infos, data_shape, find_pair, tile_bounds
+from toolchain.tune.space import dry_run, rest_complex, schedule_fn
 from toolchain.tune.tiles import TILE_FACTOR_MAX, tile_units
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
 from toolchain.tune.transfer import divisors
@@ -202,3 +204,71 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     replayed, _, dropped = replay_tolerant(s_tir.Schedule(mod), trace_json, max_dropped=0)
     return sch if dropped else replayed
 
+
+
+# ----------------------------------------------------------------------------- the register blocks' seed
+
+#: the auto-unroll depths of the register blocks' seeds, one seed each: the block's loops unrolled within the
+#: reduction (64) or whole (512) — which is faster differs by kernel (docs/tuning-internals.md)
+BLOCK_UNROLLS = (64, 512)
+
+
+class BlockChoices:
+    """The ``decide`` callback (:data:`toolchain.tune.intensive.Decide`) that shapes each block's register tile as
+    the register block of a conv of its extents (:func:`toolchain.tune.microkernel.block_for`: rows × vectors ×
+    lanes from the target's registers; other dims 1) and D's tile the widest the space allows (its cap from
+    :func:`~toolchain.tune.pairs.tile_bounds`, else :func:`tile_factors`' at the first :data:`TILE_BYTES`)."""
+
+    def __init__(self, func, pair: IntensivePair, target, num_cores: int, tile_cache: int = 0,
+                 unroll: int = BLOCK_UNROLLS[0]):
+        self.unit = microkernel.unit_of(target)
+        self.vectors = {info.name: info.spatial[-1][1] for info in block_infos(func) if info.spatial}
+        self.bounds = tile_bounds(func, pair, tile_cache, num_cores)
+        shape = data_shape(func, pair)
+        budget = min(TILE_BYTES[0], tile_cache or TILE_BYTES[0])
+        self.tiles = tile_factors(pair.downstream_kind, shape, num_cores, budget, pair.layout,
+                                  self.unit.lanes) if shape is not None else {}
+        self.unroll = unroll
+        self.rows: dict[str, int] = {}  # block → the extent its rows' split saw
+
+    def shape(self, block: str) -> tuple[int, int, int] | None:
+        channels = self.vectors.get(block)
+        return microkernel.block_for(channels, self.rows.get(block, 1), self.unit, min_lanes=1) if channels else None
+
+    def __call__(self, role: str, block: str, it: int, extent: int, cap: int) -> int | None:
+        if role == "unroll":
+            return self.unroll
+        if role == "tile":
+            return self.bounds[it][1] if it in self.bounds else self.tiles.get(it)
+        if role == "other":
+            return 1
+        if role == "register":
+            self.rows[block] = extent
+        shape = self.shape(block)
+        if shape is None:
+            return None
+        rows, vectors, lanes = shape
+        return register_factor(extent, cap, rows if role == "register" else vectors * lanes)
+
+
+def block_seeds(func, target, num_cores: int, tile_cache: int = 0) -> list:
+    """``func`` in the intensive-fusion space (its pair or chain: :func:`~toolchain.tune.pairs.find_pair`) at
+    :class:`BlockChoices`, one schedule per :data:`BLOCK_UNROLLS` depth, before postprocessing, each with D's block
+    ("rows×vectors×lanes"); none where that space does not apply."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    pair = find_pair(func, tile_cache, num_cores)
+    if pair is None or dry_run(func, pair, target, num_cores=num_cores) is not None:
+        return []
+    seeds, seen = [], set()
+    for unroll in BLOCK_UNROLLS:
+        choices = BlockChoices(func, pair, target, num_cores, tile_cache, unroll)
+        try:
+            sch = schedule_fn(pair, target, num_cores, choices, tile_cache)(s_tir.Schedule(workload_module(func)))[0]
+        except Exception:  # noqa: BLE001 - the structure does not apply at these choices
+            continue
+        if (key := tvm_ffi.structural_hash(sch.mod)) not in seen:
+            seen.add(key)
+            seeds.append((sch, "×".join(map(str, choices.shape(pair.downstream) or ()))))
+    return seeds

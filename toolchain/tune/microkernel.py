@@ -306,18 +306,23 @@ def _stores_a_slice(block) -> bool:
 
 def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
                  min_lanes: int = 4) -> tuple[int, int, int] | None:
-    """(rows, vectors, lanes) of the register block for ``kernel``: lanes the unit's, halved until they divide its
-    channels (at least 4); vectors dividing the channels' vectors, rows at most :data:`MAX_ROWS` — dividing the
-    width when ``perfect`` (a search's tile sample must), else the last tile's rows masked where that puts
-    :data:`MASKED_GAIN` times the accumulators to use (a width of 13: 7 rows, 13 of 14 used, not 1) — the most
-    accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay a stack array
-    (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes as many
-    vectors as fit: its only independent FMA chains. None when no vector divides the channels (``min_lanes`` lanes
-    or more)."""
-    lanes = dividing_lanes(kernel.channels, unit.lanes)
+    """(rows, vectors, lanes) of the register block for ``kernel``: :func:`block_for` its output channels and width."""
+    return block_for(kernel.channels, kernel.width, unit, perfect, min_lanes)
+
+
+def block_for(channels: int, width: int, unit: VectorUnit, perfect: bool = True,
+              min_lanes: int = 4) -> tuple[int, int, int] | None:
+    """(rows, vectors, lanes) of a register block over ``channels`` (the vectorised dim) × ``width`` (the rows):
+    lanes the unit's, halved until they divide the channels (at least 4); vectors dividing the channels' vectors,
+    rows at most :data:`MAX_ROWS` — dividing the width when ``perfect`` (a search's tile sample must), else the last
+    tile's rows masked where that puts :data:`MASKED_GAIN` times the accumulators to use (a width of 13: 7 rows, 13
+    of 14 used, not 1) — the most accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay
+    a stack array (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes
+    as many vectors as fit: its only independent FMA chains. None when no vector divides the channels
+    (``min_lanes`` lanes or more)."""
+    lanes = dividing_lanes(channels, unit.lanes)
     if lanes < min_lanes:
         return None
-    width = kernel.width
 
     def used(r: int) -> float:  # the share of the rows' slots that hold a row of the kernel
         return width / (-(-width // r) * r)
@@ -325,7 +330,7 @@ def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
     fits = [(r * v * used(r), used(r), r * v, v, r) for r in range(1, min(MAX_ROWS, width) + 1)
             for v in range(1, unit.registers)
             if r * v + v + 1 <= unit.registers and r * v * lanes * unit.element_bytes < STACK_BYTES
-            and (kernel.channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
+            and (channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
     whole = max(f for f in fits if width % f[-1] == 0)  # rows 1 always divide
     best = max(fits)
     if perfect or best[0] < MASKED_GAIN * whole[0]:
