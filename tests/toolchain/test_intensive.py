@@ -502,3 +502,38 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
 def reference_of(func):
     args = random_args(func, 0)
     return args, run(func, args, SPEC.tvm())
+
+
+def test_a_vector_of_several_registers_is_whole_registers_the_postprocessor_leaves_apart():
+    """A register tile's vector of several registers (AVX2: 24 of 144 channels) and the tile's pads and elementwise
+    passes (96- or 144-channel rows) are vectorised one register wide, the registers' loop unrolled and kept out of
+    the postprocessor's fusing (LLVM lowers a 24-lane vector through lane inserts); the kernel stays exact."""
+    from toolchain.tune import intensive, pairs
+    from toolchain.tune.adapter import postprocess
+    from toolchain.tune.intensive_seed import BlockChoices
+    from toolchain.tune.space import schedule_fn
+
+    target = SPEC.tvm()
+    lanes = intensive.vector_lanes(target)
+    func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 → dw 3×3 → project 144→24, 14×14, NHWC
+    _, h, w, c = pairs.data_shape(func, find_pair(func))
+    _, _, w_in, c_in = pairs.data_shape(func, find_pair(func), "group_conv2d_nhwc")
+    budget = 4 * (w * c + 9 * w_in * c_in)
+    chain = find_pair(func, budget, cores=2)
+
+    def wide(role, block, it, extent, cap):  # every vector as wide as the space allows: several registers
+        return max(d for d in range(1, cap + 1) if extent % d == 0) if role == "vector" else None
+
+    args, want = reference_of(func)
+    for decide in (wide, BlockChoices(func, chain, target, 2, budget)):
+        sch = schedule_fn(chain, target, 2, decide, budget)(schedule(func, 1))[0]
+        done = postprocess(sch, SPEC)
+        inside = [n for b in chain.blocks for n in (b, f"{b}_init", f"{b}_update") if intensive.block_exists(done, n)]
+        vectors = {b: int(done.get(lp).extent) for b in inside for lp in done.get_loops(done.get_sblock(b))[-1:]
+                   if int(done.get(lp).kind) == 2}  # ForKind.VECTORIZED
+        assert vectors and max(vectors.values()) <= lanes, vectors
+        assert vectors[f"{chain.downstream}_update"] == lanes and vectors["pad_temp1"] == lanes  # 144: 18 registers
+        kept = [lp for b in inside for lp in done.get_loops(done.get_sblock(b))
+                if intensive.WHOLE_REGISTERS in done.get(lp).annotations]
+        assert kept
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(done.mod, args, target))) <= 1e-5

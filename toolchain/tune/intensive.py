@@ -12,6 +12,9 @@ from toolchain.tune.transfer import divisors
 
 #: candidate auto-unroll depths (the stock ParallelizeVectorizeUnroll rule's, for CPU)
 UNROLL_STEPS = (0, 16, 64, 512)
+#: the annotation that keeps the postprocessor from fusing a loop of whole registers back into one wide vector (it
+#: fuses the innermost loops that carry none, up to MAX_VECTORIZE_EXTENT)
+WHOLE_REGISTERS = "agoc.whole_registers"
 MAX_JOBS_PER_CORE = 16
 MAX_VECTORIZE_EXTENT = 64
 VECTOR_FACTOR_MAX = 16  # innermost (vectorised) tile factor, at most: 4 NEON registers of float32
@@ -101,36 +104,56 @@ def _split(sch, loop, n_max: int, inner: int | None = None):
 
 
 def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spatial: int,
-                   decide: Decide | None = None, first_iter: int = 0, vector_max: int = VECTOR_FACTOR_MAX) -> None:
+                   decide: Decide | None = None, first_iter: int = 0, vector_max: int = VECTOR_FACTOR_MAX,
+                   lanes: int = 0) -> None:
     """Inside the tile, MultiLevelTiling's "SRS": every spatial loop split (outer, inner) with a
     sampled inner factor, order [outer spatials, reductions, inner spatials]. The inner tile is the
     register tile: the last spatial dim (W / columns) is the vector, ``reg_iter`` (channels / rows)
     and the other dims (H) give accumulator reuse; a factor of 1 turns a dim's blocking off.
     ``first_iter``: the block's iterator the first loop inside the tile runs over; ``vector_max``: the
-    vector's cap (:func:`vector_cap`)."""
+    vector's cap (:func:`vector_cap`). Where ``lanes`` divide the vector's dim, the vector is whole registers: the
+    lanes split off first, the number of registers sampled (:func:`_whole_registers`)."""
     block = sch.get_sblock(block_name)
     loops = list(sch.get_loops(block))
     pos = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(outer_loop)))
     inner = loops[pos + 1:]
     spatial, reduce = inner[:n_spatial], inner[n_spatial:]
-    outers, inners, vector = [], [], None
+    outers, inners, vector, lane = [], [], None, None
     for k, lp in enumerate(spatial):
-        if as_int(sch.get(lp).extent) == 1 or (reg_iter is None and k < n_spatial - 2):
+        extent = as_int(sch.get(lp).extent)
+        if extent == 1 or (reg_iter is None and k < n_spatial - 2):
             outers.append(lp)  # unit loops, and a depthwise conv's channels (and batch)
             continue
         last = k == n_spatial - 1
         cap = vector_max if last else (REGISTER_FACTOR_MAX if k == reg_iter else OTHER_FACTOR_MAX)
         rows = k == reg_iter or (reg_iter is None and k == n_spatial - 2)  # the block's rows (a depthwise conv's W)
         role = "vector" if last else ("register" if rows else "other")
-        chosen = decide(role, block_name, first_iter + k, as_int(sch.get(lp).extent), cap) if decide else None
+        chosen = decide(role, block_name, first_iter + k, extent, cap) if decide else None
+        if last and lanes > 1 and extent > lanes and extent % lanes == 0:
+            lp, lane = sch.split(lp, [None, lanes])
+            cap, chosen = max(1, cap // lanes), chosen and max(1, chosen // lanes)
         o, i = _split(sch, lp, cap, chosen)
         outers.append(o)
         inners.append(i)
-        if k == n_spatial - 1:
+        if last:
             vector = i
-    sch.reorder(*outers, *reduce, *inners)
-    if vector is not None:
+    sch.reorder(*outers, *reduce, *inners, *([lane] if lane is not None else []))
+    if lane is not None:  # whole registers: their loop unrolled, kept out of the postprocessor's vector
+        sch.annotate(vector, WHOLE_REGISTERS, 1)
+        sch.unroll(vector)
+        sch.vectorize(lane)
+    elif vector is not None:
         sch.vectorize(vector)
+
+
+def _whole_registers(sch, loop, lanes: int) -> None:
+    """``loop`` vectorised one register (``lanes``) wide, its registers' loop annotated so that the postprocessor,
+    which fuses the innermost loops that carry no annotation up to :data:`MAX_VECTORIZE_EXTENT` lanes, leaves it out
+    of the vector: LLVM lowers a vector of several registers that is not a power of two of them (AVX2's 24 lanes)
+    through lane inserts and extracts (docs/tuning-internals.md, Whole registers)."""
+    registers, loop = sch.split(loop, [None, lanes])
+    sch.annotate(registers, WHOLE_REGISTERS, 1)
+    sch.vectorize(loop)
 
 
 def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:
@@ -222,17 +245,18 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
         sch.compute_at(sch.get_sblock(pair.upstream_input), tile, preserve_unit_loops=True)
     vector_max = vector_cap(lanes)
     if pair.head:
-        _head_into_tile(sch, pair, tile, decide, vector_max)
+        _head_into_tile(sch, pair, tile, decide, vector_max, lanes)
+    _vectorize_moves(sch, pair, lanes)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
     _register_tile(sch, pair.upstream, at, _reg_iter(pair.upstream_kind, u_sp, pair.layout), u_sp, decide,
-                   vector_max=vector_max)
+                   vector_max=vector_max, lanes=lanes)
     _register_tile(sch, pair.downstream, at, d_reg, d_inner, decide, first_iter=n_sp - d_inner,
-                   vector_max=vector_max)
+                   vector_max=vector_max, lanes=lanes)
     _annotate_root(sch, num_cores, decide("unroll", pair.downstream, -1, 0, 0) if decide else None)
 
 
-def _head_into_tile(sch, pair: IntensivePair, tile, decide: Decide | None, vector_max: int) -> None:
+def _head_into_tile(sch, pair: IntensivePair, tile, decide: Decide | None, vector_max: int, lanes: int = 0) -> None:
     """A chain's head H (and the blocks between it and U, U's padding too) computed in D's tile: H's rows of every
     channel that the tile's rows of U read; H register-tiled as U is."""
     for name in reversed(pair.head_chain):
@@ -243,7 +267,20 @@ def _head_into_tile(sch, pair: IntensivePair, tile, decide: Decide | None, vecto
         sch.compute_at(sch.get_sblock(pair.head_input), tile, preserve_unit_loops=True)
     h_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.head)).iter_vars if int(iv.iter_type) != 2)
     _register_tile(sch, pair.head, tile, _reg_iter(pair.head_kind, h_sp, pair.layout), h_sp, decide,
-                   vector_max=vector_max)
+                   vector_max=vector_max, lanes=lanes)
+
+
+def _vectorize_moves(sch, pair: IntensivePair, lanes: int) -> None:
+    """The pads and elementwise passes left in the tile vectorised one register wide over their innermost loop where
+    it spans several (:func:`_whole_registers`): the postprocessor would make MobileNet's 96-channel rows one
+    96-lane vector, and leaves those longer than :data:`MAX_VECTORIZE_EXTENT` (144, 960 channels) scalar."""
+    firsts = [n for n in (pair.head_input, pair.upstream_input) if n]
+    for name in firsts + list(pair.head_chain) + list(pair.chain) + list(pair.epilogue):
+        if block_exists(sch, name):
+            *_, last = sch.get_loops(sch.get_sblock(name))
+            extent = as_int(sch.get(last).extent)
+            if lanes > 1 and extent > lanes and extent % lanes == 0:
+                _whole_registers(sch, last, lanes)
 
 
 #: Does U's input padding go into D's tile? (upstream kind, downstream kind) → why, for the pairs
