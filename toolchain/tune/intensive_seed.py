@@ -205,7 +205,6 @@ def intensive_seed(joined_func, pair: IntensivePair, parts: list[tuple[object, d
     return sch if dropped else replayed
 
 
-
 # ----------------------------------------------------------------------------- the register blocks' seed
 
 #: the auto-unroll depths of the register blocks' seeds, one seed each: the block's loops unrolled within the
