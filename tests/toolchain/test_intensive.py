@@ -499,6 +499,18 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
     assert make_space_generator(func, SPEC.tvm(), num_cores=2, block=False).pair.head is None
 
 
+def chain_of_three():
+    """An inverted residual (expand 24→144 → dw 3×3 → project 144→24, 14×14, NHWC) as a chain at a tile cache of 7
+    rows (:func:`test_a_chain_of_three_convs_is_computed_in_one_row_tile`): (func, the cache's bytes, the chain)."""
+    from toolchain.tune import pairs
+
+    func = zoo("class:pointwise_conv", 3, 9)
+    _, _, w, c = pairs.data_shape(func, find_pair(func))
+    _, _, w_in, c_in = pairs.data_shape(func, find_pair(func), "group_conv2d_nhwc")
+    budget = 4 * (w * c + 9 * w_in * c_in)  # a row of U's output (U and D go row by row), the head's 9 for 7
+    return func, budget, find_pair(func, budget, cores=2)
+
+
 def reference_of(func):
     args = random_args(func, 0)
     return args, run(func, args, SPEC.tvm())
@@ -508,18 +520,14 @@ def test_a_vector_of_several_registers_is_whole_registers_the_postprocessor_leav
     """A register tile's vector of several registers (AVX2: 24 of 144 channels) and the tile's pads and elementwise
     passes (96- or 144-channel rows) are vectorised one register wide, the registers' loop unrolled and kept out of
     the postprocessor's fusing (LLVM lowers a 24-lane vector through lane inserts); the kernel stays exact."""
-    from toolchain.tune import intensive, pairs
+    from toolchain.tune import intensive
     from toolchain.tune.adapter import postprocess
     from toolchain.tune.intensive_seed import BlockChoices
     from toolchain.tune.space import schedule_fn
 
     target = SPEC.tvm()
     lanes = intensive.vector_lanes(target)
-    func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 → dw 3×3 → project 144→24, 14×14, NHWC
-    _, h, w, c = pairs.data_shape(func, find_pair(func))
-    _, _, w_in, c_in = pairs.data_shape(func, find_pair(func), "group_conv2d_nhwc")
-    budget = 4 * (w * c + 9 * w_in * c_in)
-    chain = find_pair(func, budget, cores=2)
+    func, budget, chain = chain_of_three()
 
     def wide(role, block, it, extent, cap):  # every vector as wide as the space allows: several registers
         return max(d for d in range(1, cap + 1) if extent % d == 0) if role == "vector" else None

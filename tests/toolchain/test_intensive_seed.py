@@ -170,15 +170,12 @@ def test_a_fused_kernel_without_minis_is_seeded_from_its_convs_register_blocks_i
     from types import SimpleNamespace
 
     from tests.toolchain.test_intensive import SPEC as HOST
-    from tests.toolchain.test_intensive import reference_of, zoo
+    from tests.toolchain.test_intensive import chain_of_three, reference_of
     from toolchain.tune import compose, microkernel
     from toolchain.tune.intensive import vector_lanes
 
-    func = zoo("class:pointwise_conv", 3, 9)  # expand 24→144 → dw 3×3 → project 144→24, 14×14, NHWC
-    _, h, w, c = pairs.data_shape(func, pairs.find_pair(func))
-    _, _, w_in, c_in = pairs.data_shape(func, pairs.find_pair(func), "group_conv2d_nhwc")
-    budget = 4 * (w * c + 9 * w_in * c_in)  # 7 rows a tile (test_intensive's chain)
-    chain = pairs.find_pair(func, budget, cores=2)
+    func, budget, chain = chain_of_three()  # 7 rows a tile
+    _, h, w, _ = pairs.data_shape(func, pairs.find_pair(func))
     assert chain.kind == "pw->dw->pw"
     choices = intensive_seed.BlockChoices(func, chain, HOST.tvm(), 2, budget)
     unit = microkernel.unit_of(HOST.tvm())

@@ -139,9 +139,8 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
             vector = i
     sch.reorder(*outers, *reduce, *inners, *([lane] if lane is not None else []))
     if lane is not None:  # whole registers: their loop unrolled, kept out of the postprocessor's vector
-        sch.annotate(vector, WHOLE_REGISTERS, 1)
+        _as_registers(sch, vector, lane)
         sch.unroll(vector)
-        sch.vectorize(lane)
     elif vector is not None:
         sch.vectorize(vector)
 
@@ -151,9 +150,13 @@ def _whole_registers(sch, loop, lanes: int) -> None:
     which fuses the innermost loops that carry no annotation up to :data:`MAX_VECTORIZE_EXTENT` lanes, leaves it out
     of the vector: LLVM lowers a vector of several registers that is not a power of two of them (AVX2's 24 lanes)
     through lane inserts and extracts (docs/tuning-internals.md, Whole registers)."""
-    registers, loop = sch.split(loop, [None, lanes])
+    _as_registers(sch, *sch.split(loop, [None, lanes]))
+
+
+def _as_registers(sch, registers, lane) -> None:
+    """``lane`` (one register) vectorised, ``registers`` (its loop) annotated out of the postprocessor's fusing."""
     sch.annotate(registers, WHOLE_REGISTERS, 1)
-    sch.vectorize(loop)
+    sch.vectorize(lane)
 
 
 def _reg_iter(kind: str, n_spatial: int, layout: str = "NCHW") -> int | None:

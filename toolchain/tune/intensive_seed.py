@@ -260,9 +260,9 @@ def block_seeds(func, target, num_cores: int, tile_cache: int = 0) -> list:
     pair = find_pair(func, tile_cache, num_cores)
     if pair is None or dry_run(func, pair, target, num_cores=num_cores) is not None:
         return []
-    seeds, seen = [], set()
+    seeds, seen, choices = [], set(), BlockChoices(func, pair, target, num_cores, tile_cache)
     for unroll in BLOCK_UNROLLS:
-        choices = BlockChoices(func, pair, target, num_cores, tile_cache, unroll)
+        choices.unroll = unroll
         try:
             sch = schedule_fn(pair, target, num_cores, choices, tile_cache)(s_tir.Schedule(workload_module(func)))[0]
         except Exception:  # noqa: BLE001 - the structure does not apply at these choices
