@@ -505,8 +505,9 @@ def chain_of_three():
     from toolchain.tune import pairs
 
     func = zoo("class:pointwise_conv", 3, 9)
-    _, _, w, c = pairs.data_shape(func, find_pair(func))
-    _, _, w_in, c_in = pairs.data_shape(func, find_pair(func), "group_conv2d_nhwc")
+    pair = find_pair(func)
+    _, _, w, c = pairs.data_shape(func, pair)
+    _, _, w_in, c_in = pairs.data_shape(func, pair, "group_conv2d_nhwc")
     budget = 4 * (w * c + 9 * w_in * c_in)  # a row of U's output (U and D go row by row), the head's 9 for 7
     return func, budget, find_pair(func, budget, cores=2)
 

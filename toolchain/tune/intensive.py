@@ -129,7 +129,7 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
         rows = k == reg_iter or (reg_iter is None and k == n_spatial - 2)  # the block's rows (a depthwise conv's W)
         role = "vector" if last else ("register" if rows else "other")
         chosen = decide(role, block_name, first_iter + k, extent, cap) if decide else None
-        if last and lanes > 1 and extent > lanes and extent % lanes == 0:
+        if last and _several_registers(extent, lanes):
             lp, lane = sch.split(lp, [None, lanes])
             cap, chosen = max(1, cap // lanes), chosen and max(1, chosen // lanes)
         o, i = _split(sch, lp, cap, chosen)
@@ -143,6 +143,11 @@ def _register_tile(sch, block_name: str, outer_loop, reg_iter: int | None, n_spa
         sch.unroll(vector)
     elif vector is not None:
         sch.vectorize(vector)
+
+
+def _several_registers(extent: int, lanes: int) -> bool:
+    """Does a loop of ``extent`` span several whole registers of ``lanes``?"""
+    return lanes > 1 and extent > lanes and extent % lanes == 0
 
 
 def _whole_registers(sch, loop, lanes: int) -> None:
@@ -282,7 +287,7 @@ def _vectorize_moves(sch, pair: IntensivePair, lanes: int) -> None:
         if block_exists(sch, name):
             *_, last = sch.get_loops(sch.get_sblock(name))
             extent = as_int(sch.get(last).extent)
-            if lanes > 1 and extent > lanes and extent % lanes == 0:
+            if _several_registers(extent, lanes):
                 _whole_registers(sch, last, lanes)
 
 
