@@ -704,6 +704,31 @@ def test_a_kernel_well_above_the_roof_has_the_probe_timed_again_and_raises_the_r
     assert not any(isinstance(e, AtRoof) for e in events)  # at half the true roof: searched on
 
 
+def test_a_kernel_that_raised_the_roof_is_not_at_the_roof_by_its_own_time(
+        dwsep_split, tmp_path, fake_search, monkeypatch):
+    """The probe is no peak (stock's tuned convs ran above it on this host): a kernel that runs above it raises the
+    roof for the others, not for itself — judged against its own rate, it would stop however far from the peak it
+    is. A later kernel at 90 % of that rate stops; the one that raised it, above every other, is searched on."""
+    mod, graph, *_ = dwsep_split
+    flat = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0), reformer=False)
+    _, plan = plan_tasks(mod, graph, SPEC, flat)
+    work = {t.name: roofline.cost(plan.funcs[t.name]).reduce for t in plan.tasks}
+    fast, *rest = [t for t in plan.tasks if work[t.name]]
+    probe = work[fast.name] / 2.0  # the probe at half the first kernel's rate, timed the same every time
+    fake_search.speed_ms[plan.funcs[fast.name].script()] = 1.0
+    for t in rest:
+        fake_search.speed_ms[plan.funcs[t.name].script()] = work[t.name] / (0.9 * 2 * probe)
+    timed = _roof(monkeypatch, [probe])
+    events = []
+    tune_model(mod, "a" * 64, SPEC, flat, tmp_path, events.append)
+    roofs = [e for e in events if isinstance(e, Roof)]
+    assert roofs[1].reason.startswith("timed again") and roofs[1].gflops == pytest.approx(roofline.gflops(2 * probe))
+    stops = {e.task: e for e in events if isinstance(e, AtRoof)}
+    assert fast.name not in stops and len(fake_search[plan.funcs[fast.name].script()]) >= fast.budget
+    assert rest and {t.name for t in rest if t.budget} <= set(stops)
+    assert all(stops[t.name].share == pytest.approx(0.9) for t in rest if t.budget) and len(timed) <= 3
+
+
 def test_a_kernel_starts_from_its_siblings_seeds_which_count_against_its_budget(
         dwsep_split, tmp_path, fake_search, monkeypatch):
     """Every kernel but the first is offered the verified kernels before it (two seeds each, here);

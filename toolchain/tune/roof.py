@@ -22,10 +22,11 @@ class RoofMeter:
     spec: object
     settings: object  # TuneSettings: its roof_share
     measure: object = None  # adapter.Measure: where candidates run (None: this machine)
-    rate: float | None = None  # multiply-adds per ms (None: not measured)
+    rate: float | None = None  # the probe's multiply-adds per ms (None: not measured)
     probe: tuple | None = None  # (the probe's schedule, its description) once measured
     probes: int = 0  # times the probe was timed again (:meth:`raise_for`)
     costs: dict = field(default_factory=dict)  # kernel name -> roofline.Cost, counted when first needed
+    above: dict = field(default_factory=dict)  # kernel name -> its rate, for kernels that ran above the probe
 
     def start(self, on_event: Events) -> None:
         """Time :data:`roofline.ROOF_PROBE` with its register block, twice, the faster kept: a session's first
@@ -59,25 +60,36 @@ class RoofMeter:
             self.costs[name] = roofline.cost(func)
         return self.costs[name]
 
+    def roof(self, name: str | None = None) -> float | None:
+        """The roof kernel ``name`` is judged against: the faster of the probe and every *other* kernel that ran
+        above it (judged against its own rate, a kernel that raised the roof would reach it, and stop however far
+        from the peak it is)."""
+        if self.rate is None:
+            return None
+        return max([self.rate] + [r for n, r in self.above.items() if n != name])
+
     def share(self, name: str, func, best_ms: float | None) -> float | None:
         """The share of the roof kernel ``name`` (``func``) reaches at ``best_ms`` (None: no roof or no time)."""
-        return roofline.roof_share(self.cost(name, func), best_ms, self.rate) if self.rate is not None else None
+        return roofline.roof_share(self.cost(name, func), best_ms, self.roof(name)) if self.rate is not None else None
 
     def reached(self, name: str, func, best_ms: float | None) -> bool:
+        """Whether kernel ``name`` is within the roof's share of it: not where it runs well above the roof (above the
+        probe and every other kernel, how far it is from the target's peak is not known: it is searched on)."""
         share = self.share(name, func, best_ms)
-        return share is not None and share >= self.settings.roof_share > 0
+        return share is not None and self.settings.roof_share <= share <= REPROBE_ABOVE and self.settings.roof_share > 0
 
     def raise_for(self, name: str, func, best_ms: float | None, on_event: Events) -> None:
         """A kernel measured well above the roof: the probe timed once more (at most :data:`REPROBES` times: a probe
         timed while the machine was slow for a moment sets the roof too low), then the roof the faster of the
-        probe and the kernel."""
+        probe and the kernel — for the other kernels (:meth:`roof`)."""
         share = self.share(name, func, best_ms)
         if share is None or share <= REPROBE_ABOVE:
             return
-        rate = self.rate * share
+        kernel = self.roof(name) * share
         if self.probes < REPROBES and self.probe is not None:
             self.probes += 1
-            rate = max(self.time(self.probe[0]) or 0.0, rate)
-            on_event(Roof(gflops=roofline.gflops(rate), share=self.settings.roof_share, probe=self.probe[1],
-                          reason=f"timed again: {name} ran {share:.0%} of it"))
-        self.rate = max(self.rate, rate)
+            self.rate = max(self.time(self.probe[0]) or 0.0, self.rate)
+            on_event(Roof(gflops=roofline.gflops(max(self.roof(), kernel)), share=self.settings.roof_share,
+                          probe=self.probe[1], reason=f"timed again: {name} ran {share:.0%} of it"))
+        if kernel > self.rate:
+            self.above[name] = max(kernel, self.above.get(name, 0.0))
