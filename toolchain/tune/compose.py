@@ -104,8 +104,8 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 
 def intensive_composed(func, parts: list[tuple[object, dict]], spec, tile_cache: int = 0) -> list:
     """The minis' schedules composed into the intensive-fusion structures of the joined kernel (its chain and the pair
-    that recomputes nothing, alternating: toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair
-    at their own minis' unroll depths; none where the join's space is not the intensive one or nothing composes.
+    that recomputes nothing, alternating: toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
+    unroll depths; none where the join's space is not the intensive one or nothing composes.
     ``tile_cache``: the space's cap on a tile's slice of the intermediate (0: none)."""
     found = [p for p in pairs.find_pairs(func, tile_cache, spec.num_cores)
              if dry_run(func, p, spec.tvm(), num_cores=spec.num_cores) is None]
