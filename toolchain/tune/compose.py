@@ -3,7 +3,6 @@ side, or in the intensive-fusion structure), or a sibling kernel's re-fitted to 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 
@@ -103,16 +102,16 @@ def seed_joined(task: Task, plan: TaskPlan, database, spec, verified: dict, sett
 
 
 def intensive_composed(func, parts: list[tuple[object, dict]], spec, tile_cache: int = 0) -> list:
-    """The minis' schedules composed into the intensive-fusion structures of the joined kernel (its chain and the pair
-    that recomputes nothing, alternating: toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
+    """The minis' schedules composed into the intensive-fusion structure of the joined kernel
+    (toolchain/tune/intensive_seed.py), postprocessed, the nests outside the pair at their own minis'
     unroll depths; none where the join's space is not the intensive one or nothing composes.
     ``tile_cache``: the space's cap on a tile's slice of the intermediate (0: none)."""
-    found = [p for p in pairs.find_pairs(func, tile_cache, spec.num_cores)
-             if dry_run(func, p, spec.tvm(), num_cores=spec.num_cores) is None]
-    seeds = [[(sch, set(p.blocks)) for sch in intensive_seed.intensive_seeds(
-        func, p, parts, spec.tvm(), spec.num_cores, tile_cache)] for p in found]
+    pair = pairs.find_pair(func, tile_cache, spec.num_cores)
+    if pair is None or dry_run(func, pair, spec.tvm(), num_cores=spec.num_cores) is not None:
+        return []
+    inside = set(pair.blocks)
     out = []
-    for sch, inside in (s for alike in itertools.zip_longest(*seeds) for s in alike if s):  # the structures alternating
+    for sch in intensive_seed.intensive_seeds(func, pair, parts, spec.tvm(), spec.num_cores, tile_cache):
         sch = postprocess(sch, spec)
         if sch is not None:
             restore_unroll(sch, [(t, m) for t, m in parts if not inside & set(m.values())])

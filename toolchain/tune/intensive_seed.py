@@ -7,7 +7,7 @@ from __future__ import annotations
 from toolchain.tune import microkernel
 from toolchain.tune.adapter import workload_module
 from toolchain.tune.intensive import vector_lanes
-from toolchain.tune.pairs import IntensivePair, block_infos, data_shape, find_pairs, tile_bounds
+from toolchain.tune.pairs import IntensivePair, block_infos, data_shape, find_pair, tile_bounds
 from toolchain.tune.space import dry_run, rest_complex, schedule_fn
 from toolchain.tune.tiles import TILE_FACTOR_MAX, tile_units
 from toolchain.tune.traces import plain, replay_tolerant, unroll_of
@@ -251,25 +251,23 @@ class BlockChoices:
 
 
 def block_seeds(func, target, num_cores: int, tile_cache: int = 0) -> list:
-    """``func`` in the intensive-fusion space (its chain or pairs: :func:`~toolchain.tune.pairs.find_pairs`) at
-    :class:`BlockChoices`, one schedule per :data:`BLOCK_UNROLLS` depth and structure (the structures alternating),
-    before postprocessing, each with D's block ("rows×vectors×lanes"); none where that space does not apply."""
+    """``func`` in the intensive-fusion space (its pair or chain: :func:`~toolchain.tune.pairs.find_pair`) at
+    :class:`BlockChoices`, one schedule per :data:`BLOCK_UNROLLS` depth, before postprocessing, each with D's block
+    ("rows×vectors×lanes"); none where that space does not apply."""
     import tvm_ffi
     from tvm import s_tir
 
-    found = [p for p in find_pairs(func, tile_cache, num_cores)
-             if dry_run(func, p, target, num_cores=num_cores) is None]
-    seeds, seen = [], set()
-    choices = {p: BlockChoices(func, p, target, num_cores, tile_cache) for p in found}
+    pair = find_pair(func, tile_cache, num_cores)
+    if pair is None or dry_run(func, pair, target, num_cores=num_cores) is not None:
+        return []
+    seeds, seen, choices = [], set(), BlockChoices(func, pair, target, num_cores, tile_cache)
     for unroll in BLOCK_UNROLLS:
-        for pair, chosen in choices.items():
-            chosen.unroll = unroll
-            try:
-                sch = schedule_fn(pair, target, num_cores, chosen, tile_cache)(
-                    s_tir.Schedule(workload_module(func)))[0]
-            except Exception:  # noqa: BLE001 - the structure does not apply at these choices
-                continue
-            if (key := tvm_ffi.structural_hash(sch.mod)) not in seen:
-                seen.add(key)
-                seeds.append((sch, "×".join(map(str, chosen.shape(pair.downstream) or ()))))
+        choices.unroll = unroll
+        try:
+            sch = schedule_fn(pair, target, num_cores, choices, tile_cache)(s_tir.Schedule(workload_module(func)))[0]
+        except Exception:  # noqa: BLE001 - the structure does not apply at these choices
+            continue
+        if (key := tvm_ffi.structural_hash(sch.mod)) not in seen:
+            seen.add(key)
+            seeds.append((sch, "×".join(map(str, choices.shape(pair.downstream) or ()))))
     return seeds

@@ -199,12 +199,7 @@ TILED = {
 
 
 def find_pair(func, tile_cache: int = 0, cores: int = 1) -> IntensivePair | None:
-    """The (U, D) pair for intensive fusion in a fused PrimFunc, or None: the first of :func:`find_pairs`."""
-    return next(iter(find_pairs(func, tile_cache, cores)), None)
-
-
-def find_pairs(func, tile_cache: int = 0, cores: int = 1) -> tuple[IntensivePair, ...]:
-    """What intensive fusion may fuse in a fused PrimFunc, preferred first (none: nothing).
+    """The (U, D) pair for intensive fusion in a fused PrimFunc, or None.
 
     D is the *last* complex block that is a depthwise conv, a pointwise conv
     or a matmul whose data input is computed from another complex block U
@@ -214,9 +209,8 @@ def find_pairs(func, tile_cache: int = 0, cores: int = 1) -> tuple[IntensivePair
     With a ``tile_cache`` (bytes), an NHWC depthwise U into a pointwise D takes the pointwise / spatial conv H that
     feeds U the same way as the chain's head (MobileNet's inverted residual: expand → depthwise → project in one row
     tile, neither intermediate written out) where H computes at most :data:`CHAIN_RECOMPUTE` of its rows twice (the
-    window's halo at the seams of the widest row tile the cache holds, a tile per one of ``cores``), followed by the
-    one of the two pairs with the larger intermediate, which recomputes nothing (the search times both); beyond
-    that share the pair alone.
+    window's halo at the seams of the widest row tile the cache holds, a tile per one of ``cores``); else the one of
+    the two pairs with the larger intermediate, which recomputes nothing.
     """
     infos = block_infos(func)
     for d_idx in range(len(infos) - 1, -1, -1):
@@ -226,13 +220,12 @@ def find_pairs(func, tile_cache: int = 0, cores: int = 1) -> tuple[IntensivePair
             if first is not None and first.upstream_kind in ("pw", "conv") and first.layout == "NHWC":
                 chain = replace(pair, upstream_input=None, head=first.upstream, head_kind=first.upstream_kind,
                                 head_chain=first.chain, head_input=first.upstream_input, tiled=TILED["chain"])
-                wider = max((pair, first), key=lambda p: math.prod(data_shape(func, p)))
                 if chain_recompute(func, chain, tile_cache, cores) <= CHAIN_RECOMPUTE:
-                    return chain, wider
-                return (wider,)
+                    return chain
+                return max((pair, first), key=lambda p: math.prod(data_shape(func, p)))
         if pair is not None:
-            return (pair,)
-    return ()
+            return pair
+    return None
 
 
 def chain_recompute(func, chain: IntensivePair, budget: int, cores: int = 1) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from toolchain.tune import intrinsics
 from toolchain.tune.intensive import Decide, block_exists, intensive_schedule, vector_lanes
-from toolchain.tune.pairs import IntensivePair, find_pairs
+from toolchain.tune.pairs import IntensivePair, find_pair
 from toolchain.tune.race_check import parallel_races
 from toolchain.tune.schedule_check import (
     _whole_set,
@@ -246,6 +246,7 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
     for the decision). The target matters: complex blocks outside the pair are tiled by MultiLevelTiling
     initialised for it. ``tile_cache``: see :func:`intensive_schedule`; ``block``: the register block of a kernel it
     takes beside the stock space (:func:`block_space`)."""
+    from tvm.s_tir import meta_schedule as ms
 
     def stock(pair, reason: str) -> SpaceChoice:
         blocked = shared_consumer(func)  # the stock space then goes without consumer fusion
@@ -256,32 +257,24 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
 
     blocked = block_space(func, target, check) if block else None
     if blocked is not None:  # a conv, matmul or pool: its register block beside the stock space
-        return SpaceChoice(_union([blocked[0], stock(None, "").generator], check), None, "block+default",
-                           f"register block {blocked[1]}")
+        union = ms.space_generator.SpaceGeneratorUnion(
+            [blocked[0], stock(None, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm")
+        return SpaceChoice(union, None, "block+default", f"register block {blocked[1]}")
     if not intensive:
         return stock(None, "intensive fusion disabled")
-    found = find_pairs(func, tile_cache, num_cores or 1)  # a chain where a tile cache keeps intermediates inside
-    if not found:
+    pair = find_pair(func, tile_cache, num_cores or 1)  # a chain where a tile cache keeps intermediates inside
+    if pair is None:
         return stock(None, "no depthwise/pointwise/matmul fed by another complex op")
-    why_not = {p: dry_run(func, p, target, num_cores=num_cores) for p in found}
-    good = [p for p in found if why_not[p] is None]
-    if not good:
-        return stock(found[0], f"{found[0].kind}: {why_not[found[0]]}")
-    pair = good[0]
-    gens = [space(p, target, num_cores, check, tile_cache=tile_cache) for p in good]
-    gen = gens[0] if len(gens) == 1 else _union(gens, check)
-    reason = f"{pair.kind}, {pair.tiled}" + "".join(f"; or {p.kind}, which recomputes nothing" for p in good[1:])
+    why_not = dry_run(func, pair, target, num_cores=num_cores)
+    if why_not:
+        return stock(pair, f"{pair.kind}: {why_not}")
+    gen = space(pair, target, num_cores, check, tile_cache=tile_cache)
     if include_default:
-        return SpaceChoice(_union([gen, stock(pair, "").generator], check), pair, "intensive+default", reason)
-    return SpaceChoice(gen, pair, "intensive", reason)
-
-
-def _union(generators: list, check: bool):
-    """One space of several: the search samples each and keeps what measures fastest."""
-    from tvm.s_tir import meta_schedule as ms
-
-    return ms.space_generator.SpaceGeneratorUnion(generators, sch_rules=[], postprocs=postprocs(check),
-                                                  mutator_probs="llvm")
+        union = ms.space_generator.SpaceGeneratorUnion(
+            [gen, stock(pair, "").generator], sch_rules=[], postprocs=postprocs(check), mutator_probs="llvm",
+        )
+        return SpaceChoice(union, pair, "intensive+default", f"{pair.kind}, {pair.tiled}")
+    return SpaceChoice(gen, pair, "intensive", f"{pair.kind}, {pair.tiled}")
 
 
 # ----------------------------------------------------------------------------- the check as a postprocessor

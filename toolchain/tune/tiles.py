@@ -10,8 +10,7 @@ from toolchain.tune.transfer import divisors
 
 TILE_FACTOR_MAX = 64  # D's tiled-dim inner factor (the tile the intensive fusion keeps in cache)
 #: a chain's head computes at most this share of its rows twice, or the chain is not made (the partition's
-#: locality units) or, made, is fused as a pair only (toolchain/tune/pairs.py find_pairs: within it, the pair is
-#: searched beside the chain)
+#: locality units) or, made, is fused as a pair (toolchain/tune/pairs.py find_pair)
 CHAIN_RECOMPUTE = 0.25
 
 
