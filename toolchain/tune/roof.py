@@ -76,7 +76,7 @@ class RoofMeter:
         """Whether kernel ``name`` is within the roof's share of it: not where it runs well above the roof (above the
         probe and every other kernel, how far it is from the target's peak is not known: it is searched on)."""
         share = self.share(name, func, best_ms)
-        return share is not None and self.settings.roof_share <= share <= REPROBE_ABOVE and self.settings.roof_share > 0
+        return share is not None and 0 < self.settings.roof_share <= share <= REPROBE_ABOVE
 
     def raise_for(self, name: str, func, best_ms: float | None, on_event: Events) -> None:
         """A kernel measured well above the roof: the probe timed once more (at most :data:`REPROBES` times: a probe
