@@ -169,37 +169,37 @@ def test_a_fused_kernel_without_minis_is_seeded_from_its_convs_register_blocks_i
     holds; one seed per unroll depth, exact; seed_from_block commits them as the kernel's first records."""
     from types import SimpleNamespace
 
-    from tests.toolchain.test_intensive import SPEC as HOST
     from tests.toolchain.test_intensive import chain_of_three, reference_of
     from toolchain.tune import compose, microkernel
     from toolchain.tune.intensive import vector_lanes
 
+    avx2 = resolve_target("host-avx2")  # 8 lanes divide D's 24 channels (AVX-512's 16 do not)
     func, budget, chain = chain_of_three()  # 7 rows a tile
     _, h, w, _ = pairs.data_shape(func, pairs.find_pair(func))
     assert chain.kind == "pw->dw->pw"
-    choices = intensive_seed.BlockChoices(func, chain, HOST.tvm(), 2, budget)
-    unit = microkernel.unit_of(HOST.tvm())
+    choices = intensive_seed.BlockChoices(func, chain, avx2.tvm(), 2, budget)
+    unit = microkernel.unit_of(avx2.tvm())
     assert choices("tile", chain.downstream, 1, h, 7) == 7  # the cap: the fewest halo rows computed twice
     assert choices("other", chain.head, 1, 9, 4) == 1
     rows, vectors, lanes = microkernel.block_for(24, w, unit, min_lanes=1)  # D: 24 channels × 14 columns
-    assert lanes == vector_lanes(HOST.tvm())
+    assert lanes == vector_lanes(avx2.tvm())
     assert choices("register", chain.downstream, 2, w, 8) == rows
     assert choices("vector", chain.downstream, 3, 24, 32) == vectors * lanes
     assert choices("vector", chain.downstream, 3, 24, 4) == 4  # never over the space's cap
     assert choices("unroll", chain.downstream, -1, 0, 0) == intensive_seed.BLOCK_UNROLLS[0]
-    seeds = intensive_seed.block_seeds(func, HOST.tvm(), 2, budget)
+    seeds = intensive_seed.block_seeds(func, avx2.tvm(), 2, budget)
     assert len(seeds) == len(intensive_seed.BLOCK_UNROLLS)
     args, want = reference_of(func)
     for sch, shape in seeds:
         assert shape == f"{rows}×{vectors}×{lanes}"
         trace = plain(sch.trace.as_json())
         assert intensive_seed.tile_decisions(trace, chain.downstream)[1] == [h // 7, 7]
-        done = postprocess(sch, SPEC)
-        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(done.mod, args, SPEC.tvm()))) <= 1e-5
+        done = postprocess(sch, avx2)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(done.mod, args, avx2.tvm()))) <= 1e-5
     committed = []
     monkeypatch.setattr(compose, "commit_seed", lambda sch, *a: committed.append(sch) or True)
     task, plan = SimpleNamespace(name="chain"), SimpleNamespace(funcs={"chain": func})
     settings = TuneSettings(tile_cache=budget)
-    assert compose.seed_from_block(task, plan, None, HOST, {}, settings) == f"fused {rows}×{vectors}×{lanes}"
+    assert compose.seed_from_block(task, plan, None, avx2, {}, settings) == f"fused {rows}×{vectors}×{lanes}"
     assert len(committed) == 2
-    assert compose.seed_from_block(task, plan, None, HOST, {}, replace(settings, intensive=False)) == ""
+    assert compose.seed_from_block(task, plan, None, avx2, {}, replace(settings, intensive=False)) == ""

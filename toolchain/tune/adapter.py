@@ -21,6 +21,7 @@ from toolchain.errors import first_line
 from toolchain.timing import Timing, local_runner
 from toolchain.tune import costmodel, forked, inlining, intrinsics, phases, workers
 from toolchain.tune.race_check import parallel_races
+from toolchain.tune.rolling import rolled
 from toolchain.tune.schedule_check import dropped_blocks, out_of_bounds_writes, partial_weight_reads
 from toolchain.tune.settings import TuneSettings
 from toolchain.tune.space import make_space_generator, postprocs
@@ -39,10 +40,11 @@ FAILED_SECS = 1e9  # MetaSchedule records failed builds/runs with a huge run tim
 def as_built(mod):
     """A scheduled kernel's module as it is built and timed: a weight whose layout the schedule rewrote
     (``TuneSettings.prepack``) is passed rewritten, its rewrite block left out (the model does it once,
-    at build time): its ``main``'s parameters are what a runner must pass."""
+    at build time): its ``main``'s parameters are what a runner must pass. A chain's line buffers rolled
+    (:mod:`toolchain.tune.rolling`)."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return rolled(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))
 
 
 #: seconds a candidate may take to build (LocalBuilder's per-candidate timeout; why 30: docs/tuning-internals.md)
@@ -593,7 +595,7 @@ def apply_records(fused_mod, kernels: list[tuple[object, object, float]], spec):
             )
         )
     with spec.tvm(), memory:
-        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
+        return rolled(relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from toolchain.targets import resolve_target
 from toolchain.tune import phases
 from toolchain.tune.adapter import latency, records_of, workload_module
 from toolchain.tune.check_candidate import CHECK_ENV
+from toolchain.tune.rolling import rolled
 from toolchain.tune.settings import Task, TuneSettings
 from toolchain.tune.traces import plain
 
@@ -202,7 +203,7 @@ def run(mod_or_func, arrays: list, target) -> list:
     mod = mod_or_func
     if isinstance(mod, tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod.with_attr("global_symbol", "main")})
-    lib = tvm.compile(mod, target=target)
+    lib = tvm.compile(rolled(mod), target=target)
     dev = tvm.cpu()
     tensors = [tvm.runtime.tensor(np.array(a), dev) for a in arrays]
     lib["main"](*tensors)

@@ -45,12 +45,14 @@ def check(workload_json: str, trace_json, target: dict, seed: int = 0) -> dict:
     import tvm
     from tvm import s_tir
 
+    from toolchain.tune.rolling import rolled
+
     mod = tvm.ir.load_json(workload_json)
     sch = s_tir.Schedule(mod)
     s_tir.Trace.apply_json_to_schedule(trace_json, sch)
     tgt = tvm.target.Target(target)
     ref_lib = tvm.compile(mod, target=tgt)
-    cand_lib = tvm.compile(sch.mod, target=tgt)
+    cand_lib = tvm.compile(rolled(sch.mod), target=tgt)
     func = mod["main"]
     host = _buffers(func, seed)
     dev = tvm.cpu()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from toolchain.tune import rolling
 from toolchain.tune.pairs import CONV_AXES, IntensivePair, as_int, is_copy, tile_bounds
 from toolchain.tune.tiles import TILE_FACTOR_MAX
 from toolchain.tune.transfer import divisors
@@ -212,6 +213,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     kind = pair.downstream_kind
     nhwc = pair.layout == "NHWC"
     row = None  # a chain's row loop inside the tile, where U and D go one row at a time
+    rolls = False  # a chain's tiles in order on each core, its head computing each row once (rolling.py)
     if kind == "dw" and 1 in bounds:  # NHWC, rows tiled (:func:`row_units`): inside the tile (y_i, x, f)
         n, y, x, f = spatial
         y_o, y_i = tile_split(y, 1)
@@ -226,7 +228,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     elif kind == "pw" and pair.head:  # a chain: tile y; inside the tile, row by row, U's row then D's (x, f)
         n, y, x, f = spatial
         y_o, row = tile_split(y, 1)
-        tile = sch.fuse(n, y_o)
+        tile, rolls = rolling.per_core(sch, sch.fuse(n, y_o), num_cores or os.cpu_count() or 1)
         d_inner, d_reg = 2, 0
     elif kind == "pw":  # tile y, x; inside the tile NCHW (f, y_i, x_i), NHWC (y_i, x_i, f)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
@@ -254,6 +256,9 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     vector_max = vector_cap(lanes)
     if pair.head:
         _head_into_tile(sch, pair, tile, decide, vector_max, lanes)
+        if rolls:
+            names = (pair.head_input,) * bool(pair.head_input) + (pair.head,) + pair.head_chain
+            rolling.mark(sch, [n for n in names if block_exists(sch, n)])
     _vectorize_moves(sch, pair, lanes)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)
