@@ -448,8 +448,8 @@ def test_a_tile_cache_bounds_each_tiles_slice_of_the_intermediate():
     assert pairs.tile_bounds(func, pair, small) == {1: (1, 1)}
     sch = schedule(func)
     intensive_schedule(sch, pair, SPEC.num_cores, tile_cache=small)
-    tile = sch.get(sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[0])
-    assert int(tile.extent) == h - 2  # one output row per tile (3 x 3, stride 1: the padded rows less 2)
+    cores, runs = (int(sch.get(lp).extent) for lp in sch.get_loops(sch.get_sblock("group_conv2d_nhwc"))[:2])
+    assert cores * runs == h - 2  # one output row per tile (3 x 3, stride 1: the padded rows less 2), a run a core
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(sch.mod, args, SPEC.tvm()))) <= 1e-5
     nchw = func_of("pw->dw/nchw")
     _, _, h, w = pairs.data_shape(nchw, find_pair(nchw))
@@ -476,8 +476,11 @@ def test_a_chain_of_three_convs_is_computed_in_one_row_tile():
     assert chain.blocks[:2] == ("pad_temp", "conv2d_nhwc") and chain.head_chain[-1] == "pad_temp1"
     assert pairs.tile_bounds(func, chain, budget, cores=1) == {1: (1, 7)}
     assert pairs.tile_bounds(func, chain, budget, cores=7) == {1: (1, 2)}  # a tile per core
-    assert pairs.chain_recompute(func, chain, budget) == 2 * 9 / 16 - 1  # two tiles of 7 rows read 9 of 16 each
+    assert pairs.chain_recompute(func, chain, budget, cores=2) == 2 * 9 / 16 - 1  # a tile a core: 9 of 16 rows each
     assert pairs.chain_recompute(func, chain, budget, cores=7) == 7 * 4 / 16 - 1
+    assert pairs.chain_recompute(func, chain, budget) == 0  # one core's two tiles in order: each row once
+    two_rows = 4 * (w * c + 4 * w_in * c_in)  # 2-row tiles, 7 of them: a core's run of 4 (8 rows, reading 10), then 3
+    assert pairs.chain_recompute(func, chain, two_rows, cores=2) == (10 + 8) / 16 - 1
     assert find_pair(func, budget, cores=7).kind == "pw->dw"  # 16 padded rows of 144 channels > the dw's 14
     args, want = reference_of(func)
     for seed in (1, 2):

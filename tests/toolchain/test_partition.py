@@ -337,11 +337,13 @@ def test_keep_inside_joins_a_conv_chain_across_large_tensors_largest_first(dwsep
     assert "the 32 KiB tensor between them stays inside one subgraph" in first.reason
     assert partition.locality_units(graph, units, size + 1) == (units, ())
     # row tiles of 9 KiB hold one row of the depthwise conv's output (2 KiB) and the 3 padded rows of the expand's
-    # (2.25 KiB each) its window reads: the expand would compute 16 × 3 of its 18 rows, so the pair stays a pair
-    joined, (pair, declined) = partition.locality_units(graph, units, 9 * 1024)
+    # (2.25 KiB each) its window reads: on 16 cores, a tile each, the expand would compute 16 × 3 of its 18 rows, so
+    # the pair stays a pair; on 2, each core's 8 tiles in order compute each row once (a line buffer) but the seam's
+    joined, (pair, declined) = partition.locality_units(graph, units, 9 * 1024, cores=16)
     assert expand + dw in joined and project in joined and (pair.nodes, pair.partner) == (expand, dw)
     assert declined.kind == "declined" and declined.partner == project
     assert "not chained: its head would compute 1.67 of its rows twice in 9 KiB row tiles" in declined.reason
+    assert expand + dw + project in partition.locality_units(graph, units, 9 * 1024, cores=2)[0]
     # a Td so small that AGO alone merges no two units: the chain still shares a subgraph, and the plan is checked
     alone = partition.plan_ago(graph, PartitionSettings(threshold=1.0))
     kept = partition.plan(PartitionSettings(threshold=1.0, locality_unit=size), mod, NHWC, graph=graph)

@@ -1,5 +1,5 @@
-"""A chain's line buffer (toolchain/tune/rolling.py): each core's row tiles in order, the head computing each row
-once per core into a buffer of one window's rows, allocated per core."""
+"""Line buffers (toolchain/tune/rolling.py): each core's row tiles in order, what a tile computes with its window's halo
+computing each row once per core into a buffer of one window's rows, allocated per core."""
 
 import numpy as np
 import pytest
@@ -12,21 +12,28 @@ from toolchain.tune.schedule_check import execution_counts
 
 from .test_intensive import SPEC, find_pair, reference_of, schedule, zoo
 
-#: (the nth pointwise conv of MobileNet-V2 @56 the block starts at, the dw's stride, output rows a tile's cache holds)
-CHAINS = {"stride 1": (3, 1, 4), "stride 2": (1, 2, 2)}
+#: (the nth pointwise conv of MobileNet-V2 @56 the block starts at, the dw's stride, output rows a tile's cache holds,
+#: a chain or the expand → dw pair tiled by rows)
+CASES = {"chain, stride 1": (3, 1, 4, True), "chain, stride 2": (1, 2, 2, True), "dw pair by rows": (3, 1, 1, False)}
 
 
-def chain_of(case):
-    """(func, the chain at a tile cache of ``rows`` output rows, the dw's output rows) of an inverted residual."""
-    nth, stride, rows = CHAINS[case]
-    func = zoo("class:pointwise_conv", nth, 9)
+def case_of(case):
+    """(func, the pair or chain, the tile cache, the dw's output rows, the block computed with the window's halo, the
+    block that writes the padded buffer the dw reads, a block computed once either way)."""
+    nth, stride, rows, chain = CASES[case]
+    func = zoo("class:pointwise_conv", nth, 9 if chain else 8)
     pair = find_pair(func)
     _, h, w, c = pairs.data_shape(func, pair)
+    if not chain:  # a line of every pixel does not fit: rows of every channel (test_intensive, the tile cache)
+        _, h_in, w_in, c_in = pairs.data_shape(func, pair, pair.upstream)
+        pair = find_pair(func, 64 * h_in * w_in // 2, cores=2)
+        assert pair.kind == "pw->dw" and pairs.tile_bounds(func, pair, 64 * h_in * w_in // 2) == {1: (1, 1)}
+        return func, pair, 64 * h_in * w_in // 2, h, pair.upstream, pair.chain[-1], pair.downstream
     _, _, w_in, c_in = pairs.data_shape(func, pair, "group_conv2d_nhwc")
     budget = 4 * (w * c + (2 * rows + 3) * w_in * c_in)  # a row of U's output, the head's rows
     chain = find_pair(func, budget, cores=2)
     assert chain.kind == "pw->dw->pw"
-    return func, chain, budget, h
+    return func, chain, budget, h, chain.head, chain.head_chain[-1], chain.upstream
 
 
 def _counts(mod) -> dict:
@@ -62,30 +69,30 @@ def _parallel_allocations(mod) -> dict:
     return found
 
 
-@pytest.mark.parametrize("case", list(CHAINS))
-def test_each_core_computes_a_chains_head_rows_once_into_one_window(case):
-    """Rolled, a chain's head (and its padding) compute each row once per core — a core's first tile its whole
-    window, each later tile the rows past the one before — into buffers of one window's rows allocated inside the
-    parallel loop (each core its own), and the kernel computes what the unscheduled one does."""
-    func, chain, budget, h = chain_of(case)
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_core_computes_the_window_rows_once_into_one_window(case):
+    """Rolled, what a tile computes with its window's halo (a chain's head and its padding, a row-tiled dw pair's U)
+    computes each row once per core — a core's first tile its whole window, each later tile the rows past the one
+    before — into buffers of one window's rows allocated inside the parallel loop (each core its own), and the kernel
+    computes what the unscheduled one does."""
+    func, pair, budget, h, halo, padding, once = case_of(case)
+    stride = CASES[case][1]
     args, want = reference_of(func)
     for seed in (1, 2):
         sch = schedule(func, seed)
-        intensive_schedule(sch, chain, 2, tile_cache=budget)
+        intensive_schedule(sch, pair, 2, tile_cache=budget)
         sch = postprocess(sch, SPEC)
         rolled = rolling.rolled(sch.mod)
         assert not rolled.same_as(sch.mod)
         plain, done = _counts(sch.mod), _counts(rolled)
-        head = plain[chain.head]
         window = _parallel_allocations(rolled)
-        padded = sch.get(sch.get_sblock(chain.head_chain[-1])).writes[0].source.name  # the buffer U reads
-        rows = window[padded][1]  # one tile's window of rows
-        overlap = 3 - CHAINS[case][1]  # a 3 × 3 window's halo rows
-        assert rows < h
-        assert head.needed < done[chain.head].executed <= head.needed * (h * CHAINS[case][1] + 2 * overlap) / (
-            h * CHAINS[case][1])  # every row once, a core's first tile its halo too
-        assert done[chain.head].executed < head.executed
-        assert done[chain.upstream].executed == plain[chain.upstream].executed  # U and D as they were
+        padded = sch.get(sch.get_sblock(padding)).writes[0].source.name  # the buffer the dw reads
+        assert window[padded][1] < h * stride  # one tile's window of rows
+        overlap = 3 - stride  # a 3 × 3 window's halo rows
+        needed = plain[halo].needed
+        assert needed < done[halo].executed <= needed * (h * stride + 2 * overlap) / (h * stride)  # a core's halo
+        assert done[halo].executed < plain[halo].executed
+        assert done[once].executed == plain[once].executed
         assert rolling.rolled(rolled).same_as(rolled)  # once
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, run(rolled, args, SPEC.tvm()))) <= 1e-5
 
@@ -93,9 +100,9 @@ def test_each_core_computes_a_chains_head_rows_once_into_one_window(case):
 def test_what_has_no_rolled_loop_is_left_as_it_is():
     """A pair (no head), a chain whose tiles are no more than the cores, and a kernel with no pair are built as
     scheduled."""
-    func, chain, budget, _ = chain_of("stride 1")
+    func, chain, budget, *_ = case_of("chain, stride 1")
     sch = schedule(func)
-    intensive_schedule(sch, find_pair(func), 2)  # the dw → pw pair
+    intensive_schedule(sch, find_pair(func), 2)  # the dw → pw pair, tiled by rows: nothing computed twice
     assert rolling.rolled(sch.mod).same_as(sch.mod)
     sch = schedule(func)
     intensive_schedule(sch, chain, 64, tile_cache=budget)  # 64 cores: a tile each at most

@@ -217,7 +217,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     if kind == "dw" and 1 in bounds:  # NHWC, rows tiled (:func:`row_units`): inside the tile (y_i, x, f)
         n, y, x, f = spatial
         y_o, y_i = tile_split(y, 1)
-        tile = sch.fuse(n, y_o)
+        tile, rolls = rolling.per_core(sch, sch.fuse(n, y_o), num_cores or os.cpu_count() or 1)
         d_inner, d_reg = 3, None
     elif kind == "dw":  # tile f; inside the tile NCHW (f_i, y, x), NHWC (y, x, f_i)
         n, y, x, f = spatial if nhwc else (spatial[0], spatial[2], spatial[3], spatial[1])
@@ -256,9 +256,9 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     vector_max = vector_cap(lanes)
     if pair.head:
         _head_into_tile(sch, pair, tile, decide, vector_max, lanes)
-        if rolls:
-            names = (pair.head_input,) * bool(pair.head_input) + (pair.head,) + pair.head_chain
-            rolling.mark(sch, [n for n in names if block_exists(sch, n)])
+    if rolls:  # what the tile computes with its window's halo rows: a chain's head, a row-tiled dw pair's U
+        first = (pair.head_input, pair.head) + pair.head_chain if pair.head else (pair.upstream_input, pair.upstream)
+        rolling.mark(sch, [n for n in first + (() if pair.head else pair.chain) if n and block_exists(sch, n)])
     _vectorize_moves(sch, pair, lanes)
     # register tiles inside the tile loop
     u_sp = sum(1 for iv in sch.get(sch.get_sblock(pair.upstream)).iter_vars if int(iv.iter_type) != 2)

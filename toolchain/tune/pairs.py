@@ -209,8 +209,9 @@ def find_pair(func, tile_cache: int = 0, cores: int = 1) -> IntensivePair | None
     With a ``tile_cache`` (bytes), an NHWC depthwise U into a pointwise D takes the pointwise / spatial conv H that
     feeds U the same way as the chain's head (MobileNet's inverted residual: expand → depthwise → project in one row
     tile, neither intermediate written out) where H computes at most :data:`CHAIN_RECOMPUTE` of its rows twice (the
-    window's halo at the seams of the widest row tile the cache holds, a tile per one of ``cores``); else the one of
-    the two pairs with the larger intermediate, which recomputes nothing.
+    window's halo at the seams of the widest row tile the cache holds, of each of ``cores``' runs of tiles where a line
+    buffer keeps the rows two tiles share: :func:`toolchain.tune.tiles.chain_share`); else the one of the two pairs
+    with the larger intermediate.
     """
     infos = block_infos(func)
     for d_idx in range(len(infos) - 1, -1, -1):

@@ -76,9 +76,14 @@ def row_cap(rows: int, lines: Callable[[int], int], budget: int, cores: int = 1)
 
 def chain_share(rows: int, row_bytes: int, rows_in: int, row_in_bytes: int, window: int,
                 budget: int, cores: int = 1) -> float:
-    """The share of its rows a chain's head computes twice (the window's halo at the tiles' seams) at the widest row
-    tile :func:`chain_rows` allows, taken as a divisor of the rows as the space samples it."""
+    """The share of its rows a chain's head computes twice at the widest row tile :func:`chain_rows` allows, taken as a
+    divisor of the rows as the space samples it: the window's halo at the seams of each core's run of tiles where
+    there are more tiles than cores (a line buffer per core: tune/rolling.py), else at every tile's."""
     cap, _ = chain_rows(rows, row_bytes, rows_in, row_in_bytes, window, budget, cores)
     need = window_rows(rows_in, rows, window)
     f = max(k for k in divisors(rows) if k <= cap)
-    return rows // f * need(f) / need(rows) - 1
+    tiles = rows // f
+    if tiles > cores:  # each core's run of tiles in order, its head computing each row once (tune/rolling.py)
+        run = -(-tiles // cores) * f
+        return max(0.0, sum(need(min(run, rows - start)) for start in range(0, rows, run)) / need(rows) - 1)
+    return tiles * need(f) / need(rows) - 1
