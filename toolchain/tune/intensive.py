@@ -213,7 +213,7 @@ def intensive_schedule(sch, pair: IntensivePair, num_cores: int | None = None, d
     kind = pair.downstream_kind
     nhwc = pair.layout == "NHWC"
     row = None  # a chain's row loop inside the tile, where U and D go one row at a time
-    rolls = False  # a chain's tiles in order on each core, its head computing each row once (rolling.py)
+    rolls = False  # row tiles in order on each core, the window's rows computed once (rolling.py)
     if kind == "dw" and 1 in bounds:  # NHWC, rows tiled (:func:`row_units`): inside the tile (y_i, x, f)
         n, y, x, f = spatial
         y_o, y_i = tile_split(y, 1)

@@ -1,6 +1,6 @@
-"""A chain's line buffer: each core runs its row tiles in order, and the blocks a tile computes with a window's halo
-(the chain's head and its padding) compute only the rows the core's previous tile did not, into buffers indexed
-modulo the window's rows. Applied to a scheduled module before it is built. Why: docs/tuning-internals.md (Chains)."""
+"""Line buffers: each core runs its row tiles in order, and the blocks a tile computes with a window's halo (a chain's
+head and its padding, a row-tiled dw pair's U) compute only the rows the core's previous tile did not, into buffers
+indexed modulo the window's rows. Applied to a scheduled module before it is built. Why: docs/tuning-internals.md."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Window:
 
 
 def per_core(sch, tile, cores: int):
-    """Split ``tile`` (a chain's tile loop) into one block of tiles per core, the core's tiles in order in an
+    """Split ``tile`` (a row tile loop) into one block of tiles per core, the core's tiles in order in an
     annotated serial loop; returns (the loop the tile's blocks go in, whether it was split). A tile loop with no
     more tiles than cores is left as it is."""
     if cores < 1 or int(sch.get(tile).extent) <= cores:
