@@ -40,8 +40,7 @@ FAILED_SECS = 1e9  # MetaSchedule records failed builds/runs with a huge run tim
 def as_built(mod):
     """A scheduled kernel's module as it is built and timed: a weight whose layout the schedule rewrote
     (``TuneSettings.prepack``) is passed rewritten, its rewrite block left out (the model does it once,
-    at build time): its ``main``'s parameters are what a runner must pass. A chain's line buffers rolled
-    (:mod:`toolchain.tune.rolling`)."""
+    at build time): its ``main``'s parameters are what a runner must pass; line buffers rolled (tune/rolling.py)."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     return rolled(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))
@@ -577,25 +576,6 @@ def _rounds_on_runner(settings, measure, paths: list[str], funcs: list, rounds: 
                 row[i] = statistics.median(secs) * 1e3
             table.append(row)
     return table
-
-
-def apply_records(fused_mod, kernels: list[tuple[object, object, float]], spec):
-    """``fused_mod`` with each (PrimFunc, trace JSON, latency ms) of ``kernels`` applied to its kernels
-    (MetaSchedule's ApplyDatabase over an in-memory database); others stay as they are."""
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-
-    memory = ms.database.MemoryDatabase()
-    for func, trace, latency_ms in kernels:
-        sch = scheduled(func, trace)
-        workload = memory.commit_workload(workload_module(func))
-        memory.commit_tuning_record(
-            ms.database.TuningRecord(
-                sch.trace, workload, [latency_ms / 1e3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)
-            )
-        )
-    with spec.tvm(), memory:
-        return rolled(relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod))
 
 
 # --------------------------------------------------------------------------------------------

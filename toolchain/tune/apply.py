@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from toolchain import build
-from toolchain.tune.adapter import apply_records
+from toolchain.tune.applied import apply_records
 from toolchain.tune.db import TuneDB
 from toolchain.tune.pairing import TRAFFIC, check_rule, choose, choose_by
 from toolchain.tune.plan import group_kernels, kernel_hash, task_hash

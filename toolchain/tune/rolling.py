@@ -139,8 +139,7 @@ def _window(realize, inner: list, loop) -> Window | None:
     analyzer = sym.Analyzer()
 
     def bounds(t: int):
-        dom = {lp.loop_var: sym.IntervalSet(lp.min, lp.min + lp.extent - 1) for lp in inner}
-        dom[loop.loop_var] = sym.IntervalSet(loop.min + t, loop.min + t)
+        dom = {**_domain(inner), loop.loop_var: sym.IntervalSet(loop.min + t, loop.min + t)}
         got = analyzer.int_set(binding, dom)
         return analyzer.simplify(got.min_value), analyzer.simplify(got.max_value)
 
@@ -149,6 +148,13 @@ def _window(realize, inner: list, loop) -> Window | None:
     if not (hasattr(rows, "value") and hasattr(step, "value")) or int(step.value) <= 0:
         return None
     return Window(realize.block.name_hint, axis, int(rows.value), int(step.value))
+
+
+def _domain(loops: list) -> dict:
+    """Each loop's variable over its range."""
+    from tvm import sym
+
+    return {lp.loop_var: sym.IntervalSet(lp.min, lp.min + lp.extent - 1) for lp in loops}
 
 
 def _ring(func, windows: list[Window]):
@@ -178,8 +184,7 @@ def _skip(realize, inner: list, loop, windows: dict):
         return realize
     binding = realize.iter_values[w.axis]
     analyzer = sym.Analyzer()
-    dom = {lp.loop_var: sym.IntervalSet(lp.min, lp.min + lp.extent - 1) for lp in inner}
-    first = analyzer.simplify(analyzer.int_set(binding, dom).min_value)
+    first = analyzer.simplify(analyzer.int_set(binding, _domain(inner)).min_value)
     t = loop.loop_var
     new_rows = tirx.Or(t < loop.min + 1, binding - first >= w.overlap)
     predicate = analyzer.simplify(tirx.And(realize.predicate, new_rows))

@@ -11,7 +11,8 @@ from toolchain import build
 from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
 from toolchain.tune import forked, intrinsics, microkernel, rows
-from toolchain.tune.adapter import apply_records, passes_static_checks, postprocess, workload_module
+from toolchain.tune.adapter import passes_static_checks, postprocess, workload_module
+from toolchain.tune.applied import apply_records
 from toolchain.tune.plan import group_kernels
 from toolchain.tune.settings import TuningError
 from toolchain.tune.space import make_space_generator
