@@ -66,6 +66,12 @@ def test_the_block_divides_the_kernel_and_fits_the_registers():
     squeeze = mk.MatmulLike("C", (1, 13, 13, 1024), (1, 1, 512), (), ())
     assert squeeze.width == 169 and mk.choose_block(squeeze, mk.UNITS["avx2"], perfect=False) == (6, 2, 8)
     assert mk.MatmulLike("C", (1, 13, 13, 1024), (3, 3), (), (), depthwise=True).width == 13
+    # rows within an image row mask only at 2.5 times the accumulators: SqueezeNet's stem (111 wide, 3 channels in)
+    # takes the dividing 3 × 2 on AVX2, not 6 × 2 with its last tile masked (that ran 2.3 times slower)
+    stem = mk.MatmulLike("C", (1, 111, 111, 64), (3, 3, 3), (), ())
+    assert not stem.flat and mk.choose_block(stem, mk.UNITS["avx2"], perfect=False) == (3, 2, 8)
+    assert mk.choose_block(mk.MatmulLike("C", (1, 13, 13, 1024), (3, 3), (), (), depthwise=True), avx512,
+                           perfect=False) == (7, 2, 16)  # 13 is prime: one row's 4 accumulators against 14
     rows, vectors, lanes = mk.choose_block(mk.MatmulLike("C", (1, 1000), (1280,), (), ()), avx512)
     assert (rows, lanes) == (1, 8) and vectors == 5  # a GEMV: as many independent chains as fit and divide
     for unit in (avx512, neon, mk.UNITS["avx2"]):

@@ -47,6 +47,10 @@ STACK_BYTES = 1024
 #: a block whose last tile's rows are masked (their test inside the reduction loop: LLVM keeps those rows'
 #: accumulators in memory) only where it uses this many times the accumulators of the best block that divides
 MASKED_GAIN = 1.5
+#: the same where the rows run within one image row (not :attr:`MatmulLike.flat`: a stem, a pool, a depthwise conv),
+#: whose masked rows measured slower than the dividing block at twice its accumulators (docs/tuning-internals.md,
+#: Register blocks)
+MASKED_GAIN_ROW = 2.5
 #: what re-reading one byte of an operand costs in the tile loops, by the cache its bytes fit in: (at most this many
 #: bytes, cost) — within half a small core's L2 (Cortex-A76's 256 KiB) a re-read hides behind the block's FMAs, beyond
 #: it comes from the shared cache or memory. The tiles run the output channels' vectors outermost where re-reading
@@ -307,16 +311,17 @@ def _stores_a_slice(block) -> bool:
 def choose_block(kernel: MatmulLike, unit: VectorUnit, perfect: bool = True,
                  min_lanes: int = 4) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of the register block for ``kernel``: :func:`block_for` its output channels and width."""
-    return block_for(kernel.channels, kernel.width, unit, perfect, min_lanes)
+    gain = MASKED_GAIN if kernel.flat else MASKED_GAIN_ROW
+    return block_for(kernel.channels, kernel.width, unit, perfect, min_lanes, gain)
 
 
 def block_for(channels: int, width: int, unit: VectorUnit, perfect: bool = True,
-              min_lanes: int = 4) -> tuple[int, int, int] | None:
+              min_lanes: int = 4, gain: float = MASKED_GAIN) -> tuple[int, int, int] | None:
     """(rows, vectors, lanes) of a register block over ``channels`` (the vectorised dim) × ``width`` (the rows):
     lanes the unit's, halved until they divide the channels (at least 4); vectors dividing the channels' vectors,
     rows at most :data:`MAX_ROWS` — dividing the width when ``perfect`` (a search's tile sample must), else the last
-    tile's rows masked where that puts :data:`MASKED_GAIN` times the accumulators to use (a width of 13: 7 rows, 13
-    of 14 used, not 1) — the most accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay
+    tile's rows masked where that puts ``gain`` (:data:`MASKED_GAIN`) times the accumulators to use (a width of 13:
+    7 rows, 13 of 14 used, not 1) — the most accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay
     a stack array (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes
     as many vectors as fit: its only independent FMA chains. None when no vector divides the channels
     (``min_lanes`` lanes or more)."""
@@ -333,7 +338,7 @@ def block_for(channels: int, width: int, unit: VectorUnit, perfect: bool = True,
             and (channels // lanes) % v == 0 and (v <= MAX_VECTORS or width == 1)]
     whole = max(f for f in fits if width % f[-1] == 0)  # rows 1 always divide
     best = max(fits)
-    if perfect or best[0] < MASKED_GAIN * whole[0]:
+    if perfect or best[0] < gain * whole[0]:
         best = whole
     *_, vectors, rows = best
     return rows, vectors, lanes
