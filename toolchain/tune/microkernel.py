@@ -321,9 +321,9 @@ def block_for(channels: int, width: int, unit: VectorUnit, perfect: bool = True,
     lanes the unit's, halved until they divide the channels (at least 4); vectors dividing the channels' vectors,
     rows at most :data:`MAX_ROWS` — dividing the width when ``perfect`` (a search's tile sample must), else the last
     tile's rows masked where that puts ``gain`` (:data:`MASKED_GAIN`) times the accumulators to use (a width of 13:
-    7 rows, 13 of 14 used, not 1) — the most accumulators in use that fit the registers (:func:`block_shape`'s bound) and stay
-    a stack array (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one row, a GEMV, takes
-    as many vectors as fit: its only independent FMA chains. None when no vector divides the channels
+    7 rows, 13 of 14 used, not 1) — the most accumulators in use that fit the registers (:func:`block_shape`'s
+    bound) and stay a stack array (:data:`STACK_BYTES`: 15 vectors of AVX-512, every NEON block); a kernel of one
+    row, a GEMV, takes as many vectors as fit: its only independent FMA chains. None when no vector divides the channels
     (``min_lanes`` lanes or more)."""
     lanes = dividing_lanes(channels, unit.lanes)
     if lanes < min_lanes:
