@@ -46,6 +46,28 @@ def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time():
     assert shipped.share_of_peak({"kernels": result["kernels"]})["fraction"] is None  # no peak measured
 
 
+def test_a_disturbed_per_kernel_sitting_is_timed_again(tmp_path, monkeypatch):
+    def result(kernels_ms, model_ms):
+        return {"median_ms": model_ms, "peak": {"gflops": 100.0},
+                "kernels": [{"flops": 1e8, "calls_per_run": 1, "median_ms": kernels_ms}]}
+
+    assert not shipped.disturbed(result(1.1, 1.0)) and shipped.disturbed(result(2.0, 1.0))
+    assert not shipped.disturbed({"kernels": []})  # nothing timed: nothing to judge
+    sittings = [result(2.0, 1.0), result(1.0, 1.0)]  # the first disturbed (the kernels twice the model), then not
+
+    def fake_run(words, stdout, **kw):
+        stdout.write(json.dumps(sittings.pop(0)))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(shipped.subprocess, "run", fake_run)
+    share = shipped.peak_share(tmp_path / "p" / "tuned", 2, tmp_path / "commands.log")
+    assert share["kernels_ms"] == 1.0 and share["fraction"] == 1.0 and "2 sittings" in share["note"]
+    assert not sittings
+    sittings[:] = [result(2.0, 1.0)] * shipped.SITTINGS  # disturbed every time: the last kept, said so
+    share = shipped.peak_share(tmp_path / "p" / "tuned", 2, tmp_path / "commands.log")
+    assert share["kernels_ms"] == 2.0 and f"in {shipped.SITTINGS}" in share["note"] and not sittings
+
+
 def test_the_chart_is_written(tmp_path):
     ratios = {"2": {"warm": 1.2, "cold": 1.3}, "1": {"warm": 0.9, "cold": 1.0}}
     doc = {"points": [asdict(_point("mobilenet-v2", 224, ratios))]}
