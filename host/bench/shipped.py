@@ -108,14 +108,19 @@ def disturbed(result: dict) -> bool:
 
 def share_of_peak(result: dict) -> dict:
     """From `agoc bench --per-kernel --json`: GFLOP per inference, the kernels' summed ms, GFLOP/s, the measured
-    peak and the fraction of it (None where a count or the peak is missing)."""
+    peak and the fraction of it (None where a count or the peak is missing); and the same over the model's own median
+    of that run (``model_*``: every call timed whole, no per-kernel instrument — how #59 reads onnxruntime's share)."""
     kernels = result.get("kernels") or []
     flops = sum((k.get("flops") or 0) * (k.get("calls_per_run") or 0) for k in kernels)
     ms = sum(k.get("median_ms") or 0.0 for k in kernels)
+    model_ms = result.get("median_ms") or 0.0
     peak = (result.get("peak") or {}).get("gflops")
     rate = flops / ms / 1e6 if flops and ms > 0 else None
+    model_rate = flops / model_ms / 1e6 if flops and model_ms > 0 else None
     return {"gflop": round(flops / 1e9, 4), "kernels_ms": round(ms, 4), "gflops": rate and round(rate, 1),
-            "peak_gflops": peak, "fraction": round(rate / peak, 3) if rate and peak else None}
+            "peak_gflops": peak, "fraction": round(rate / peak, 3) if rate and peak else None,
+            "model_ms": round(model_ms, 4), "model_gflops": model_rate and round(model_rate, 1),
+            "model_fraction": round(model_rate / peak, 3) if model_rate and peak else None}
 
 
 def verdict(points: list[Point]) -> dict:
@@ -232,9 +237,10 @@ def _line(p: Point) -> str:
         return f"not finished: {p.note}"
     cells = [f"{t} thr {r} {v:.2f}x" for t, one in (p.timed.get("tuned") or {}).items()
              for r, v in one["speedup"].items()]
-    share = p.peak.get("fraction")
+    share, whole = p.peak.get("fraction"), p.peak.get("model_fraction")
     return (f"tuned in {p.tune_s:.0f} s ({p.trials} trials): " + ", ".join(cells)
-            + (f"; {100 * share:.0f} % of peak" if share else "")
+            + (f"; {100 * share:.0f} % of peak (kernels)" if share else "")
+            + (f", {100 * whole:.0f} % (model)" if whole else "")
             + (f" ({p.peak['note']})" if p.peak.get("note") else ""))
 
 

@@ -35,15 +35,17 @@ def test_an_unknown_model_is_refused_before_any_tune(tmp_path, capsys):
     assert set(shipped.MODELS) <= {z.name for z in ZOO}
 
 
-def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time():
-    result = {"peak": {"gflops": 200.0},
+def test_the_share_of_the_peak_is_the_models_flops_over_its_kernels_time_and_over_its_own():
+    result = {"peak": {"gflops": 200.0}, "median_ms": 2.0,
               "kernels": [{"flops": 1e8, "calls_per_run": 2, "median_ms": 1.0},  # 0.2 GFLOP in 1 ms
                           {"flops": 2e8, "calls_per_run": 1, "median_ms": 1.0},
                           {"flops": None, "calls_per_run": 1, "median_ms": 0.5}]}  # no count: time, no work
     share = shipped.share_of_peak(result)
     assert share["gflop"] == pytest.approx(0.4) and share["kernels_ms"] == pytest.approx(2.5)
     assert share["gflops"] == pytest.approx(160.0) and share["fraction"] == pytest.approx(0.8)
+    assert share["model_ms"] == 2.0 and share["model_fraction"] == pytest.approx(1.0)  # 0.4 GFLOP in 2 ms
     assert shipped.share_of_peak({"kernels": result["kernels"]})["fraction"] is None  # no peak measured
+    assert shipped.share_of_peak({"kernels": result["kernels"]})["model_fraction"] is None
 
 
 def test_a_disturbed_per_kernel_sitting_is_timed_again(tmp_path, monkeypatch):
