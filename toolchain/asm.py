@@ -17,6 +17,7 @@ class Loop:
     loads: int
     stores: int
     spills: int  # loads and stores addressing the stack frame
+    prefetches: int = 0  # software prefetches (toolchain/prefetch.py)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Isa:
     load: re.Pattern
     store: re.Pattern
     stack: re.Pattern
+    prefetch: re.Pattern
 
 
 #: per architecture (the target triple's first part): what its assembly calls each of these
@@ -38,6 +40,7 @@ ISAS = {
         load=re.compile(r"^\s*ld(?:r|p|1|ur)\w*\s"),
         store=re.compile(r"^\s*st(?:r|p|1|ur)\w*\s"),
         stack=re.compile(r"\[(?:sp|x29)\b"),
+        prefetch=re.compile(r"^\s*prfm\s"),
     ),
     "x86_64": Isa(
         label=re.compile(r"^(\.?L\w+):"),
@@ -46,6 +49,7 @@ ISAS = {
         load=re.compile(r"^\s*v?mov\w*\s+[^,]*\(.*,"),
         store=re.compile(r"^\s*v?mov\w*\s+[^(]*,\s*[^,]*\("),
         stack=re.compile(r"\((?:%rsp|%rbp)\)|\(%rsp,|\(%rbp,"),
+        prefetch=re.compile(r"^\s*prefetch\w*\s"),
     ),
 }
 
@@ -73,7 +77,8 @@ def _loop(label: str, body: list[str], isa: Isa) -> Loop:
     loads = [line for line in code if isa.load.match(line)]
     stores = [line for line in code if isa.store.match(line)]
     return Loop(label, len(code), sum(1 for line in code if isa.fma.match(line)), len(loads), len(stores),
-                sum(1 for line in loads + stores if isa.stack.search(line)))
+                sum(1 for line in loads + stores if isa.stack.search(line)),
+                sum(1 for line in code if isa.prefetch.match(line)))
 
 
 def hottest(loops: list[Loop]) -> Loop | None:
@@ -81,9 +86,9 @@ def hottest(loops: list[Loop]) -> Loop | None:
     return max((loop for loop in loops if loop.fmas), key=lambda loop: loop.fmas, default=None)
 
 
-def assembly(func, target, name: str = "kernel") -> str:
-    """The assembly LLVM emits for the PrimFunc ``func`` built alone for ``target``."""
+def assembly(func, target, name: str = "kernel", pipeline: str = "default") -> str:
+    """The assembly LLVM emits for the PrimFunc ``func`` built alone for ``target`` with the TIR ``pipeline``."""
     import tvm
 
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
-    return tvm.tirx.build(mod, target=target).inspect_source("asm")
+    return tvm.tirx.build(mod, target=target, pipeline=pipeline).inspect_source("asm")

@@ -44,16 +44,16 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     return (lines[-1] if lines else type(exc).__name__)[:limit]
 
 
-def lower_and_compile(mod, target, backend, what: str):
+def lower_and_compile(mod, target, backend, what: str, tir_pipeline: str = "default"):
     """``tvm.compile`` of an already fused (and scheduled) module with only the backend's lowering
     passes (``backend``: a ``tvm.relax.backend.<x>.pipeline`` module; the default pipeline would fuse
-    again). Raises BuildError naming ``what``."""
+    again) and the named TIR pipeline. Raises BuildError naming ``what``."""
     import tvm
 
     lower = tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
     try:
         with target:
-            return tvm.compile(mod, target, relax_pipeline=lower)
+            return tvm.compile(mod, target, relax_pipeline=lower, tir_pipeline=tir_pipeline)
     except Exception as exc:
         raise BuildError(f"TVM code generation failed{what}: {error_line(exc)}") from exc
 
@@ -188,7 +188,7 @@ def is_weight(shape, dtype) -> bool:
     return sum(1 for d in shape if int(d) > 1) >= 2 and "float" in str(dtype)
 
 
-def mark_weights(mod):
+def mark_weights(mod, attr: str = "layout_free_buffers"):
     """Mark every kernel's weight parameters layout-free (``layout_free_buffers``): the parameters
     ``main`` passes a constant at every call. MetaSchedule's ``RewriteLayout`` postprocessor may then
     store such a weight in the order its schedule reads it (Ansor's layout rewrite); what the kernel
@@ -204,7 +204,8 @@ def mark_weights(mod):
     best candidates wrong (caught by the numeric check; the kernel was left untuned). The static check
     :func:`toolchain.tune.schedule_check.partial_weight_reads` rejects such a schedule before it is measured.
 
-    TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks."""
+    TVM's own ``AttachAttrLayoutFreeBuffers`` does the same but renames every kernel it marks. With
+    another ``attr`` the same parameters are marked under that name (:mod:`toolchain.prefetch`)."""
     import tvm
     from tvm import tirx
 
@@ -216,7 +217,7 @@ def mark_weights(mod):
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc) and constant.get(gv.name_hint):
-            out[gv] = func.with_attr("layout_free_buffers", sorted(constant[gv.name_hint]))
+            out[gv] = func.with_attr(attr, sorted(constant[gv.name_hint]))
     return out
 
 
@@ -309,10 +310,16 @@ def built_kernels(mod, spec: TargetSpec) -> list[KernelInfo]:
 
 
 def build_library(mod, spec: TargetSpec, compiler: Compiler, path: Path) -> Path:
-    """Lower the fused module to a Relax VM executable and link it into ``path`` (a .so)."""
+    """Lower the fused module to a Relax VM executable and link it into ``path`` (a .so); with
+    ``spec.weight_prefetch``, TIR lowered by :mod:`toolchain.prefetch`'s pipeline."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    executable = lower_and_compile(mod, spec.tvm(), cpu, f" for {spec.preset}")
+    from toolchain import prefetch
+
+    pipeline = "default"
+    if spec.weight_prefetch:  # the weights marked again: pre-packing dropped TVM's mark from the kernels it packed
+        mod, pipeline = mark_weights(mod, prefetch.WEIGHTS_ATTR), prefetch.register()
+    executable = lower_and_compile(mod, spec.tvm(), cpu, f" for {spec.preset}", pipeline)
     try:
         if compiler.kind == "host":
             executable.export_library(str(path))

@@ -147,6 +147,7 @@ class TargetSpec:
     pad_channels: bool = True  # convs / matmuls compute padded output channels (toolchain/padding.py)
     fast_math: bool = True  # exp / erf / tanh / sigmoid / softmax as polynomials (toolchain/fastmath.py)
     precision: str = "fp32"  # PRECISIONS
+    weight_prefetch: bool = True  # prefetch the next task's weight panel where toolchain/prefetch.py's rules say
 
     @property
     def num_cores(self) -> int:
@@ -155,7 +156,8 @@ class TargetSpec:
     def to_json(self) -> dict:
         return {"preset": self.preset, "tvm_target": self.tvm_target, "layout": self.layout,
                 "pad_channels": self.pad_channels, "fast_math": self.fast_math,
-                **({"precision": self.precision} if self.precision != "fp32" else {})}
+                **({"precision": self.precision} if self.precision != "fp32" else {}),
+                **({} if self.weight_prefetch else {"weight_prefetch": False})}
 
     def tvm(self):
         import tvm
@@ -210,7 +212,7 @@ def check_precision(precision: str, preset: Preset) -> str:
 
 def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None,
                    layout: str | None = None, pad_channels: bool = True, fast_math: bool = True,
-                   precision: str = "fp32") -> TargetSpec:
+                   precision: str = "fp32", weight_prefetch: bool = True) -> TargetSpec:
     """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
     preset = PRESETS_BY_NAME.get(name)
     if preset is None:
@@ -230,7 +232,8 @@ def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = N
     default_cores = (os.cpu_count() or 1) if preset.runs_on_host else 4  # 4: a phone's big+mid cluster
     target["num-cores"] = int(num_cores or default_cores)
     return TargetSpec(preset=preset.name, tvm_target=target, linker=preset.linker, runs_on_host=preset.runs_on_host,
-                      layout=layout, pad_channels=pad_channels, fast_math=fast_math, precision=precision)
+                      layout=layout, pad_channels=pad_channels, fast_math=fast_math, precision=precision,
+                      weight_prefetch=weight_prefetch)
 
 
 def preset_of(tvm_target: dict) -> str:
