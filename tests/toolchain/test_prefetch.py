@@ -132,3 +132,19 @@ def test_a_compiled_model_prefetches_its_late_convs_weights_unless_asked_not_to(
             assert verify_artifact(artifact, LocalDevice()).passed
         assert artifact.manifest.target.get("weight_prefetch", True) is on
     assert counts[True] > counts[False], counts  # (the runtime linked in may prefetch on its own)
+
+
+def test_a_kernel_the_pass_cannot_read_is_built_without_prefetch(monkeypatch, caplog):
+    import tvm
+
+    def broken(func, weights):
+        raise ValueError("an IR shape this pass has not met")
+
+    _, unit, target = TARGETS["avx512"]
+    rows, vectors, tiles = SHAPES["avx512"]
+    func = packed_matmul(160, tiles, rows, vectors, unit.lanes)
+    monkeypatch.setattr(prefetch, "add_prefetches", broken)
+    prefetch.register()
+    code = asm.assembly(func, tvm.target.Target(target), pipeline=prefetch.PIPELINE)
+    assert asm.hottest(asm.innermost_loops(code, "x86_64")).prefetches == 0
+    assert "weight prefetch left out of" in caplog.text
