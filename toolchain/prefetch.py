@@ -151,17 +151,15 @@ def _panel_offset(analyzer, start, loops: list) -> tuple[int, int] | None:
 
 def plan(loop, loops: list, analyzer, weights: set[str]) -> tuple[list[Stream], str]:
     """The weight streams of the innermost serial ``loop`` (``loops``: the loops around it, outermost first, itself
-    last) worth prefetching, and why none is when none is."""
+    last) worth prefetching, and why none is when none is; ``analyzer`` already holds every Bind in scope, the
+    body's own included (:func:`_rewrite` binds them as it walks)."""
     from tvm import tirx
 
     body = loop.body.seq if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
     if any(isinstance(s, (tirx.For, tirx.While, tirx.IfThenElse)) for s in body):
         return [], "not an innermost loop"
     fmas, found = 0, {}
-    for pos, stmt in enumerate(body):
-        if isinstance(stmt, tirx.Bind):
-            _bind(analyzer, stmt)
-            continue
+    for pos, stmt in enumerate(body):  # (the body's Binds are already in ``analyzer``: the walk bound them)
         if not isinstance(stmt, tirx.BufferStore):
             continue
         fmas += "x" in _dtype(stmt.value)  # a vector accumulator updated: one vector FMA
@@ -181,7 +179,7 @@ def plan(loop, loops: list, analyzer, weights: set[str]) -> tuple[list[Stream], 
     out, why = [], ""
     for pos, buffer, start, step, lo, hi in found.values():
         bits = buffer.dtype.bits * buffer.dtype.lanes
-        lines = -(-(hi - lo) * bits // 8 // LINE_BYTES)
+        lines = -(-((hi - lo) * bits // 8) // LINE_BYTES)  # cache lines a step reads, rounded up
         if hi - lo < step:
             why = "the weight is read with gaps (not pre-packed): left to the hardware prefetcher"
         elif fmas < BOUND["fmas_per_line"] * lines:
@@ -241,7 +239,9 @@ def _rewrite(stmt, walk: _Walk):
     try:
         body = _rewrite(stmt.body, walk)
         if body.same_as(stmt.body) and stmt.kind == tirx.ForKind.SERIAL:
-            streams, _ = plan(stmt, walk.loops, walk.analyzer, walk.weights)
+            streams, why = plan(stmt, walk.loops, walk.analyzer, walk.weights)
+            if why:
+                log.debug("no weight prefetch in loop %s: %s", stmt.loop_var, why)
             if streams:
                 seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
                 for stream in sorted(streams, key=lambda s: -s.position):
