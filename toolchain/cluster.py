@@ -19,8 +19,8 @@ DECISION_KINDS: Mapping[str, str] = MappingProxyType(
         "merged": "the chosen hyper node and its partner became one hyper node",
         "declined": "the chosen hyper node left the candidate set without merging",
         "excluded": "a neighbour of the chosen hyper node was ruled out as its partner",
-        "unit": "ops given as one unit before clustering (a complex op and its elementwise epilogue; with "
-                "--keep-inside, two such joined by a large tensor)",
+        "unit": "ops given as one unit before clustering (a complex op, its elementwise epilogue and a model "
+                "input's layout transpose it reads; with --keep-inside, two such joined by a large tensor)",
     }
 )
 

@@ -203,6 +203,61 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     return tuple(units)
 
 
+@dataclass(frozen=True)
+class Prologue:
+    """A rule: an op of kind ``kinds`` that reads no op (a model input or a constant), with at most
+    ``max_channels`` in its output's last dim, joins the unit of the one op it feeds when that op's class is
+    one of ``consumers``; the edge between them is then no boundary."""
+
+    kinds: frozenset[str]  # OpNode.kind values
+    consumers: frozenset[str]  # OpNode.op_class values
+    max_channels: int
+    why: str
+
+
+#: Data movement read inside the kernel of its consumer (rules as a table; the reason goes into --explain).
+PROLOGUES: tuple[Prologue, ...] = (
+    Prologue(
+        kinds=frozenset({"transpose"}),
+        consumers=frozenset({"conv", "pointwise_conv"}),
+        max_channels=4,
+        why=("the model input's NCHW → NHWC transpose read in place by the stem conv: a few channels are "
+             "loaded one scalar at a time in either layout, so the copy kernel (1-2 % of MobileNet-V2 @224) "
+             "goes (docs/partitioning.md)"),
+    ),
+)
+
+
+def prologue_units(graph: OpGraph, units, rules: tuple[Prologue, ...] = PROLOGUES
+                   ) -> tuple[tuple[tuple[str, ...], ...], tuple]:
+    """``units`` with each op a :data:`PROLOGUES` rule takes prepended to its consumer's unit (a unit of its own
+    if the consumer had none), and one decision per join. No cycle: the op reads no other op and feeds the unit
+    only."""
+    node, consumers, producers = graph.by_id, graph.consumers, graph.producers
+    unit_of = {m: tuple(u) for u in units for m in u}
+    joined: dict[tuple[str, ...], tuple[str, ...]] = {}
+    notes = []
+    for n in graph.nodes:
+        if producers[n.id] or len(consumers[n.id]) != 1 or n.is_extern or not n.shape:
+            continue
+        (c,) = consumers[n.id]
+        rule = next((r for r in rules if n.kind in r.kinds and node[c].op_class in r.consumers
+                     and n.shape[-1] <= r.max_channels), None)
+        if rule is None or unit_of.get(c, (c,))[0] != c:
+            continue
+        unit = unit_of.get(c, (c,))
+        joined[unit] = (n.id, *joined.get(unit, unit))
+        notes.append(clustering.Decision("unit", (n.id,), (c,), rule.why))
+    position = {n.id: i for i, n in enumerate(graph.nodes)}
+    out = [joined.pop(tuple(u), tuple(u)) for u in units] + list(joined.values())
+    return tuple(sorted(out, key=lambda u: position[u[0]])), tuple(notes)
+
+
+def kernel_units(graph: OpGraph) -> tuple[tuple[tuple[str, ...], ...], tuple]:
+    """The units every AGO partition starts from: :func:`epilogue_units` with their :func:`prologue_units`."""
+    return prologue_units(graph, epilogue_units(graph))
+
+
 #: op classes that can be the downstream op D of an intensive pair: D tiled along dims on which it does
 #: not reuse its input recomputes nothing of the upstream op (:mod:`toolchain.tune.intensive`)
 INTENSIVE_DOWNSTREAM = frozenset({"depthwise_conv", "pointwise_conv", "matmul"})
@@ -240,7 +295,7 @@ def locality_units(graph: OpGraph, units, min_bytes: int, cores: int = 1,
             unit_of[n.id] = (n.id,)
     found = []
     for n in graph.nodes:
-        if not n.is_complex or unit_of[n.id][0] != n.id:
+        if not n.is_complex or next(m for m in unit_of[n.id] if node[m].is_complex) != n.id:  # once per unit
             continue
         tail = unit_of[n.id][-1]
         (d, *more) = consumers[tail] or ("",)
@@ -296,10 +351,14 @@ def plan_ago(graph: OpGraph, settings: PartitionSettings = PartitionSettings(),
     started = time.perf_counter()
     weights = op_weights(graph, model or load_model())
     g = Graph(tuple(n.id for n in graph.nodes), graph.edges, weights, graph.complex_ids)
-    units, notes = epilogue_units(graph), ()
+    units, notes = kernel_units(graph)
     if settings.locality_unit:
-        units, notes = locality_units(graph, units, settings.locality_unit, cores, layout)
-    result = clustering.cluster(g, settings.td, units=units, boundaries=kept_apart(graph))
+        units, more = locality_units(graph, units, settings.locality_unit, cores, layout)
+        notes += more
+    unit_of = {m: i for i, u in enumerate(units) for m in u}
+    boundaries = {(a, b): why for (a, b), why in kept_apart(graph).items()
+                  if a not in unit_of or unit_of[a] != unit_of.get(b)}
+    result = clustering.cluster(g, settings.td, units=units, boundaries=boundaries)
     return PartitionPlan(
         "ago", result.groups, weights, settings.td, notes + tuple(result.decisions),
         seconds=time.perf_counter() - started, units=units, settings=settings,

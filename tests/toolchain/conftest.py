@@ -15,7 +15,7 @@ from toolchain.tune.plan import group_kernels
 def dwsep_split():
     """tiny-dwsep (pw → dw → pw) as one AGO subgraph: (legalized module, op graph, partition plan,
     reformer split, the joined kernel, its three minis), kernels as (name, PrimFunc). In ONNX's NCHW:
-    in NHWC the input's transpose is a kernel of its own (partition.KEEP_APART), a second subgraph."""
+    in NHWC the input's transpose (8 channels) is a kernel of its own, a second subgraph."""
     spec = resolve_target("host", layout="NCHW")
     model = models.build("tiny-dwsep")
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), spec)

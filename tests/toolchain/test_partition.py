@@ -386,3 +386,39 @@ def test_keep_inside_on_mobilenet_v2_keeps_its_large_activations_inside_and_skip
     assert shared  # the fire modules' squeeze convs
     joined, notes = partition.locality_units(graph, units, 1)
     assert all(u in joined for u in shared)  # left as they were, though their pw consumers could pair with them
+
+
+def stem(channels: int, size: int = 18):
+    """A model of one 3 × 3 stride-2 conv over ``channels`` input channels and a ReLU (an image model's stem)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((16, channels, 3, 3)).astype("float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "stem",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, size // 2, size // 2])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("channels, joined", [(3, True), (4, True), (8, False)])
+def test_a_model_inputs_layout_transpose_is_read_by_the_stem_conv_when_its_channels_are_few(channels, joined,
+                                                                                           tmp_path):
+    """NHWC: the NCHW → NHWC transpose of a model input of at most PROLOGUES' channels (RGB, RGBA) starts in the
+    stem conv's unit, so the conv reads the input in place (no copy kernel), the reason recorded; over more
+    channels it stays a kernel of its own (KEEP_APART's gathers); either way the build matches onnxruntime."""
+    from toolchain.pipeline import CompileRequest, compile_model
+
+    model = stem(channels)
+    mod, _ = frontend.prepare(model, NHWC)
+    graph = op_graph(mod)
+    plan = partition.plan(PartitionSettings("ago"), mod, NHWC, graph=graph)
+    partition.check(graph, plan)
+    kinds = [[graph.by_id[m].kind for m in group] for group in plan.groups]
+    assert (["transpose", "conv"] == kinds[0][:2]) is joined, kinds
+    assert any("stem conv" in d.reason for d in plan.decisions) is joined
+    artifact = compile_model(CompileRequest(model, "stem", NHWC), find_compiler(NHWC), tmp_path / "out")
+    names = [k["name"] for k in artifact.manifest.kernels]
+    assert any(n.startswith("fused_transpose_conv2d") for n in names) is joined, names
+    assert artifact.manifest.check["status"] == "passed"  # checked against onnxruntime before it was written

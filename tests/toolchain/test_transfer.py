@@ -157,7 +157,7 @@ def _joined_kernel(shape):
     model = models.build("tiny-dwsep", shape)
     mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), SPEC)
     plan = partition.plan(PartitionSettings(threshold=1e9), mod, SPEC, graph=op_graph(mod))
-    # NHWC: the input's transpose is a kernel of its own (partition.KEEP_APART)
+    # NHWC: the input's transpose (8 channels: more than partition.PROLOGUES take) is a kernel of its own
     (func,) = [f for name, f in group_kernels(fuse_groups(mod, plan.groups, SPEC)) if "conv2d" in name]
     return func
 

@@ -124,7 +124,7 @@ def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS) -> tuple[obj
     large = {i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit}
     if not large:
         return plan, []
-    split = reform.split_plan(graph, replace(plan, units=partition.epilogue_units(graph)) if plan.units else plan)
+    split = reform.split_plan(graph, replace(plan, units=partition.kernel_units(graph)[0]) if plan.units else plan)
     groups: list = []
     records: list[dict] = []
     for index, group in enumerate(plan.groups):
