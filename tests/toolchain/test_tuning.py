@@ -874,9 +874,15 @@ def test_a_joined_kernel_slower_than_its_minis_is_built_as_the_minis(dwsep_split
     verified[next(iter(verified))]["status"] = "failed"
     db.save_verified(verified)
     assert unfuse_slower(plan, tmp_path / "partial") == (plan, [])
-    # a database made for another threshold (another partition) changes nothing
+    # a database made for another partition of the same ops (another threshold, an older agoc's rules) is built
+    # as it was tuned: its groups, not joins it never measured
     other = TuneSettings(trials=64, per_iter=8, partition=PartitionSettings(threshold=1.0))
-    _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
+    made = _fake_db(tmp_path / "other", mod, graph, other, joined_ms=0.5, mini_ms=[0.1] * 20)
+    built, unfused = unfuse_slower(plan, tmp_path / "other")
+    assert built.groups == tuple(tuple(g) for g in made.layout["groups"]) != plan.groups and not unfused
+    partition.check(graph, built)
+    layout = made.layout  # ... but a database whose groups hold other ops (another graph) changes nothing
+    made._write("layout.json", {**layout, "groups": [[*layout["groups"][0], "elsewhere"], *layout["groups"][1:]]})
     assert unfuse_slower(plan, tmp_path / "other") == (plan, [])
 
 

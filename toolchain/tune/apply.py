@@ -27,17 +27,24 @@ def unfuse_slower(plan, db_dir: Path, joins: str = "latency", builds: dict[str, 
     ``builds`` ({join task: "joined" | "minis"}) overrules it for the joins it names (host/bench/judge.py's trial
     builds); ``traffic``, a geometry's judgement made for this build, is read instead of the database's.
     Returns (plan, one record per subgraph unfused: its ops, both latencies, and why). A database without
-    the session's layout, or made for another partition (another threshold), changes nothing."""
+    the session's layout changes nothing; one made for another partition of the same ops (another threshold, an
+    older agoc's rules) is built with that partition, the kernels it tuned."""
     try:
         check_rule(joins)
     except ValueError as exc:
         raise TuningError(str(exc)) from None
     db = TuneDB(db_dir)
     layout = db.layout
+    tuned = tuple(tuple(g) for g in layout.get("groups", plan.groups))
+    if tuned != tuple(tuple(g) for g in plan.groups):
+        if sorted(m for g in tuned for m in g) != sorted(m for g in plan.groups for m in g):
+            log.warning("the tuning database was made for another graph: nothing unfused")
+            return plan, []
+        # the same ops cut otherwise (another threshold, or an agoc whose partition rules have changed since):
+        # its kernels as they were tuned, not joins it never measured
+        log.warning("the tuning database was made for another partition of this model: built as it was tuned")
+        plan = replace(plan, groups=tuned)
     if not layout.get("split_of"):
-        return plan, []
-    if [tuple(g) for g in layout["groups"]] != [tuple(g) for g in plan.groups]:
-        log.warning("the tuning database was made for another partition (threshold, keep-inside?): nothing unfused")
         return plan, []
     verified = db.verified
     if joins.startswith(TRAFFIC):
