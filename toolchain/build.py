@@ -106,7 +106,7 @@ def legalize(mod, spec: TargetSpec):
         with spec.tvm():
             padded = []
             if spec.pad_channels:  # before the layout changes: the pass reads NCHW convs, OIHW weights
-                mod, padded = padding.pad_output_channels(mod)
+                mod, padded = padding.pad_output_channels(mod, lanes=fp_lanes(spec) if nhwc else 0)
             if nhwc:  # convs to NHWC, then the transposes ConvertLayout leaves around reshapes moved away
                 mod = relayout.follow_layout(mod)
                 converted = relax.transform.ConvertLayout(NHWC_LAYOUTS)(mod)
@@ -122,6 +122,15 @@ def legalize(mod, spec: TargetSpec):
     out = unique_binding_names(out)  # ConvertLayout, padding and the importer itself re-use binding names
     out = out.with_attr(fastmath.APPLIED_ATTR, 1) if fast else out
     return out.with_attr(padding.APPLIED_ATTR, json.dumps([d.to_json() for d in padded])) if padded else out
+
+
+def fp_lanes(spec: TargetSpec) -> int:
+    """Lanes of one vector register of ``spec``'s target in the kernels' float type (float16: twice float32's): what
+    an NHWC kernel vectorises its channels in (NCHW vectorises its rows: no narrow channels padded there)."""
+    from toolchain.tune.intensive import vector_lanes
+
+    lanes = vector_lanes(spec.tvm())
+    return lanes * 2 if getattr(spec, "precision", "fp32") == "fp16" else lanes
 
 
 def unique_binding_names(mod):

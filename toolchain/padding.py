@@ -1,6 +1,6 @@
 """Output channels padded to a multiple of the vector width (``--pad-channels``, on by default): a conv or
-matmul by :data:`RULES`, a conv whose output reaches a depthwise conv or a channel concat by :data:`CHAIN_RULES`;
-the model computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
+matmul by :data:`RULES`, a conv whose output reaches a depthwise conv or a channel concat by :data:`CHAIN_RULES`,
+one of few channels by the target's vector (:data:`NARROW_RULES`); the model computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,44 @@ CHAIN_RULES: tuple[PadRule, ...] = (
                                     "unpadded ones; MnasNet-B1's 72 → 80, 120 → 128 inside the unpadded "
                                     "draws' spread (docs/partitioning.md)"),
 )
+
+
+@dataclass(frozen=True)
+class NarrowRule:
+    """Output channels that the target's vector does not divide, padded to the next multiple of it where that takes
+    at most ``max_vectors`` vectors (the register block's channel tile: the slice back to the real channels is then
+    fused into the block's write-back, toolchain/tune/microkernel.py), cuts the vector FMAs by ``min_gain`` (the
+    channels over the widest vector that divides them, against the padded channels' whole vectors) and the op
+    computes at least ``min_rows`` outputs per channel."""
+
+    max_vectors: int
+    min_gain: float
+    min_rows: int
+    why: str
+
+
+#: For a conv or matmul of few output channels, after the other rules (a conv they pad is left to them); first match.
+NARROW_RULES: tuple[NarrowRule, ...] = (
+    NarrowRule(4, 1.25, MIN_ROWS, "24 → 32, 40 → 48 on AVX-512 (8-lane vectors → whole registers, a third fewer "
+                                  "FMAs): MobileNet-V2 @224's 56 × 56 projections 1.25–1.47× faster alone "
+                                  "(docs/partitioning.md)"),
+)
+
+
+def narrow_channels(channels: int, rows: int, lanes: int,
+                    rules: tuple[NarrowRule, ...] = NARROW_RULES) -> tuple[int, NarrowRule | None]:
+    """(channels to compute, the rule that chose them) for an op of ``channels`` outputs over ``rows`` rows on a
+    target of ``lanes`` float32 lanes per vector — ``(channels, None)`` when left alone."""
+    from toolchain.tune.microkernel import dividing_lanes
+
+    if lanes < 2 or channels % lanes == 0:
+        return channels, None
+    vectors = -(-channels // lanes)
+    gain = channels / dividing_lanes(channels, lanes) / vectors
+    for rule in rules:
+        if vectors <= rule.max_vectors and gain >= rule.min_gain and rows >= rule.min_rows:
+            return vectors * lanes, rule
+    return channels, None
 
 
 def padded_channels(channels: int, rows: int, rules: tuple[PadRule, ...] = RULES,
@@ -105,11 +143,23 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([array, pad], axis=0)
 
 
-def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
+def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES, lanes: int = 0):
     """``(mod, [Padded])``: ``mod`` (imported, before any layout conversion: NCHW convs with OIHW
     weights) with every conv / matmul :func:`padded_channels` pads computing the padded channels,
-    then sliced back. Ops it cannot read (symbolic shapes, other layouts, weights computed at run time)
-    are left alone."""
+    then sliced back; then the chains (:func:`pad_channel_chains`); then, for a target of ``lanes`` float32 lanes
+    (0: none), the ops of few channels :func:`narrow_channels` pads. Ops it cannot read (symbolic shapes, other
+    layouts, weights computed at run time) are left alone."""
+    mod, done = _pad_ops(mod, lambda channels, rows: padded_channels(channels, rows, rules))
+    mod, chains = pad_channel_chains(mod)
+    narrow = []
+    if lanes:
+        mod, narrow = _pad_ops(mod, lambda channels, rows: narrow_channels(channels, rows, lanes))
+    return mod, done + chains + narrow
+
+
+def _pad_ops(mod, choose):
+    """``(mod, [Padded])``: every conv (one group, constant OIHW weight) and matmul (constant weight) for which
+    ``choose(channels, rows)`` gives a rule computing the channels it gives, sliced back to the real ones."""
     import tvm
     from tvm import relax
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
@@ -125,7 +175,7 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         if w is None or int(root.attrs.groups) != 1 or shape is None:
             return root
         channels = w.shape[0]
-        padded, rule = padded_channels(channels, shape[0] * shape[2] * shape[3], rules)
+        padded, rule = choose(channels, shape[0] * shape[2] * shape[3])
         if rule is None:
             return root
         wide = _conv(root.args[0], _pad_rows(w, padded), root, 1)
@@ -144,7 +194,7 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         if w is None or w.ndim != 2 or shape is None:
             return root
         channels = w.shape[0]
-        padded, rule = padded_channels(channels, math.prod(shape[:-1]), rules)
+        padded, rule = choose(channels, math.prod(shape[:-1]))
         if rule is None:
             return root
         wide = relax.op.matmul(x, relax.op.permute_dims(relax.const(_pad_rows(w, padded))))
@@ -161,8 +211,7 @@ def pad_output_channels(mod, rules: tuple[PadRule, ...] = RULES):
         out = type(mod)(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
         out[gv] = func
         mod = relax.transform.Normalize()(out)
-    mod, chains = pad_channel_chains(mod)
-    return mod, done + chains
+    return mod, done
 
 
 #: ops that compute each channel from the same channel alone: a padded channel axis passes through them

@@ -218,9 +218,9 @@ def test_a_spatial_convs_search_space_and_first_seed_hold_its_block(monkeypatch)
 def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_check_sees_what_fusing_it_would_write():
     """SqueezeNet's classifier: a conv padded to 1008 output channels, sliced to 1000, then ReLU. TVM lets the
     ReLU be inlined into the accumulators' write-back over the padded tile and writes past the output's end (the
-    model then gave 1e23): the static check reports such writes; the block runs the slice and what follows it as a
-    pass of its own after the block, within bounds, and computes the same — one pass: the slice and a bias added
-    after it are inlined into the ReLU that reads them."""
+    model then gave 1e23): the static check reports such writes; the block computes the slice and what follows it
+    within bounds, and the same — the slice and a bias added after it inlined into the ReLU that reads them, which
+    runs in the block's tile from its accumulators where one tile holds every channel (below: 16)."""
     from tvm import s_tir, te
 
     from toolchain.tune.schedule_check import out_of_bounds_writes
@@ -244,10 +244,48 @@ def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_che
     assert out_of_bounds_writes(sch.mod) == [] and parallel_races(sch.mod) == []
     left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     assert "R" in left and not left & {"S", "B"}
+    assert _one_parallel_nest(sch)  # R in the tile: the padded product never written
     blocked = _run(sch.mod["main"], HOST.tvm())
     expected = np.maximum((blocked[0] @ blocked[1])[:, :12] + blocked[2], 0)
     np.testing.assert_allclose(blocked[-1], expected, rtol=1e-5, atol=1e-5)
     assert out_of_bounds_writes(mk.register_block(_kernels("tiny-dwsep", (1, 8, 12, 12))[PW], HOST.tvm())[0].mod) == []
+
+
+def _one_parallel_nest(sch) -> bool:
+    """Whether every block of the scheduled kernel runs inside one parallel loop (no pass of its own after it)."""
+    from tvm import tirx
+
+    body = sch.get(sch.get_sblock("root")).body
+    return isinstance(body, tirx.For) and body.kind == tirx.ForKind.PARALLEL
+
+
+@pytest.mark.parametrize("positions", [(8, 14), (13, 13)])
+def test_a_narrow_convs_padded_channels_are_sliced_off_in_the_blocks_tile(positions):
+    """A 1×1 conv of 1.5 vectors of the host's output channels (AVX-512: 24) is legalized to whole vectors (32), then
+    sliced back, biased and activated (toolchain/padding.py): the block computes the real channels from its
+    accumulators in its own tile, in vectors, at a width its rows divide and one whose last rows are masked — one
+    parallel nest, no race, the same result as the plain kernel."""
+    from tvm import tirx
+
+    from models.builder import GraphBuilder
+    from toolchain import padding
+
+    lanes = build.fp_lanes(HOST)
+    channels = lanes * 3 // 2
+    g = GraphBuilder("narrow-pw", seed=2)
+    y = g.conv(g.input("input", (1, 16, *positions)), 16, channels, 1, name="output", act="relu6")
+    model = g.finish(y, (1, channels, *positions))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), HOST)
+    assert [(d["channels"], d["padded"]) for d in padding.applied_ops(mod)] == [(channels, 2 * lanes)]
+    (func,) = [f for name, f in group_kernels(build.mark_weights(build.fuse_stock(mod, HOST))) if "conv2d" in name]
+    sch, detail = mk.register_block(func, HOST.tvm())
+    assert detail.endswith(f"×2×{lanes}") and _one_parallel_nest(sch)
+    *_, last = sch.get_loops(sch.get_sblock("T_minimum"))  # the ReLU6 after the slice: its channels in vectors
+    assert sch.get(last).kind == tirx.ForKind.VECTORIZED
+    sch = postprocess(sch, HOST)
+    assert sch is not None and parallel_races(sch.mod) == []
+    blocked, plain = _run(sch.mod["main"], HOST.tvm()), _run(func, HOST.tvm())
+    np.testing.assert_allclose(blocked[-1], plain[-1], rtol=1e-5, atol=1e-5)
 
 
 def test_a_channel_shuffle_after_the_block_is_inlined_into_the_outputs_it_writes():

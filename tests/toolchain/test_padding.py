@@ -31,6 +31,39 @@ def test_channels_the_vector_width_divides_or_that_are_few_are_left_alone():
         assert padding.padded_channels(channels, rows, chain) == (channels, None)
 
 
+def test_a_narrow_conv_is_padded_to_whole_vectors_of_the_target_where_that_saves_fmas():
+    rows, rule = padding.MIN_ROWS, padding.NARROW_RULES[0]
+    for channels, lanes, padded in ((24, 16, 32), (40, 16, 48), (56, 16, 64), (12, 16, 16), (12, 8, 16),
+                                    (20, 8, 24), (6, 4, 8), (3, 4, 4)):
+        assert padding.narrow_channels(channels, rows, lanes) == (padded, rule), (channels, lanes)
+    for channels, lanes in ((24, 8), (24, 4), (40, 4), (32, 16), (8, 16),  # whole vectors already; 8 lanes: 1 FMA
+                            (72, 16), (88, 16),  # more than the block's channel tile of four vectors
+                            (58, 4)):  # 15 vectors (ShuffleNet's chains are CHAIN_RULES')
+        assert padding.narrow_channels(channels, rows, lanes) == (channels, None), (channels, lanes)
+    assert padding.narrow_channels(24, rows - 1, 16) == (24, None)  # a GEMV: its weights, not its vectors
+    assert padding.narrow_channels(24, rows, 0) == (24, None)  # no target given
+
+
+def test_narrow_convs_are_padded_after_the_chains_and_only_for_channels_in_vectors():
+    """MobileNet-V2's 24-channel projections at AVX-512's 16 lanes: 32 computed, the slice back after them; a conv a
+    chain already pads is the chain's; an NCHW build (its vectors along the rows) pads no narrow conv."""
+    g = GraphBuilder("narrow", seed=3)
+    x = g.input("input", (1, 16, 8, 8))
+    e = g.conv(x, 16, 72, 1, name="expand", act="relu")  # into a depthwise conv: the chain's 80
+    d = g.conv(e, 72, 72, 3, name="dw", groups=72, act="relu")
+    p = g.conv(d, 72, 24, 1, name="project")
+    proto = g.finish(g.op("Add", [p, g.conv(x, 16, 24, 1, name="side")], "sum", outputs=["output"]), (1, 24, 8, 8))
+    mod = onnx_import.to_relax(proto, onnx_import.resolve_inputs(proto, {}))
+    _, done = padding.pad_output_channels(mod, lanes=16)
+    assert sorted((d.op, d.channels, d.padded) for d in done) == [
+        ("conv2d", 24, 32), ("conv2d", 24, 32), ("conv2d", 72, 80)]
+    assert [d.why for d in done if d.channels == 24] == [padding.NARROW_RULES[0].why] * 2
+    _, done = padding.pad_output_channels(mod, lanes=8)
+    assert [(d.channels, d.padded) for d in done] == [(72, 80)]
+    assert [(d["channels"], d["padded"]) for d in padding.applied_ops(
+        build.legalize(mod, resolve_target("host", layout="NCHW")))] == [(72, 80)]
+
+
 def chain_model():
     """An MBConv-like chain (1×1 conv 24 → 72 + ReLU, 3×3 depthwise 72 + ReLU, 1×1 conv 72 → 24) whose
     depthwise output is also concatenated with a 1×1 conv's 72 channels (a concat copies: that conv is padded
@@ -98,8 +131,11 @@ def test_a_model_with_a_padded_chain_matches_onnxruntime(partition, layout, tmp_
     spec = resolve_target("host", layout=layout)
     request = CompileRequest(chain_model(), "padded-chain", spec, partition=PartitionSettings(partition))
     artifact = compile_model(request, find_compiler(spec), tmp_path / "a")
+    lanes = build.fp_lanes(spec) if layout == "NHWC" else 0  # project's and mix's 24 channels, on AVX-512: 32
+    wide, rule = padding.narrow_channels(24, 36, lanes)
+    narrow = [("conv2d", 24, wide)] * 2 if rule is not None else []
     assert [(p["op"], p["channels"], p["padded"]) for p in artifact.manifest.partition_info["padded"]] == [
-        ("conv2d", 72, 80)] * 2  # recorded, with the rule's reason
+        ("conv2d", 72, 80)] * 2 + narrow  # recorded, with the rule's reason
     assert "ShuffleNet" in artifact.manifest.partition_info["padded"][0]["why"]
     report = verify_artifact(artifact, LocalDevice())
     assert report.passed, report.to_json()

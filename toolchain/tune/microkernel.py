@@ -412,8 +412,11 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         sch.transform_block_layout(acc, positions)
     # its loops as many whatever the tiles (a trace replays)
     sch.reverse_compute_at(acc, order[-1], preserve_unit_loops=True)
-    for name in _inline_moves(sch, kernel.rest):  # what is left a pass each (an output's reads stay in its bounds)
-        as_pass(sch, name, lanes)
+    left = _inline_moves(sch, kernel.rest)
+    sliced = _slice_epilogue(sch, kernel, acc, left, order[-1], kernel.channels // (vectors * lanes))
+    for name in left:  # what is left a pass each (an output's reads stay in its bounds)
+        if name != sliced:
+            as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
     unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else []
     for loop in inner + unrolled:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
@@ -421,10 +424,46 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     sch.unroll(jj)
     sch.vectorize(jv)
     sch.decompose_reduction(c, reduce[0])
-    *_, last = sch.get_loops(acc)
-    _, lane = sch.split(last, [None, lanes])
-    sch.vectorize(lane)
+    if sliced is None:
+        *_, last = sch.get_loops(acc)
+        _, lane = sch.split(last, [None, lanes])
+        sch.vectorize(lane)
+    else:  # the slice's channels in the widest vector that divides them
+        *_, last = sch.get_loops(sch.get_sblock(sliced))
+        width = dividing_lanes(int(sch.get(last).extent), lanes)
+        if width > 1:
+            sch.vectorize(sch.split(last, [None, width])[1])
     return sch
+
+
+def _slice_epilogue(sch, kernel: MatmulLike, acc, names: list[str], tile, channel_tiles: int) -> str | None:
+    """The block of ``names`` that reads the accumulators' write-back over a slice of its channels (a padded conv's
+    real channels, with their bias and activation: toolchain/padding.py), fused into the tile: computed from the
+    accumulators there, the padded tensor never written; its name, or None where there is none or the tiles split
+    the channels (a tile's share of the slice would need a bounds test in its vector loop)."""
+    from tvm.s_tir import ScheduleError
+
+    consumers = [sch.get(c) for c in sch.get_consumers(acc)]
+    if channel_tiles != 1 or len(consumers) != 1 or consumers[0].name_hint not in names:
+        return None
+    block, written = consumers[0], sch.get(acc).writes[0].source.__chandle__()
+    extents = tuple(int(iv.dom.extent) for iv in block.iter_vars)
+    order = [iv.var.name for iv in block.iter_vars]
+    loads = [x for x in _loads(block.body.value) if _buffer(x).__chandle__() == written]
+    if (extents[:-1] != kernel.spatial[:-1] or extents[-1] > kernel.channels or not loads
+            or any([getattr(i, "name", None) for i in x.indices] != order for x in loads)):
+        return None
+    rv = sch.get_sblock(block.name_hint)
+    try:
+        if kernel.flat:  # over the positions the tile's rows run over, as the accumulators are
+            index = str(block.iter_vars[0].var.ty)
+            sch.transform_layout(acc, ("write", 0), _flat_positions(kernel.spatial, index))
+            sch.transform_block_layout(rv, _flat_positions(extents, index))
+        sch.reverse_compute_at(rv, tile, preserve_unit_loops=True)
+        sch.compute_inline(acc)
+    except ScheduleError:
+        return None
+    return block.name_hint
 
 
 def _flat_positions(extents: tuple[int, ...], dtype: str, reductions: int = 0):
