@@ -1,6 +1,6 @@
-"""Output channels padded to a multiple of the vector width (``--pad-channels``, on by default): a conv or
-matmul by :data:`RULES`, a conv whose output reaches a depthwise conv or a channel concat by :data:`CHAIN_RULES`,
-one of few channels by the target's vector (:data:`NARROW_RULES`); the model computes the same tensor. Why and the measurements: docs/partitioning.md (Padded output channels)."""
+"""Output channels padded to whole vectors (``--pad-channels``, on by default): a conv or matmul by :data:`RULES`, a
+conv whose output reaches a depthwise conv or a channel concat by :data:`CHAIN_RULES`, one of few channels by the
+target's vector (:data:`NARROW_RULES`); the same tensor computed. Why: docs/partitioning.md (Padded output channels)."""
 
 from __future__ import annotations
 
