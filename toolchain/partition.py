@@ -165,12 +165,18 @@ def plan_stock(mod, spec, graph: OpGraph, model: WeightModel | None = None,
                          settings=settings)
 
 
+#: op kinds that join an epilogue unit whatever their shape: a slice read by nothing else (a padded conv's real
+#: channels, toolchain/padding.py, computed in its register block's tile: docs/partitioning.md)
+SLICES = frozenset({"strided_slice"})
+
+
 def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     """Each complex op with the elementwise ops that follow it (TVM's conventional fusion): an op joins
     the unit of a complex op when it reduces over nothing, its output has the shape of the unit's last
-    op, and either every producer it has is in the unit (a diamond: hard-swish ``x · relu6(x + 3) / 6``
-    reads the conv's biased output twice) or one producer is the unit's last op and has no other
-    consumer (a chain: bias, ReLU6, a residual add with its skip from outside). The unit is then cut to
+    op (or it is one of :data:`SLICES` in a chain), and either every producer it has is in the unit (a
+    diamond: hard-swish ``x · relu6(x + 3) / 6`` reads the conv's biased output twice) or one producer is
+    the unit's last op and has no other consumer (a chain: bias, ReLU6, a residual add with its skip from
+    outside). The unit is then cut to
     its longest prefix whose only op read outside it (or a model output) is its last. Only units of two
     or more ops are returned.
 
@@ -183,10 +189,11 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     for head in (n for n in graph.nodes if n.is_complex):
         unit, inside = [head.id], {head.id}
         for n in graph.nodes[position[head.id] + 1:]:
-            if n.reduces or n.is_extern or n.id in claimed or n.shape != graph.by_id[unit[-1]].shape:
+            chain = unit[-1] in producers[n.id] and consumers[unit[-1]] == (n.id,)
+            sliced = chain and n.kind in SLICES  # a padded conv's real channels (toolchain/padding.py)
+            if n.reduces or n.is_extern or n.id in claimed or (n.shape != graph.by_id[unit[-1]].shape and not sliced):
                 continue
             diamond = bool(producers[n.id]) and all(p in inside for p in producers[n.id])
-            chain = unit[-1] in producers[n.id] and consumers[unit[-1]] == (n.id,)
             if diamond or chain:
                 unit.append(n.id)
                 inside.add(n.id)

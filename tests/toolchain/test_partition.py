@@ -199,6 +199,27 @@ def test_an_epilogue_unit_takes_a_diamond_whole_and_stops_where_its_middle_is_re
     assert [kinds[x] for x in first] == ["pointwise_conv", "add"]  # its output is read by the other conv too
 
 
+def test_a_padded_convs_slice_and_what_follows_it_are_its_epilogue():
+    """A conv padded to whole vectors (24 → 32 at 16 lanes, toolchain/padding.py), sliced back, biased and added to
+    a residual: the slice and both adds are the conv's unit (its register block computes them in its tile), not
+    the next conv's, which they would otherwise join (MnasNet-B1 @224: 5-7 % slower)."""
+    from models.builder import GraphBuilder
+    from toolchain import padding
+
+    g = GraphBuilder("narrow-residual", seed=0)
+    x = g.input("input", (1, 24, 8, 8))
+    y = g.add(g.conv(g.conv(x, 24, 48, 1, name="e", act="relu"), 48, 24, 1, name="p"), x, name="sum")
+    model = g.finish(g.conv(y, 24, 48, 1, name="output"), (1, 48, 8, 8))
+    mod = onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {}))
+    mod, done = padding.pad_output_channels(mod, lanes=16)
+    assert [(d.channels, d.padded) for d in done] == [(24, 32)]
+    graph = op_graph(build.legalize(mod, resolve_target("host", pad_channels=False)))
+    kinds = {n.id: n.kind for n in graph.nodes}
+    units = [[kinds[x] for x in unit] for unit in partition.epilogue_units(graph)]
+    assert ["pointwise_conv", "strided_slice", "add", "add"] in units, units
+    assert all(unit[0] != "strided_slice" for unit in units)
+
+
 def test_no_ago_subgraph_boundary_cuts_a_conv_from_its_epilogue(zoo_plans):
     name, graph, ago, _ = zoo_plans
     group_of = {x: i for i, group in enumerate(ago.groups) for x in group}
