@@ -97,3 +97,17 @@ def test_a_small_run_tunes_builds_times_and_resumes_after_its_tune(tmp_path, cap
     commands = (tmp_path / "w" / "commands.log").read_text().splitlines()
     assert sum(" tune zoo:tiny-cnn" in line for line in commands if line.startswith("$ ")) == 1
     assert "tuned in" in capsys.readouterr().out
+
+
+def test_the_models_flops_leave_out_the_channels_a_build_pads(tmp_path):
+    """A conv padded 520 → 528 and classifiers 1000 → 1024 (toolchain/padding.py) compute zero channels that are not
+    the model's work: the share of the peak counts the model as it is."""
+    from tests.toolchain.test_padding import head_model
+    from toolchain.pipeline import CompileRequest, compile_model
+    from toolchain.targets import find_compiler, resolve_target
+
+    spec = resolve_target("host")
+    artifact = compile_model(CompileRequest(head_model(), "padded-head", spec), find_compiler(spec), tmp_path / "a")
+    built = sum(k.get("flops", 0) * k["calls"] for k in artifact.manifest.kernels)
+    assert artifact.manifest.partition_info["padded"] and 0 < shipped.model_flops(tmp_path / "a") < built
+    assert shipped.model_flops(tmp_path / "missing") == 0
