@@ -176,9 +176,8 @@ def epilogue_units(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
     op (or it is one of :data:`SLICES` in a chain), and either every producer it has is in the unit (a
     diamond: hard-swish ``x · relu6(x + 3) / 6`` reads the conv's biased output twice) or one producer is
     the unit's last op and has no other consumer (a chain: bias, ReLU6, a residual add with its skip from
-    outside). The unit is then cut to
-    its longest prefix whose only op read outside it (or a model output) is its last. Only units of two
-    or more ops are returned.
+    outside). The unit is then cut to its longest prefix whose only op read outside it (or a model output)
+    is its last. Only units of two or more ops are returned.
 
     Joining never creates a cycle: within a unit only its last op is read outside it, and it is the
     unit's last in topological order, so no path leaves the unit and comes back."""
