@@ -215,7 +215,7 @@ def test_a_spatial_convs_search_space_and_first_seed_hold_its_block(monkeypatch)
     assert compose.seed_from_block(task, plan, None, HOST, {}, TuneSettings()) == "8×1×8" and len(committed) == 1
 
 
-def test_an_epilogue_over_another_domain_runs_after_the_block_and_the_static_check_sees_what_fusing_it_would_write():
+def test_an_epilogue_over_another_domain_stays_in_bounds_and_the_static_check_sees_what_fusing_it_would_write():
     """SqueezeNet's classifier: a conv padded to 1008 output channels, sliced to 1000, then ReLU. TVM lets the
     ReLU be inlined into the accumulators' write-back over the padded tile and writes past the output's end (the
     model then gave 1e23): the static check reports such writes; the block computes the slice and what follows it

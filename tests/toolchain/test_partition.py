@@ -217,7 +217,6 @@ def test_a_padded_convs_slice_and_what_follows_it_are_its_epilogue():
     kinds = {n.id: n.kind for n in graph.nodes}
     units = [[kinds[x] for x in unit] for unit in partition.epilogue_units(graph)]
     assert ["pointwise_conv", "strided_slice", "add", "add"] in units, units
-    assert all(unit[0] != "strided_slice" for unit in units)
 
 
 def test_no_ago_subgraph_boundary_cuts_a_conv_from_its_epilogue(zoo_plans):
