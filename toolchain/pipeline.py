@@ -317,9 +317,9 @@ def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) ->
 
         plan, unfused = unfuse_slower(plan, request.db, request.joins, dict(request.join_builds), request.traffic)
     elif request.partition.method == "ago" and request.untuned != "plain" and request.joins != "joined":
-        from toolchain.tune.untuned import split_untuned
+        from toolchain.tune.untuned import row_block_groups, split_untuned
 
-        plan, unfused = split_untuned(graph, plan)
+        plan, unfused = split_untuned(graph, plan, keep=row_block_groups(mod, graph, plan, request.target))
     partition.check(graph, plan)
     return plan, {
         "method": plan.method,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
-from toolchain.tune import intensive_seed, pairs, transfer
+from toolchain.tune import intensive_seed, pairs, rowblock, transfer
 from toolchain.tune.adapter import Measure, commit_seed, postprocess, workload_module
 from toolchain.tune.plan import TaskPlan
 from toolchain.tune.settings import Task, TuneSettings
@@ -169,10 +169,11 @@ def seed_from_block(task: Task, plan: TaskPlan, database, spec, verified: dict, 
 
 
 def intensive_blocks(func, spec, tile_cache: int = 0) -> list:
-    """``func`` in the intensive-fusion space at its convs' register blocks (:func:`intensive_seed.block_seeds`),
-    postprocessed, each with D's block; none where that space does not apply."""
+    """``func`` at its row blocks (tune/rowblock.py) and in the intensive-fusion space at its convs' register blocks
+    (:func:`intensive_seed.block_seeds`), postprocessed, each with D's block; none where neither applies."""
     try:
-        found = intensive_seed.block_seeds(func, spec.tvm(), spec.num_cores, tile_cache)
+        found = rowblock.row_blocks(func, spec.tvm(), spec.num_cores, tile_cache)
+        found += intensive_seed.block_seeds(func, spec.tvm(), spec.num_cores, tile_cache)
     except Exception as exc:  # noqa: BLE001 - a kernel the structure does not fit: no seed from it
         log.info("no intensive block seed: %s", exc)
         return []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from toolchain import build
 from toolchain.errors import BuildError
 from toolchain.opgraph import block_nests
-from toolchain.tune import forked, intrinsics, microkernel, rows
+from toolchain.tune import forked, intrinsics, microkernel, rowblock, rows
 from toolchain.tune.adapter import passes_static_checks, postprocess, workload_module
 from toolchain.tune.applied import apply_records
 from toolchain.tune.plan import group_kernels
@@ -111,17 +111,18 @@ def sampled(func, spec, seed: int):
 MAX_UNTUNED_REDUCTIONS = 1
 
 
-def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS) -> tuple[object, list[dict]]:
+def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS, keep=frozenset()) -> tuple[object, list[dict]]:
     """``plan`` with every subgraph of more than ``limit`` reducing ops split into its mini-subgraphs as the tuner
     splits it (toolchain/reform.py), each scheduled on its own; (plan, one record per subgraph split). A pair kept
     together for the phone's cache (``--keep-inside``, an ARM target's default) is split too: one kernel only once
-    tuned, untuned its sampled schedule ran 3× slower than its minis' (MobileNet-V2 @224)."""
+    tuned, untuned its sampled schedule ran 3× slower than its minis' (MobileNet-V2 @224) — except the groups of
+    ``keep`` (indexes: :func:`row_block_groups`), whose row blocks are a schedule of their own."""
     from dataclasses import replace
 
     from toolchain import partition, reform
 
     reducing = graph.reducing_ids
-    large = {i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit}
+    large = {i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit} - set(keep)
     if not large:
         return plan, []
     split = reform.split_plan(graph, replace(plan, units=partition.kernel_units(graph)[0]) if plan.units else plan)
@@ -137,6 +138,24 @@ def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS) -> tuple[obj
             f"{len(reducing.intersection(group))} reducing ops and no tuning database: built as its minis, "
             "each scheduled from the record library (`agoc tune` measures the join)")})
     return replace(plan, groups=tuple(groups)), records
+
+
+def row_block_groups(mod, graph, plan, spec, limit: int = MAX_UNTUNED_REDUCTIONS) -> frozenset[int]:
+    """The subgraphs of ``plan`` with more than ``limit`` reducing ops that are a pair or chain the row blocks take
+    (toolchain/tune/rowblock.py: a pointwise → depthwise pair, an inverted residual; NHWC): built untuned as one
+    kernel, they keep the tensor between their convs in cache, which their minis write out and read back."""
+    from toolchain import fusion
+
+    reducing = graph.reducing_ids
+    large = [i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit]
+    if not large or plan.method != "ago":
+        return frozenset()
+    try:
+        kernels = group_kernels(fusion.fuse_groups(mod, plan.groups, spec))
+    except BuildError as exc:
+        log.info("row blocks not considered: %s", exc)
+        return frozenset()
+    return frozenset(i for i in large if rowblock.plan(kernels[i][1], spec.num_cores) is not None)
 
 
 def reductions(func) -> int:
@@ -227,6 +246,15 @@ def _block(func, spec, _library):
     return block_schedule(func, spec)
 
 
+def _row_blocks(func, spec, _library):
+    try:
+        found = rowblock.row_blocks(func, spec.tvm(), spec.num_cores)
+    except Exception as exc:  # noqa: BLE001 - a kernel the row blocks do not fit: the next finder
+        log.info("no row blocks for %s: %s", func, exc)
+        return None, ""
+    return _checked(found[0], func, spec) if found else (None, "")
+
+
 def _nearest(func, spec, library):
     return from_library(library, func, spec) if library is not None else (None, "")
 
@@ -237,10 +265,11 @@ def _spatial_block(func, spec, _library):
 
 #: where each rule looks for a kernel's schedule, in turn, before a sample: (finder, the source it is recorded as);
 #: a spatial conv's block before the library's re-fitted records (a stem 2.7x faster: docs/tuning-internals.md)
-ORDER = {"library": (("own", "library"), ("block", "block"), ("spatial", "block"), ("rows", "rows"),
-                     ("nearest", "library")),
+ORDER = {"library": (("own", "library"), ("block", "block"), ("rowblock", "block"), ("spatial", "block"),
+                     ("rows", "rows"), ("nearest", "library")),
          "sampled": (), "plain": ()}
-FINDERS = {"own": _own_record, "block": _block, "nearest": _nearest, "spatial": _spatial_block, "rows": _rows}
+FINDERS = {"own": _own_record, "block": _block, "rowblock": _row_blocks, "nearest": _nearest, "spatial": _spatial_block,
+           "rows": _rows}
 
 
 def _bounded(func, spec, rule: str, library, seed: int):

@@ -1,0 +1,202 @@
+"""Row-tiled register blocks for a fused pointwise → depthwise pair or an inverted residual chain (NHWC): the last
+conv's output rows in parallel tiles, every conv before it computed in the tile (the rows its window reads) with a
+register block of its own, each conv's epilogue fused into its accumulators' write-back. Why: docs/tuning-internals.md
+(Row blocks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolchain.tune import microkernel
+from toolchain.tune.pairs import as_int, block_infos, find_pair
+
+#: bytes of the intermediates one tile computes (every conv's rows but the last's) where no tile cache is given
+TILE_BYTES = 512 << 10
+#: the most of the first conv's rows a tile may compute again (the window's halo rows two tiles share)
+MAX_RECOMPUTE = 0.25
+#: the pairs and chains the row blocks take (``IntensivePair.kind``)
+KINDS = ("pw->dw", "pw->dw->pw")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One conv of the row pipeline: its block, the elementwise blocks that follow it (its epilogue, fused into the
+    accumulators' write-back) and the blocks over another domain after those: the next conv's padding (inlined into
+    its loads) or, after the last conv, a slice of its channels and what follows that (computed in the block's tile
+    from the accumulators: a padded conv's real channels, toolchain/padding.py)."""
+
+    conv: str
+    epilogue: tuple[str, ...]
+    after: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    stages: tuple[Stage, ...]
+    inputs: tuple[str, ...]  # copies of the first conv's input: inlined into its loads
+    rows: int  # the last conv's output rows a tile computes
+    recompute: float  # the share of the first conv's rows computed twice
+
+
+def _output_extents(func) -> dict[str, tuple[int, ...]]:
+    return {info.name: tuple(as_int(iv.dom.extent) for iv in info.block.iter_vars
+                             if int(iv.iter_type) == 0) for info in block_infos(func)}
+
+
+def _split_chain(names: tuple[str, ...], extents: dict, conv_extents: tuple[int, ...]):
+    """(elementwise blocks over the conv's output domain, the rest), program order; None where an elementwise block
+    follows a padding."""
+    elementwise = [n for n in names if extents.get(n) == conv_extents]
+    rest = [n for n in names if n not in elementwise]
+    if rest and elementwise and names.index(rest[0]) < names.index(elementwise[-1]):
+        return None
+    return tuple(elementwise), tuple(rest)
+
+
+def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
+    """The stages of ``func``'s pair or chain and the rows of a tile, or None where the row blocks do not apply: not
+    a pointwise → depthwise pair or a pointwise → depthwise → pointwise chain in NHWC, channels no vector divides, or
+    no row tile keeps its intermediates within ``budget`` (:data:`TILE_BYTES` when 0) and its recompute within
+    :data:`MAX_RECOMPUTE` while giving every core a tile."""
+    budget = budget or TILE_BYTES
+    pair = find_pair(func, budget, cores)
+    if pair is None or pair.kind not in KINDS or pair.layout != "NHWC":
+        return None
+    extents = _output_extents(func)
+    convs = ([pair.head] if pair.head else []) + [pair.upstream, pair.downstream]
+    betweens = ([pair.head_chain] if pair.head else []) + [pair.chain]
+    stages = []
+    for conv, between in zip(convs, betweens):
+        split = _split_chain(between, extents, extents[conv])
+        if split is None:
+            return None
+        stages.append(Stage(conv, *split))
+    last = extents[pair.downstream]
+    ends = _split_chain(pair.epilogue, extents, last)
+    if ends is None:
+        return None
+    stages.append(Stage(pair.downstream, *ends))
+    inputs = tuple(n for n in (pair.head_input if pair.head else pair.upstream_input,) if n)
+    dw = pair.upstream if pair.head else pair.downstream
+    window, stride = _window(func, dw)
+    out_rows = last[1]
+    mid = extents[pair.head if pair.head else pair.upstream]  # the first conv's output (1, H, W, C)
+
+    def cost(rows: int) -> tuple[int, float]:
+        dw_rows = rows if pair.head else rows  # the dw's output rows per tile
+        first_rows = stride * dw_rows + window - stride
+        nbytes = (first_rows * (mid[2] + window - 1) * mid[3] + (dw_rows * last[2] * mid[3] if pair.head else 0)) * 4
+        return nbytes, (window - stride) / (stride * dw_rows)
+
+    fits = [r for r in range(1, out_rows + 1) if out_rows % r == 0 and (out_rows // r) % cores == 0
+            and cost(r)[0] <= budget and cost(r)[1] <= MAX_RECOMPUTE]
+    if not fits or any(e % 4 for e in (mid[3], last[3])):
+        return None
+    rows = max(fits)
+    return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3))
+
+
+def _window(func, block: str) -> tuple[int, int]:
+    """(window rows, stride) of the NHWC depthwise conv ``block``."""
+    info = next(i for i in block_infos(func) if i.name == block)
+    window = next(as_int(iv.dom.extent) for iv in info.block.iter_vars if int(iv.iter_type) == 2)
+    out_rows = as_int(info.block.iter_vars[1].dom.extent)
+    data = next(r.source for r in info.block.reads if r.source.__chandle__() == info.data_buf)
+    padded = as_int(data.shape[1])
+    return window, max(1, (padded - window) // max(1, out_rows - 1)) if out_rows > 1 else 1
+
+
+def row_blocks(func, target, cores: int, budget: int = 0):
+    """``func`` scheduled with its row blocks (module doc), not yet postprocessed: [(schedule, "rows×…" of the last
+    conv's block)], or [] where they do not apply."""
+    from tvm import s_tir
+
+    found = plan(func, cores, budget)
+    if found is None:
+        return []
+    unit = microkernel.unit_of(target)
+    try:
+        sch = s_tir.Schedule(microkernel.own_module(func))
+        shape = schedule(sch, found, unit)
+    except Exception:  # noqa: BLE001 - a structure TVM refuses here: no row blocks
+        return []
+    return [(sch, "row " + "×".join(map(str, shape)))]
+
+
+def _block(extents: tuple[int, ...], unit, depthwise: bool) -> tuple[int, int, int] | None:
+    """(rows, vectors, lanes) of a conv's block over one image row (``extents``: 1, H, W, C)."""
+    gain = microkernel.MASKED_GAIN_ROW if depthwise else microkernel.MASKED_GAIN
+    return microkernel.block_for(extents[3], extents[2], unit, perfect=True, gain=gain)
+
+
+def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
+    """Apply ``found`` to ``sch`` in place; the last conv's block (rows, vectors, lanes)."""
+    *firsts, last = found.stages
+    for name in found.inputs + tuple(p for s in firsts for p in s.after) + last.after[:-1]:  # paddings into the loads that
+        # read them (a padded copy per tile measured slower: docs/tuning-internals.md, Row blocks), a slice into
+        # what follows it
+        sch.compute_inline(sch.get_sblock(name))
+    backs = {}  # conv → its accumulators' write-back, the epilogue inlined into it (before any tiling: no predicate)
+    for stage in found.stages:
+        for name in stage.epilogue[:-1]:
+            sch.compute_inline(sch.get_sblock(name))
+        backs[stage.conv] = sch.cache_write(sch.get_sblock(stage.conv), 0, "global")
+        if stage.epilogue:
+            sch.reverse_compute_inline(sch.get_sblock(stage.epilogue[-1]))
+    extents = {s.conv: tuple(int(iv.dom.extent) for iv in sch.get(sch.get_sblock(s.conv)).iter_vars
+                             if int(iv.iter_type) == 0) for s in found.stages}
+    shape = _block(extents[last.conv], unit, len(firsts) == 1)
+    if shape is None:
+        raise ValueError("no block for the last conv")
+    n, y, *rest = sch.get_loops(sch.get_sblock(last.conv))
+    tile_loop, y_in = sch.split(y, [None, found.rows])
+    tile = sch.fuse(n, tile_loop)
+    inits, tiles = {}, {}
+    inits[last.conv], tiles[last.conv] = _register(sch, last.conv, backs[last.conv], shape, [y_in], rest,
+                                                   len(firsts) == 1)
+    if last.after:  # the slice's block reads the accumulators in their tile (one tile of the channels: its vector
+        # loop needs no bounds test)
+        if extents[last.conv][3] != shape[1] * shape[2]:
+            raise ValueError("a slice over several channel tiles")
+        final = sch.get_sblock(last.after[-1])
+        sch.reverse_compute_at(final, tiles[last.conv], preserve_unit_loops=True)
+        sch.compute_inline(backs[last.conv])
+        *_, channels = sch.get_loops(final)
+        width = microkernel.dividing_lanes(int(sch.get(channels).extent), shape[2])
+        if width > 1:
+            sch.vectorize(sch.split(channels, [None, width])[1])
+    for stage in reversed(firsts):  # producers last to first, each computed in the tile
+        sch.compute_at(backs[stage.conv], tile, preserve_unit_loops=True)
+        sch.compute_at(sch.get_sblock(stage.conv), tile, preserve_unit_loops=True)
+    for stage in firsts:
+        depthwise = stage is not found.stages[0]
+        b = _block(extents[stage.conv], unit, depthwise)
+        if b is None:
+            raise ValueError(f"no block for {stage.conv}")
+        _, _, y_rows, *rest = sch.get_loops(sch.get_sblock(stage.conv))  # the tile, the conv's batch, its rows
+        inits[stage.conv], _ = _register(sch, stage.conv, backs[stage.conv], b, [y_rows], rest, depthwise)
+    sch.parallel(tile)  # before the reductions are split into init and update: parallel needs whole blocks
+    for conv, loop in inits.items():
+        sch.decompose_reduction(sch.get_sblock(conv), loop)
+    return shape
+
+
+def _register(sch, conv_name: str, back, shape: tuple[int, int, int], outer: list, rest: list,
+              depthwise: bool):
+    """A conv's register block inside the tile: its columns split by the block's rows, its channels by vectors ×
+    lanes, the reduction between; the accumulators (``back``: their write-back) per (column, channel) tile. Returns
+    (the reduction's outer loop: its init is split off there once the tile loop is parallel; the channel tile loop)."""
+    rows, vectors, lanes = shape
+    conv = sch.get_sblock(conv_name)
+    x, f, *reduce = rest
+    xo, xi = sch.split(x, [None, rows])
+    fo, fj, fv = sch.split(f, [None, vectors, lanes])
+    sch.reorder(*outer, xo, fo, *reduce, xi, fj, fv)
+    sch.reverse_compute_at(back, fo, preserve_unit_loops=True)
+    window = [lp for lp in reduce if int(sch.get(lp).extent) > 1] if depthwise else []
+    for loop in [*window, xi, fj]:
+        sch.unroll(loop)
+    sch.vectorize(fv)
+    *_, last = sch.get_loops(back)
+    sch.vectorize(sch.split(last, [None, lanes])[1])
+    return reduce[0], fo
