@@ -319,7 +319,8 @@ def _partition(request: CompileRequest, mod, on_stage: Callable[[str], None]) ->
     elif request.partition.method == "ago" and request.untuned != "plain" and request.joins != "joined":
         from toolchain.tune.untuned import row_block_groups, split_untuned
 
-        plan, unfused = split_untuned(graph, plan, keep=row_block_groups(mod, graph, plan, request.target))
+        keep = row_block_groups(mod, graph, plan, request.target) if request.untuned == "library" else frozenset()
+        plan, unfused = split_untuned(graph, plan, keep=keep)
     partition.check(graph, plan)
     return plan, {
         "method": plan.method,

@@ -36,6 +36,7 @@ class RowPlan:
     inputs: tuple[str, ...]  # copies of the first conv's input: inlined into its loads
     rows: int  # the last conv's output rows a tile computes
     recompute: float  # the share of the first conv's rows computed twice
+    between: int  # bytes of the first conv's output: what two kernels would write out and read back
 
 
 def _output_extents(func) -> dict[str, tuple[int, ...]]:
@@ -82,18 +83,17 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     out_rows = last[1]
     mid = extents[pair.head if pair.head else pair.upstream]  # the first conv's output (1, H, W, C)
 
-    def cost(rows: int) -> tuple[int, float]:
-        dw_rows = rows if pair.head else rows  # the dw's output rows per tile
-        first_rows = stride * dw_rows + window - stride
-        nbytes = (first_rows * (mid[2] + window - 1) * mid[3] + (dw_rows * last[2] * mid[3] if pair.head else 0)) * 4
-        return nbytes, (window - stride) / (stride * dw_rows)
+    def cost(rows: int) -> tuple[int, float]:  # (bytes of a tile's intermediates, the share computed twice)
+        first_rows = stride * rows + window - stride  # the depthwise conv computes ``rows`` rows of its output
+        nbytes = (first_rows * (mid[2] + window - 1) * mid[3] + (rows * last[2] * mid[3] if pair.head else 0)) * 4
+        return nbytes, (window - stride) / (stride * rows)
 
     fits = [r for r in range(1, out_rows + 1) if out_rows % r == 0 and (out_rows // r) % cores == 0
             and cost(r)[0] <= budget and cost(r)[1] <= MAX_RECOMPUTE]
     if not fits or any(e % 4 for e in (mid[3], last[3])):
         return None
     rows = max(fits)
-    return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3))
+    return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3), 4 * mid[1] * mid[2] * mid[3])
 
 
 def _window(func, block: str) -> tuple[int, int]:
@@ -132,9 +132,9 @@ def _block(extents: tuple[int, ...], unit, depthwise: bool) -> tuple[int, int, i
 def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
     """Apply ``found`` to ``sch`` in place; the last conv's block (rows, vectors, lanes)."""
     *firsts, last = found.stages
-    for name in found.inputs + tuple(p for s in firsts for p in s.after) + last.after[:-1]:  # paddings into the loads that
-        # read them (a padded copy per tile measured slower: docs/tuning-internals.md, Row blocks), a slice into
-        # what follows it
+    # input copies and paddings inlined into the loads that read them (a padded copy per tile measured slower:
+    # docs/tuning-internals.md, Row blocks), a slice into what follows it
+    for name in found.inputs + tuple(p for s in firsts for p in s.after) + last.after[:-1]:
         sch.compute_inline(sch.get_sblock(name))
     backs = {}  # conv → its accumulators' write-back, the epilogue inlined into it (before any tiling: no predicate)
     for stage in found.stages:
@@ -145,26 +145,29 @@ def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
             sch.reverse_compute_inline(sch.get_sblock(stage.epilogue[-1]))
     extents = {s.conv: tuple(int(iv.dom.extent) for iv in sch.get(sch.get_sblock(s.conv)).iter_vars
                              if int(iv.iter_type) == 0) for s in found.stages}
-    shape = _block(extents[last.conv], unit, len(firsts) == 1)
+    last_dw = len(firsts) == 1  # a pair's last conv is the depthwise one
+    shape = _block(extents[last.conv], unit, last_dw)
     if shape is None:
         raise ValueError("no block for the last conv")
     n, y, *rest = sch.get_loops(sch.get_sblock(last.conv))
     tile_loop, y_in = sch.split(y, [None, found.rows])
     tile = sch.fuse(n, tile_loop)
     inits, tiles = {}, {}
-    inits[last.conv], tiles[last.conv] = _register(sch, last.conv, backs[last.conv], shape, [y_in], rest,
-                                                   len(firsts) == 1)
-    if last.after:  # the slice's block reads the accumulators in their tile (one tile of the channels: its vector
-        # loop needs no bounds test)
-        if extents[last.conv][3] != shape[1] * shape[2]:
-            raise ValueError("a slice over several channel tiles")
+    inits[last.conv], tiles[last.conv] = _register(sch, backs[last.conv], shape, [y_in], rest, last_dw)
+    if last.after:
         final = sch.get_sblock(last.after[-1])
-        sch.reverse_compute_at(final, tiles[last.conv], preserve_unit_loops=True)
-        sch.compute_inline(backs[last.conv])
-        *_, channels = sch.get_loops(final)
-        width = microkernel.dividing_lanes(int(sch.get(channels).extent), shape[2])
-        if width > 1:
-            sch.vectorize(sch.split(channels, [None, width])[1])
+        domain = tuple(int(iv.dom.extent) for iv in sch.get(final).iter_vars)
+        if domain[:-1] == extents[last.conv][:-1] and extents[last.conv][3] == shape[1] * shape[2]:
+            # a slice of the channels (and what follows it) read from the accumulators in their tile: one tile of
+            # the channels, so that its vector loop needs no bounds test
+            sch.reverse_compute_at(final, tiles[last.conv], preserve_unit_loops=True)
+            sch.compute_inline(backs[last.conv])
+            *_, channels = sch.get_loops(final)
+            width = microkernel.dividing_lanes(int(sch.get(channels).extent), shape[2])
+            if width > 1:
+                sch.vectorize(sch.split(channels, [None, width])[1])
+        else:  # over another domain (a layout transpose): a pass over the tile's rows
+            sch.reverse_compute_at(final, tile, preserve_unit_loops=True)
     for stage in reversed(firsts):  # producers last to first, each computed in the tile
         sch.compute_at(backs[stage.conv], tile, preserve_unit_loops=True)
         sch.compute_at(sch.get_sblock(stage.conv), tile, preserve_unit_loops=True)
@@ -174,20 +177,18 @@ def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
         if b is None:
             raise ValueError(f"no block for {stage.conv}")
         _, _, y_rows, *rest = sch.get_loops(sch.get_sblock(stage.conv))  # the tile, the conv's batch, its rows
-        inits[stage.conv], _ = _register(sch, stage.conv, backs[stage.conv], b, [y_rows], rest, depthwise)
+        inits[stage.conv], _ = _register(sch, backs[stage.conv], b, [y_rows], rest, depthwise)
     sch.parallel(tile)  # before the reductions are split into init and update: parallel needs whole blocks
     for conv, loop in inits.items():
         sch.decompose_reduction(sch.get_sblock(conv), loop)
     return shape
 
 
-def _register(sch, conv_name: str, back, shape: tuple[int, int, int], outer: list, rest: list,
-              depthwise: bool):
+def _register(sch, back, shape: tuple[int, int, int], outer: list, rest: list, depthwise: bool):
     """A conv's register block inside the tile: its columns split by the block's rows, its channels by vectors ×
     lanes, the reduction between; the accumulators (``back``: their write-back) per (column, channel) tile. Returns
     (the reduction's outer loop: its init is split off there once the tile loop is parallel; the channel tile loop)."""
     rows, vectors, lanes = shape
-    conv = sch.get_sblock(conv_name)
     x, f, *reduce = rest
     xo, xi = sch.split(x, [None, rows])
     fo, fj, fv = sch.split(f, [None, vectors, lanes])

@@ -142,8 +142,10 @@ def split_untuned(graph, plan, limit: int = MAX_UNTUNED_REDUCTIONS, keep=frozens
 
 def row_block_groups(mod, graph, plan, spec, limit: int = MAX_UNTUNED_REDUCTIONS) -> frozenset[int]:
     """The subgraphs of ``plan`` with more than ``limit`` reducing ops that are a pair or chain the row blocks take
-    (toolchain/tune/rowblock.py: a pointwise → depthwise pair, an inverted residual; NHWC): built untuned as one
-    kernel, they keep the tensor between their convs in cache, which their minis write out and read back."""
+    (toolchain/tune/rowblock.py: a pointwise → depthwise pair, an inverted residual; NHWC) over a tensor larger than
+    a row tile's budget (:data:`~toolchain.tune.rowblock.TILE_BYTES`): built untuned as one kernel, they keep in
+    cache the tensor their minis would write out and read back (a smaller one stays in cache between two kernels,
+    and the row tiles compute up to a quarter of their first conv's rows twice)."""
     from toolchain import fusion
 
     reducing = graph.reducing_ids
@@ -151,11 +153,15 @@ def row_block_groups(mod, graph, plan, spec, limit: int = MAX_UNTUNED_REDUCTIONS
     if not large or plan.method != "ago":
         return frozenset()
     try:
-        kernels = group_kernels(fusion.fuse_groups(mod, plan.groups, spec))
+        fused = fusion.fuse_groups(mod, plan.groups, spec)
+        kernels = group_kernels(fused)
     except BuildError as exc:
         log.info("row blocks not considered: %s", exc)
         return frozenset()
-    return frozenset(i for i in large if rowblock.plan(kernels[i][1], spec.num_cores) is not None)
+    marked = dict(group_kernels(build.mark_weights(fused)))  # as the kernels are scheduled
+    big = [i for i in large if (found := rowblock.plan(kernels[i][1], spec.num_cores)) is not None
+           and found.between > rowblock.TILE_BYTES]
+    return frozenset(i for i in big if _row_blocks(marked[kernels[i][0]], spec, None)[0] is not None)
 
 
 def reductions(func) -> int:
