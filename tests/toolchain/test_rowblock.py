@@ -76,10 +76,20 @@ def test_kernels_the_row_blocks_do_not_take():
     assert rowblock.plan(_kernel(model), CORES) is None  # pw → pw: no window, nothing to tile by rows
 
 
-def test_the_row_blocks_schedule_for_arm():
+def test_on_arm_the_row_blocks_hot_loop_is_fmas_without_spills():
+    """An inverted residual built for linux-arm64 (never run here; a zoo build runs under qemu in the e2e tests): its
+    hottest innermost loop holds a block's vector FMAs (NEON's four lanes) and no stack traffic."""
+    from toolchain import asm
+    from toolchain.tune.adapter import as_built
+
     func = _kernel(_model("chain", 28, channels=24, stride=1)[0], ARM)
     ((sch, shape),) = rowblock.row_blocks(func, ARM.tvm(), CORES)
-    assert shape.endswith("×4") and postprocess(sch, ARM) is not None  # NEON's four lanes
+    rows, vectors, lanes = map(int, shape.removeprefix("row ").split("×"))
+    assert lanes == 4
+    sch = postprocess(sch, ARM)
+    loop = asm.hottest(asm.innermost_loops(asm.assembly(as_built(sch.mod)["main"], ARM.tvm(), "main"), "aarch64"))
+    assert loop is not None and loop.spills == 0, loop
+    assert loop.fmas >= rows * vectors, loop
 
 
 def test_an_untuned_build_keeps_a_pair_over_a_large_tensor_as_one_row_blocked_kernel(tmp_path):
