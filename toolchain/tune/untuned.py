@@ -152,16 +152,14 @@ def row_block_groups(mod, graph, plan, spec, limit: int = MAX_UNTUNED_REDUCTIONS
     large = [i for i, group in enumerate(plan.groups) if len(reducing.intersection(group)) > limit]
     if not large or plan.method != "ago":
         return frozenset()
-    try:
-        fused = fusion.fuse_groups(mod, plan.groups, spec)
-        kernels = group_kernels(fused)
+    try:  # the kernels as they are scheduled: their weights marked
+        kernels = [f for _, f in group_kernels(build.mark_weights(fusion.fuse_groups(mod, plan.groups, spec)))]
     except BuildError as exc:
         log.info("row blocks not considered: %s", exc)
         return frozenset()
-    marked = dict(group_kernels(build.mark_weights(fused)))  # as the kernels are scheduled
-    big = [i for i in large if (found := rowblock.plan(kernels[i][1], spec.num_cores)) is not None
+    big = [i for i in large if (found := rowblock.plan(kernels[i], spec.num_cores)) is not None
            and found.between > rowblock.TILE_BYTES]
-    return frozenset(i for i in big if _row_blocks(marked[kernels[i][0]], spec, None)[0] is not None)
+    return frozenset(i for i in big if _row_blocks(kernels[i], spec, None)[0] is not None)
 
 
 def reductions(func) -> int:
