@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolchain.tune import microkernel
-from toolchain.tune.pairs import as_int, block_infos, find_pair
+from toolchain.tune.pairs import as_int, block_infos, data_shape, find_pair
 
 #: bytes of the intermediates one tile computes (every conv's rows but the last's) where no tile cache is given
 TILE_BYTES = 512 << 10
@@ -28,6 +28,8 @@ class Stage:
     conv: str
     epilogue: tuple[str, ...]
     after: tuple[str, ...]
+    extents: tuple[int, ...]  # the conv's output (1, H, W, C)
+    depthwise: bool
 
 
 @dataclass(frozen=True)
@@ -64,22 +66,18 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     if pair is None or pair.kind not in KINDS or pair.layout != "NHWC":
         return None
     extents = _output_extents(func)
-    convs = ([pair.head] if pair.head else []) + [pair.upstream, pair.downstream]
+    convs = ([pair.head] if pair.head else []) + [pair.upstream]
     betweens = ([pair.head_chain] if pair.head else []) + [pair.chain]
+    dw = pair.upstream if pair.head else pair.downstream
     stages = []
-    for conv, between in zip(convs, betweens):
+    for conv, between in zip(convs + [pair.downstream], betweens + [pair.epilogue]):
         split = _split_chain(between, extents, extents[conv])
         if split is None:
             return None
-        stages.append(Stage(conv, *split))
+        stages.append(Stage(conv, *split, extents[conv], conv == dw))
     last = extents[pair.downstream]
-    ends = _split_chain(pair.epilogue, extents, last)
-    if ends is None:
-        return None
-    stages.append(Stage(pair.downstream, *ends))
     inputs = tuple(n for n in (pair.head_input if pair.head else pair.upstream_input,) if n)
-    dw = pair.upstream if pair.head else pair.downstream
-    window, stride = _window(func, dw)
+    window, stride = _window(func, pair, dw)
     out_rows = last[1]
     mid = extents[pair.head if pair.head else pair.upstream]  # the first conv's output (1, H, W, C)
 
@@ -96,13 +94,12 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3), 4 * mid[1] * mid[2] * mid[3])
 
 
-def _window(func, block: str) -> tuple[int, int]:
-    """(window rows, stride) of the NHWC depthwise conv ``block``."""
+def _window(func, pair, block: str) -> tuple[int, int]:
+    """(window rows, stride) of the NHWC depthwise conv ``block`` of ``pair``."""
     info = next(i for i in block_infos(func) if i.name == block)
     window = next(as_int(iv.dom.extent) for iv in info.block.iter_vars if int(iv.iter_type) == 2)
     out_rows = as_int(info.block.iter_vars[1].dom.extent)
-    data = next(r.source for r in info.block.reads if r.source.__chandle__() == info.data_buf)
-    padded = as_int(data.shape[1])
+    padded = data_shape(func, pair, block)[1]  # its input's rows, padded
     return window, max(1, (padded - window) // max(1, out_rows - 1)) if out_rows > 1 else 1
 
 
@@ -143,21 +140,18 @@ def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
         backs[stage.conv] = sch.cache_write(sch.get_sblock(stage.conv), 0, "global")
         if stage.epilogue:
             sch.reverse_compute_inline(sch.get_sblock(stage.epilogue[-1]))
-    extents = {s.conv: tuple(int(iv.dom.extent) for iv in sch.get(sch.get_sblock(s.conv)).iter_vars
-                             if int(iv.iter_type) == 0) for s in found.stages}
-    last_dw = len(firsts) == 1  # a pair's last conv is the depthwise one
-    shape = _block(extents[last.conv], unit, last_dw)
+    shape = _block(last.extents, unit, last.depthwise)
     if shape is None:
         raise ValueError("no block for the last conv")
     n, y, *rest = sch.get_loops(sch.get_sblock(last.conv))
     tile_loop, y_in = sch.split(y, [None, found.rows])
     tile = sch.fuse(n, tile_loop)
     inits, tiles = {}, {}
-    inits[last.conv], tiles[last.conv] = _register(sch, backs[last.conv], shape, [y_in], rest, last_dw)
+    inits[last.conv], tiles[last.conv] = _register(sch, backs[last.conv], shape, [y_in], rest, last.depthwise)
     if last.after:
         final = sch.get_sblock(last.after[-1])
         domain = tuple(int(iv.dom.extent) for iv in sch.get(final).iter_vars)
-        if domain[:-1] == extents[last.conv][:-1] and extents[last.conv][3] == shape[1] * shape[2]:
+        if domain[:-1] == last.extents[:-1] and last.extents[3] == shape[1] * shape[2]:
             # a slice of the channels (and what follows it) read from the accumulators in their tile: one tile of
             # the channels, so that its vector loop needs no bounds test
             sch.reverse_compute_at(final, tiles[last.conv], preserve_unit_loops=True)
@@ -172,12 +166,11 @@ def schedule(sch, found: RowPlan, unit) -> tuple[int, int, int]:
         sch.compute_at(backs[stage.conv], tile, preserve_unit_loops=True)
         sch.compute_at(sch.get_sblock(stage.conv), tile, preserve_unit_loops=True)
     for stage in firsts:
-        depthwise = stage is not found.stages[0]
-        b = _block(extents[stage.conv], unit, depthwise)
+        b = _block(stage.extents, unit, stage.depthwise)
         if b is None:
             raise ValueError(f"no block for {stage.conv}")
         _, _, y_rows, *rest = sch.get_loops(sch.get_sblock(stage.conv))  # the tile, the conv's batch, its rows
-        inits[stage.conv], _ = _register(sch, backs[stage.conv], b, [y_rows], rest, depthwise)
+        inits[stage.conv], _ = _register(sch, backs[stage.conv], b, [y_rows], rest, stage.depthwise)
     sch.parallel(tile)  # before the reductions are split into init and update: parallel needs whole blocks
     for conv, loop in inits.items():
         sch.decompose_reduction(sch.get_sblock(conv), loop)

@@ -159,6 +159,8 @@ def row_block_groups(mod, graph, plan, spec, limit: int = MAX_UNTUNED_REDUCTIONS
         return frozenset()
     big = [i for i in large if (found := rowblock.plan(kernels[i], spec.num_cores)) is not None
            and found.between > rowblock.TILE_BYTES]
+    # scheduled and checked here as the finder will (again, in its child): a join kept whole whose row blocks then
+    # failed would fall back to a sample of its space
     return frozenset(i for i in big if _row_blocks(kernels[i], spec, None)[0] is not None)
 
 
