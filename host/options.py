@@ -17,10 +17,12 @@ KeepInsideOpt = Annotated[Optional[int], typer.Option(
     "--keep-inside", metavar="KIB", help="AGO, for a phone's cache: a conv feeding a depthwise / pointwise conv or "
     "matmul through a tensor of at least KIB KiB stays in one subgraph with it, and (tune) every intensive tile's "
     "slice of its intermediate is at most KIB KiB, so that it stays in cache. Default: half the L2 of the cache "
-    "geometry (--geometry; an ARM target's own, e.g. 256 for a Cortex-A76), off on host. 0: off.", show_default=False)]
+    "geometry (--geometry; an ARM target's own, e.g. 256 for a Cortex-A76; a host target's: this machine's). 0: off.",
+    show_default=False)]
 GeometryOpt = Annotated[Optional[str], typer.Option(
     "--geometry", metavar="NAME", help="The phone's cache geometry AGO's locality defaults follow (a76, a78, x1, a55, "
-    "small-slc; see `agoc targets`), or none. Default: an ARM target's (by --mcpu), none on host.")]
+    "small-slc; see `agoc targets`), or none. Default: an ARM target's (by --mcpu); on host this machine's caches "
+    "(Linux sysfs).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--layout", help="Activation layout of the kernels: NHWC (channels innermost and vectorised, the default) or "
     "NCHW (ONNX's own).")]

@@ -34,6 +34,9 @@ def _private_state(_private_state_dirs, monkeypatch):
     second checkout's tests never share them. A test's own fixtures may still point them elsewhere."""
     monkeypatch.setenv("AGOC_HOME", str(_private_state_dirs / "home"))
     monkeypatch.setenv("AGOC_QEMU_SANDBOX", str(_private_state_dirs / "qemu"))
+    # a host build's locality default follows this machine's caches: none here, so a partition is the same on every
+    # machine (tests of the host geometry point it at a cache tree of their own)
+    monkeypatch.setenv("AGOC_HOST_CACHES", "none")
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 """Phone cache geometries (a table with their sources): what the phone-cache proxy simulates and what AGO's
-locality defaults follow on an ARM target (half the core's L2). Why: docs/partitioning.md (Kept inside)."""
+locality defaults follow on an ARM target (half the core's L2); a host target's from this machine's own caches.
+Why: docs/partitioning.md (Kept inside)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from toolchain.errors import TargetError
 
@@ -110,8 +113,15 @@ CPU_GEOMETRIES = {"cortex-a76": "a76", "cortex-a77": "a76", "cortex-a78": "a78",
 #: of the core's private L2, the tensor size AGO keeps inside one kernel (``--keep-inside``) and the intensive tiles'
 #: cap: half, the other half for the weights and the tile's own input and output streaming through
 LOCALITY_SHARE = 0.5
-#: ``--geometry`` that turns the geometry off (host defaults: no locality rule)
+#: ``--geometry`` that turns the geometry off (no locality rule)
 NONE = "none"
+#: a preset's geometry meaning this machine's own caches (the host presets: their builds run here)
+HOST = "host"
+#: where Linux describes a core's caches, one ``indexN`` directory per cache; the environment variable points
+#: elsewhere (a copy of such a directory, or ``none``: unknown)
+SYSFS_CACHES = "/sys/devices/system/cpu/cpu0/cache"
+HOST_CACHES_ENV = "AGOC_HOST_CACHES"
+_UNITS = {"K": KIB, "M": MIB, "G": 1024 * MIB}
 
 
 def find(name: str) -> Geometry:
@@ -129,11 +139,43 @@ def of_target(default: str | None, mcpu: str | None, given: str | None) -> tuple
     none."""
     if given is not None:
         return (None, "--geometry none") if given == NONE else (find(given), f"--geometry {given}")
+    if default == HOST:
+        geo = of_host()
+        return (geo, "this machine's caches") if geo else (None, "a host target whose caches are not known")
     if default is None:
-        return None, "a host target"
+        return None, "a target without a cache geometry"
     if mcpu in CPU_GEOMETRIES:
         return find(CPU_GEOMETRIES[mcpu]), f"--mcpu {mcpu}"
     return find(default), "the target preset's" + (f" (no geometry known for --mcpu {mcpu})" if mcpu else "")
+
+
+def _size(text: str) -> int:
+    text = text.strip()
+    return int(text[:-1]) * _UNITS[text[-1]] if text[-1:] in _UNITS else int(text)
+
+
+def of_host(root: str | None = None) -> Geometry | None:
+    """This machine's caches as a geometry, read from ``root`` (Linux sysfs, or :data:`HOST_CACHES_ENV`); None
+    where they are not described (no L2 among them, another system, or ``none``)."""
+    root = root or os.environ.get(HOST_CACHES_ENV) or SYSFS_CACHES
+    caches: dict[tuple[int, str], Cache] = {}
+    try:
+        for index in sorted(Path(root).glob("index*")) if root != NONE else ():
+            read = {name: (index / name).read_text().strip()
+                    for name in ("level", "type", "size", "ways_of_associativity", "coherency_line_size")}
+            cache = Cache(_size(read["size"]), int(read["ways_of_associativity"] or 0),
+                          int(read["coherency_line_size"] or LINE))
+            caches[int(read["level"]), read["type"]] = cache
+    except (OSError, ValueError, KeyError):
+        return None
+    l2 = caches.get((2, "Unified")) or caches.get((2, "Data"))
+    if l2 is None:
+        return None
+    l1d = caches.get((1, "Data")) or caches.get((1, "Unified")) or l2
+    llc = tuple(c for (level, _), c in sorted(caches.items()) if level >= 3)
+    return Geometry(HOST, f"this machine: {l1d.label} L1D, {l2.label} L2"
+                    + "".join(f", {c.label} shared" for c in llc), l1i=caches.get((1, "Instruction"), l1d),
+                    l1d=l1d, l2=l2, llc=llc, source=f"{root} (Linux sysfs)")
 
 
 def of_preset(target: str | None, mcpu: str | None, given: str | None) -> tuple[Geometry | None, str]:

@@ -42,7 +42,8 @@ class Preset:
     mattr: tuple[str, ...]
     linker: str  # "host" | "gnu-cross" | "ndk"
     runs_on_host: bool
-    geometry: str | None = None  # the phone cache geometry AGO's locality defaults follow (toolchain/geometry.py)
+    geometry: str | None = None  # the cache geometry AGO's locality defaults follow (toolchain/geometry.py; host: this
+    # machine's own)
 
 
 #: what every ARM preset assumes of the phone: a Cortex-A76 big core, NEON, its cache geometry (``--mcpu`` changes both)
@@ -57,6 +58,7 @@ PRESETS: tuple[Preset, ...] = (
         mattr=(),
         linker="host",
         runs_on_host=True,
+        geometry="host",
     ),
     Preset(
         name="host-avx2",
@@ -66,6 +68,7 @@ PRESETS: tuple[Preset, ...] = (
         mattr=(),
         linker="host",
         runs_on_host=True,
+        geometry="host",
     ),
     Preset(
         name="linux-arm64",

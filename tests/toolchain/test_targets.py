@@ -127,9 +127,10 @@ def test_android_finds_ndk_clang_under_android_ndk_home(monkeypatch, tmp_path):
     assert "-static-libstdc++" in compiler.options
 
 
-def test_arm_presets_follow_a_cache_geometry_by_their_cpu_and_the_host_none():
+def test_arm_presets_follow_a_cache_geometry_by_their_cpu_and_the_host_its_own():
     """AGO's locality defaults (--keep-inside) follow the phone's cache: an ARM preset's geometry by --mcpu (else
-    its own), --geometry over both, none on host; half the L2 is kept inside."""
+    its own), --geometry over both, on host this machine's caches (none known here: the tests' own setting); half
+    the L2 is kept inside."""
     from toolchain import geometry
 
     a76, why = geometry.of_target(PRESETS_BY_NAME["linux-arm64"].geometry, None, None)
@@ -137,10 +138,41 @@ def test_arm_presets_follow_a_cache_geometry_by_their_cpu_and_the_host_none():
     assert geometry.of_target("a76", "cortex-a55", None)[0].name == "a55"
     assert geometry.locality_kib(geometry.of_target("a76", "cortex-x1", None)[0]) == 512
     assert "no geometry known for --mcpu neoverse-n1" in geometry.of_target("a76", "neoverse-n1", None)[1]
-    assert geometry.of_target(PRESETS_BY_NAME["host"].geometry, None, None) == (None, "a host target")
+    assert geometry.of_target(PRESETS_BY_NAME["host"].geometry, None, None) == (
+        None, "a host target whose caches are not known")
     assert geometry.of_target(None, None, "small-slc")[0].name == "small-slc"
     assert geometry.of_target("a76", None, "none")[0] is None and geometry.locality_kib(None) == 0
     with pytest.raises(TargetError, match="unknown cache geometry 'a99'; choose one of: a76, a55"):
         geometry.of_target("a76", None, "a99")
     for g in geometry.GEOMETRIES:
         assert "TRM" in g.source and g.l2.size > g.l1d.size
+
+
+def _cache(root, index, level, kind, size, ways=8):
+    d = root / f"index{index}"
+    d.mkdir(parents=True)
+    for name, value in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways),
+                        ("coherency_line_size", 64)):
+        (d / name).write_text(f"{value}\n")
+
+
+def test_a_host_target_follows_this_machines_caches_as_linux_describes_them(tmp_path, monkeypatch):
+    """The host presets' geometry is read from sysfs (here a copy): L1D, L2, the shared levels; half its L2 kept
+    inside. Without an L2 (or a tree) none is known, and the locality rule stays off."""
+    from toolchain import geometry
+
+    _cache(tmp_path, 0, 1, "Data", "48K", 12)
+    _cache(tmp_path, 1, 1, "Instruction", "32K")
+    _cache(tmp_path, 2, 2, "Unified", "1024K", 16)
+    _cache(tmp_path, 3, 3, "Unified", "32M", 16)
+    monkeypatch.setenv(geometry.HOST_CACHES_ENV, str(tmp_path))
+    host, why = geometry.of_preset("host-avx2", None, None)
+    assert why == "this machine's caches" and host.name == "host"
+    assert (host.l1d.size, host.l1d.assoc, host.l1i.size) == (48 * 1024, 12, 32 * 1024)
+    assert host.l2.size == 1 << 20 and [c.size for c in host.llc] == [32 << 20]
+    assert geometry.locality_kib(host) == 512 and "1MiB L2, 32MiB shared" in host.description
+    assert geometry.of_preset("host", None, "a76")[0].name == "a76"  # --geometry still decides
+    assert geometry.of_preset("host", None, "none")[0] is None
+    (tmp_path / "index2" / "size").write_text("lots\n")
+    assert geometry.of_host() is None  # unreadable: none known, not a guess
+    assert geometry.of_host(str(tmp_path / "missing")) is None

@@ -962,7 +962,8 @@ def test_keep_inside_is_a_session_setting_that_compile_cuts_kernels_by(tmp_path,
     assert info["keep_inside"] == 32 * 1024 and info["max_complex_ops"] == 3
     assert info["settings"] == session["settings"]["partition"]  # the same JSON in manifest and session
     plain = TuneSettings(partition=PartitionSettings(threshold=1.0))
-    with pytest.raises(TuningError, match=r"different settings \(partition.locality_unit: 32768 → 0, tile_cache"):
+    with pytest.raises(TuningError, match=r"different settings \(partition.locality_unit: 32768 → 0, tile_cache.*"
+                       r"the same settings \(--keep-inside 32\)"):
         db.open_session({**session, "settings": plain.to_json()})
     TuneDB(tmp_path / "old").open_session({**session, "settings": _flat_form(plain, keep_inside=False)})
     TuneDB(tmp_path / "old").open_session({**session, "settings": plain.to_json()})

@@ -117,7 +117,8 @@ class TuneDB:
                     same = {"layout": f" (--layout {existing[key]})",
                             "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})",
                             "fast_math": f" ({'--fast-math' if existing[key] else '--exact-math'})",
-                            "precision": f" (--precision {existing[key]})"}
+                            "precision": f" (--precision {existing[key]})",
+                            "settings": _keep_inside_hint(old, now) if key == "settings" else ""}
                     differ = (_setting_changes(old, now) if key == "settings"
                               else f"{_short(existing[key])} vs {_short(session[key])}")
                     raise TuningError(
@@ -250,6 +251,13 @@ def _setting_changes(old: dict, now: dict) -> str:
     old, now = _flat(old), _flat(now)
     return ", ".join(f"{k}: {_short(old.get(k))} → {_short(now.get(k))}"
                      for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k))
+
+
+def _keep_inside_hint(old: dict, now: dict) -> str:
+    """`` (--keep-inside KIB)`` when two sessions' settings differ in the locality unit (a host target's default
+    follows this machine's caches since it has one), else ""."""
+    unit = _flat(old).get("partition.locality_unit", 0) or 0
+    return f" (--keep-inside {unit // 1024})" if unit != (_flat(now).get("partition.locality_unit", 0) or 0) else ""
 
 
 def _flat(settings: dict) -> dict:
