@@ -66,6 +66,32 @@ def test_the_row_blocks_compute_what_the_plain_kernel_does_in_one_parallel_nest(
     np.testing.assert_allclose(blocked[-1], plain[-1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_stem_in_the_models_layout_is_row_blocked_with_its_transpose_and_padding_in_its_loads():
+    """A 3 × 3 stride-2 conv from the NCHW input (the transpose to NHWC fused in) → depthwise → pointwise: every conv
+    in the row tile, the transpose and the padding read in the stem's loads (no block before the tile), exact."""
+    from tvm import tirx
+
+    g = GraphBuilder("row-stem", seed=3)
+    x = g.input("input", (1, 3, 56, 56))
+    h = g.conv(x, 3, 16, 3, name="stem", stride=2, act="relu6")
+    h = g.conv(h, 16, 16, 3, name="dw", groups=16, act="relu6")
+    model = g.finish(g.conv(h, 16, 8, 1, name="project"), (1, 8, 28, 28))
+    mod = build.legalize(onnx_import.to_relax(model, onnx_import.resolve_inputs(model, {})), HOST)
+    *ops, last = [n.id for n in op_graph(mod).nodes]
+    func = next(f for name, f in group_kernels(build.mark_weights(fuse_groups(mod, [ops, [last]], HOST)))
+                if "conv2d" in name)
+    found = rowblock.plan(func, CORES)
+    assert found is not None and found.rows == 14 and len(found.stages) == 3 and not found.stages[0].depthwise
+    assert len(found.inputs) == 2  # the stem's padding and the input's layout transpose
+    ((sch, _),) = rowblock.row_blocks(func, HOST.tvm(), CORES)
+    body = sch.get(sch.get_sblock("root")).body
+    assert isinstance(body, tirx.For) and body.kind == tirx.ForKind.PARALLEL
+    sch = postprocess(sch, HOST)
+    assert sch is not None and passes_static_checks(sch, func) and parallel_races(sch.mod) == []
+    blocked, plain = run_kernel(sch.mod["main"], HOST.tvm()), run_kernel(func, HOST.tvm())
+    np.testing.assert_allclose(blocked[-1], plain[-1], rtol=1e-4, atol=1e-4)
+
+
 def test_kernels_the_row_blocks_do_not_take():
     func = _kernel(_model("pair", 28)[0])
     assert rowblock.plan(func, CORES, budget=4096) is None  # no row tile within the budget

@@ -1,5 +1,5 @@
-"""Row-tiled register blocks for a fused pointwise → depthwise pair or an inverted residual chain (NHWC): the last
-conv's output rows in parallel tiles, every conv before it computed in the tile (the rows its window reads) with a
+"""Row-tiled register blocks for a fused pointwise (or spatial) → depthwise pair or an inverted residual chain (NHWC):
+the last conv's output rows in parallel tiles, every conv before it computed in the tile (the rows its window reads) with a
 register block of its own, each conv's epilogue fused into its accumulators' write-back. Why: docs/tuning-internals.md
 (Row blocks)."""
 
@@ -14,8 +14,8 @@ from toolchain.tune.pairs import as_int, block_infos, data_shape, find_pair
 TILE_BYTES = 512 << 10
 #: the most of the first conv's rows a tile may compute again (the window's halo rows two tiles share)
 MAX_RECOMPUTE = 0.25
-#: the pairs and chains the row blocks take (``IntensivePair.kind``)
-KINDS = ("pw->dw", "pw->dw->pw")
+#: the pairs and chains the row blocks take (``IntensivePair.kind``): the first conv pointwise or spatial (a stem)
+KINDS = ("pw->dw", "pw->dw->pw", "conv->dw", "conv->dw->pw")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class Stage:
 @dataclass(frozen=True)
 class RowPlan:
     stages: tuple[Stage, ...]
-    inputs: tuple[str, ...]  # copies of the first conv's input: inlined into its loads
+    inputs: tuple[str, ...]  # what computes the first conv's input from the parameters (its padding, a layout
+    # transpose): inlined into its loads
     rows: int  # the last conv's output rows a tile computes
     recompute: float  # the share of the first conv's rows computed twice
     between: int  # bytes of the first conv's output: what two kernels would write out and read back
@@ -58,7 +59,7 @@ def _split_chain(names: tuple[str, ...], extents: dict, conv_extents: tuple[int,
 
 def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     """The stages of ``func``'s pair or chain and the rows of a tile, or None where the row blocks do not apply: not
-    a pointwise → depthwise pair or a pointwise → depthwise → pointwise chain in NHWC, channels no vector divides, or
+    a pointwise / spatial → depthwise pair or such a pair into a pointwise conv in NHWC, channels no vector divides, or
     no row tile keeps its intermediates within ``budget`` (:data:`TILE_BYTES` when 0) and its recompute within
     :data:`MAX_RECOMPUTE` while giving every core a tile."""
     budget = budget or TILE_BYTES
@@ -76,7 +77,7 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
             return None
         stages.append(Stage(conv, *split, extents[conv], conv == dw))
     last = extents[pair.downstream]
-    inputs = tuple(n for n in (pair.head_input if pair.head else pair.upstream_input,) if n)
+    inputs = _input_blocks(func, convs[0])
     window, stride = _window(func, pair, dw)
     out_rows = last[1]
     mid = extents[pair.head if pair.head else pair.upstream]  # the first conv's output (1, H, W, C)
@@ -92,6 +93,23 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
         return None
     rows = max(fits)
     return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3), 4 * mid[1] * mid[2] * mid[3])
+
+
+def _input_blocks(func, conv: str) -> tuple[str, ...]:
+    """The elementwise blocks between the parameters and ``conv``'s data input, each read by the next one only
+    (its padding, the model's layout transpose before a stem), nearest first, up to one another block reads too."""
+    infos = block_infos(func)
+    index = {info.name: i for i, info in enumerate(infos)}
+    found: list[str] = []
+    info = infos[index[conv]]
+    writer = next((i for i, other in enumerate(infos) if info.data_buf in other.writes), None)
+    while writer is not None:
+        block = infos[writer]
+        if block.kind != "simple" or len(block.consumers) != 1 or len(block.producers) > 1:
+            break
+        found.append(block.name)
+        writer = block.producers[0] if block.producers else None
+    return tuple(found)
 
 
 def _window(func, pair, block: str) -> tuple[int, int]:
