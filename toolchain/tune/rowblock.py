@@ -1,7 +1,7 @@
 """Row-tiled register blocks for a fused pointwise (or spatial) → depthwise pair or an inverted residual chain (NHWC):
-the last conv's output rows in parallel tiles, every conv before it computed in the tile (the rows its window reads) with a
-register block of its own, each conv's epilogue fused into its accumulators' write-back. Why: docs/tuning-internals.md
-(Row blocks)."""
+the last conv's output rows in parallel tiles, every conv before it computed in the tile (the rows its window reads)
+with a register block of its own, each conv's epilogue fused into its accumulators' write-back. Why:
+docs/tuning-internals.md (Row blocks)."""
 
 from __future__ import annotations
 
