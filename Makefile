@@ -92,6 +92,12 @@ demo: setup runners
 	$(AGOC) partition $(DEMO_MODEL)
 	$(AGOC) compile $(DEMO_MODEL) --target host -o $(DEMO)/untuned
 	$(AGOC) bench $(DEMO)/untuned --against onnxruntime
+	@if [ -f $(DEMO)/db/session.json ] && ! $(VENV)/bin/python -c "import json, sys; \
+		from host.commands.common import partition_settings; \
+		kept = json.load(open('$(DEMO)/db/session.json'))['settings']['partition'].get('locality_unit', 0); \
+		sys.exit(kept != partition_settings('ago', None, None, 'host')[0].locality_unit)"; then \
+		echo "demo: $(DEMO)/db was tuned keeping other tensors inside (an earlier default): tuning afresh"; \
+		rm -rf $(DEMO)/db; fi
 	$(AGOC) tune $(DEMO_MODEL) --target host --db $(DEMO)/db --time $(DEMO_TIME)
 	$(AGOC) compile $(DEMO_MODEL) --target host --db $(DEMO)/db -o $(DEMO)/host
 	$(AGOC) verify $(DEMO)/host
