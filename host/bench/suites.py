@@ -42,8 +42,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("tvm-stock", "tvm", "TVM 0.27 default CPU pipeline: FuseOps partition, no tuning", partition="stock"),
     Variant("tvm-ago", "tvm", "AGO weighted acyclic partition (several complex ops per kernel), no tuning",
             partition="ago"),
-    Variant("agoc", "tvm", "what `agoc compile` builds without tuning: AGO partition (its joins as their minis), "
-            "each kernel's register block or the record library's schedule", partition="ago", untuned="library"),
+    Variant("agoc", "tvm", "what `agoc compile --geometry none` builds without tuning: AGO partition (its joins as "
+            "their minis), each kernel's register block or the record library's schedule", partition="ago",
+            untuned="library"),
     Variant("agoc-stock", "tvm", "the same kernel schedules (register blocks, record library) on the stock FuseOps "
             "partition, no tuning", partition="stock", untuned="library"),
     Variant("tvm-stock-tuned", "tvm", "FuseOps partition + MetaSchedule default space (the Ansor-like baseline)",
