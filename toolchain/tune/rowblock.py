@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolchain.tune import microkernel
-from toolchain.tune.pairs import as_int, block_infos, data_shape, find_pair
+from toolchain.tune.pairs import _writer_of, as_int, block_infos, data_shape, find_pair
 
 #: bytes of the intermediates one tile computes (every conv's rows but the last's) where no tile cache is given
 TILE_BYTES = 512 << 10
@@ -42,9 +42,9 @@ class RowPlan:
     between: int  # bytes of the first conv's output: what two kernels would write out and read back
 
 
-def _output_extents(func) -> dict[str, tuple[int, ...]]:
+def _output_extents(infos) -> dict[str, tuple[int, ...]]:
     return {info.name: tuple(as_int(iv.dom.extent) for iv in info.block.iter_vars
-                             if int(iv.iter_type) == 0) for info in block_infos(func)}
+                             if int(iv.iter_type) == 0) for info in infos}
 
 
 def _split_chain(names: tuple[str, ...], extents: dict, conv_extents: tuple[int, ...]):
@@ -66,7 +66,8 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     pair = find_pair(func, budget, cores)
     if pair is None or pair.kind not in KINDS or pair.layout != "NHWC":
         return None
-    extents = _output_extents(func)
+    infos = block_infos(func)
+    extents = _output_extents(infos)
     convs = ([pair.head] if pair.head else []) + [pair.upstream]
     betweens = ([pair.head_chain] if pair.head else []) + [pair.chain]
     dw = pair.upstream if pair.head else pair.downstream
@@ -77,7 +78,7 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
             return None
         stages.append(Stage(conv, *split, extents[conv], conv == dw))
     last = extents[pair.downstream]
-    inputs = _input_blocks(func, convs[0])
+    inputs = _input_blocks(infos, convs[0])
     window, stride = _window(func, pair, dw)
     out_rows = last[1]
     mid = extents[pair.head if pair.head else pair.upstream]  # the first conv's output (1, H, W, C)
@@ -95,14 +96,11 @@ def plan(func, cores: int, budget: int = 0) -> RowPlan | None:
     return RowPlan(tuple(stages), inputs, rows, round(cost(rows)[1], 3), 4 * mid[1] * mid[2] * mid[3])
 
 
-def _input_blocks(func, conv: str) -> tuple[str, ...]:
+def _input_blocks(infos, conv: str) -> tuple[str, ...]:
     """The elementwise blocks between the parameters and ``conv``'s data input, each read by the next one only
     (its padding, the model's layout transpose before a stem), nearest first, up to one another block reads too."""
-    infos = block_infos(func)
-    index = {info.name: i for i, info in enumerate(infos)}
     found: list[str] = []
-    info = infos[index[conv]]
-    writer = next((i for i, other in enumerate(infos) if info.data_buf in other.writes), None)
+    writer = _writer_of(infos, next(info for info in infos if info.name == conv).data_buf)
     while writer is not None:
         block = infos[writer]
         if block.kind != "simple" or len(block.consumers) != 1 or len(block.producers) > 1:
