@@ -46,7 +46,7 @@ library_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-_state = {"debug": False}
+_state = {"debug": False, "signalled": 0}  # signalled: the exit code of a Ctrl-C or SIGTERM received (130, 143)
 
 
 def _guard(func):
@@ -58,23 +58,30 @@ def _guard(func):
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except AgocError as exc:
-            _fail(exc, _one_line(str(exc)))
         except KeyboardInterrupt as exc:
             _stop(getattr(exc, "exit_code", 130))
-        except (OSError, MemoryError) as exc:  # the machine's state, not agoc's logic: a path, a permission, space
-            _fail(exc, _one_line(_os_message(exc)))
         except Exception as exc:
-            if _state["debug"]:
-                raise
-            err_console.print(
-                f"[bold red]internal error:[/bold red] {escape(type(exc).__name__)}: {escape(str(exc)[:500])}\n"
-                "rerun with --debug for the traceback and report it",
-                soft_wrap=True,
-            )
-            raise typer.Exit(2) from None
+            if _state["signalled"]:  # raised in a callback from TVM, which hands it back as a RuntimeError (wrapped
+                _stop(_state["signalled"])  # in a BuildError by the stage that called it): still an interrupt
+            _report(exc)
 
     return wrapper
+
+
+def _report(exc: Exception) -> None:
+    """A user's problem as one line (exit 1), anything else as an internal error (exit 2)."""
+    if isinstance(exc, AgocError):
+        _fail(exc, _one_line(str(exc)))
+    if isinstance(exc, (OSError, MemoryError)):  # the machine's state, not agoc's logic: a path, a permission, space
+        _fail(exc, _one_line(_os_message(exc)))
+    if _state["debug"]:
+        raise exc
+    err_console.print(
+        f"[bold red]internal error:[/bold red] {escape(type(exc).__name__)}: {escape(str(exc)[:500])}\n"
+        "rerun with --debug for the traceback and report it",
+        soft_wrap=True,
+    )
+    raise typer.Exit(2) from None
 
 
 def _fail(exc: BaseException, message: str) -> None:
@@ -106,8 +113,13 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+def _on_signal(signum, frame):
+    """Ctrl-C or SIGTERM: remembered (TVM hands an exception raised in one of its Python callbacks back as a
+    RuntimeError) and raised as KeyboardInterrupt or :class:`Terminated`."""
+    import signal
+
+    _state["signalled"] = 143 if signum == signal.SIGTERM else 130
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _stop(code: int) -> None:
@@ -174,7 +186,9 @@ app.add_typer(library_app, name="library")
 def main() -> None:
     import signal
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _on_signal)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored (nohup, workers)
+        signal.signal(signal.SIGINT, _on_signal)
     app(prog_name="agoc")
 
 

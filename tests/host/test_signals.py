@@ -96,3 +96,40 @@ def test_a_signal_mid_search_stops_a_tune_within_seconds_and_keeps_its_database(
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the tune's worker processes outlived it")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_inside_a_tvm_callback_stops_with_its_own_code_not_as_a_failed_stage(monkeypatch, sig, code):
+    """TVM hands an exception raised in one of its Python callbacks (a pass) back as a RuntimeError, which the stage
+    wraps ("legalizing the model failed"): a signal received there is still an interrupt, not the user's error."""
+    import tvm
+
+    from host import cli
+    from toolchain.errors import BuildError
+
+    class Stopped(Exception):
+        pass
+
+    stopped = []
+
+    def stop(exit_code):
+        stopped.append(exit_code)
+        raise Stopped
+
+    monkeypatch.setattr(cli, "_stop", stop)
+    monkeypatch.setitem(cli._state, "signalled", 0)
+
+    @tvm.transform.module_pass(opt_level=0)
+    def handler_runs_here(mod, ctx):
+        cli._on_signal(sig, None)  # as Python runs the handler, in the callback's bytecode
+
+    def stage():
+        try:
+            handler_runs_here(tvm.IRModule())
+        except Exception as exc:
+            assert not isinstance(exc, KeyboardInterrupt)  # what TVM did to it: why the flag is needed
+            raise BuildError(f"legalizing the model failed: {exc!r}") from exc
+
+    with pytest.raises(Stopped):
+        cli._guard(stage)()
+    assert stopped == [code]
