@@ -29,6 +29,10 @@ LayoutOpt = Annotated[str, typer.Option(
 FastMathOpt = Annotated[bool, typer.Option(
     "--fast-math/--exact-math", help="exp, erf, tanh, sigmoid and softmax as vectorised polynomials (≤ 3e-7 from "
     "the exact functions; 4-80x faster than one libm call per element, toolchain/fastmath.py).")]
+WinogradOpt = Annotated[bool, typer.Option(
+    "--winograd/--direct-conv", help="3×3 stride-1 convs as Winograd's F(4×4 or 2×2, 3×3): the weights transformed at "
+    "compile time, 2.25-4x fewer multiplications (float32, NHWC; outputs within 1e-5 relative of the direct conv's, "
+    "toolchain/winograd.py).")]
 PrecisionOpt = Annotated[str, typer.Option(
     "--precision", help="fp32 (the default) or fp16: convs, matmuls and the ops between them in float16 (ARM targets: "
     "ARMv8.2-A FP16 arithmetic, twice the lanes per NEON register, half the weight bytes); inputs and outputs stay "

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import constfold, fastmath, padding, relayout, roofline
+from toolchain import constfold, fastmath, padding, relayout, roofline, winograd
 from toolchain.errors import BuildError
 from toolchain.targets import Compiler, TargetSpec
 
@@ -116,11 +116,16 @@ def legalize(mod, spec: TargetSpec):
                 mod = fastmath.fast_math(mod)
             if getattr(spec, "precision", "fp32") == "fp16":  # convs, matmuls and what follows them; edges cast
                 mod = relax.transform.ToMixedPrecision(out_dtype="float16")(relax.transform.ConvertToDataflow()(mod))
-            out = tvm.transform.Sequential(passes)(constfold.fold_layout_constants(mod))
+            mod = constfold.fold_layout_constants(mod)
+            convs = 0
+            if nhwc and getattr(spec, "winograd", False) and getattr(spec, "precision", "fp32") == "fp32":
+                mod, convs = winograd.rewrite(mod)  # weights folded to constants: transformed here, once
+            out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc
     out = unique_binding_names(out)  # ConvertLayout, padding and the importer itself re-use binding names
     out = out.with_attr(fastmath.APPLIED_ATTR, 1) if fast else out
+    out = out.with_attr(winograd.APPLIED_ATTR, convs) if convs else out
     return out.with_attr(padding.APPLIED_ATTR, json.dumps([d.to_json() for d in padded])) if padded else out
 
 

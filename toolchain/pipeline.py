@@ -27,6 +27,7 @@ from toolchain import (
     onnx_import,
     padding,
     partition,
+    winograd,
 )
 from toolchain.artifact import (
     LIBRARY,
@@ -297,6 +298,8 @@ def _check_legalized_as_tuned(request: CompileRequest, tuned, mod) -> None:
                                                        False: ("without padded output channels", "--no-pad-channels")}),
         (tuned.fast_math, fastmath.applied(mod), {True: ("with fast transcendental functions", "--fast-math"),
                                                   False: ("with exact transcendental functions", "--exact-math")}),
+        (tuned.winograd, winograd.applied(mod), {True: ("with Winograd 3×3 convs", "--winograd"),
+                                                 False: ("with direct 3×3 convs", "--direct-conv")}),
     ]
     for was, now, words in recorded:
         if was != now:

@@ -151,6 +151,7 @@ class TargetSpec:
     fast_math: bool = True  # exp / erf / tanh / sigmoid / softmax as polynomials (toolchain/fastmath.py)
     precision: str = "fp32"  # PRECISIONS
     weight_prefetch: bool = True  # prefetch the next task's weight panel where toolchain/prefetch.py's rules say
+    winograd: bool = True  # 3×3 stride-1 convs as Winograd's (toolchain/winograd.py; NHWC, float32)
 
     @property
     def num_cores(self) -> int:
@@ -160,7 +161,8 @@ class TargetSpec:
         return {"preset": self.preset, "tvm_target": self.tvm_target, "layout": self.layout,
                 "pad_channels": self.pad_channels, "fast_math": self.fast_math,
                 **({"precision": self.precision} if self.precision != "fp32" else {}),
-                **({} if self.weight_prefetch else {"weight_prefetch": False})}
+                **({} if self.weight_prefetch else {"weight_prefetch": False}),
+                **({} if self.winograd else {"winograd": False})}
 
     def tvm(self):
         import tvm
@@ -215,7 +217,7 @@ def check_precision(precision: str, preset: Preset) -> str:
 
 def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = None,
                    layout: str | None = None, pad_channels: bool = True, fast_math: bool = True,
-                   precision: str = "fp32", weight_prefetch: bool = True) -> TargetSpec:
+                   precision: str = "fp32", weight_prefetch: bool = True, winograd: bool = True) -> TargetSpec:
     """Preset name + options → :class:`TargetSpec`. Raises :class:`TargetError`."""
     preset = PRESETS_BY_NAME.get(name)
     if preset is None:
@@ -236,7 +238,7 @@ def resolve_target(name: str, mcpu: str | None = None, num_cores: int | None = N
     target["num-cores"] = int(num_cores or default_cores)
     return TargetSpec(preset=preset.name, tvm_target=target, linker=preset.linker, runs_on_host=preset.runs_on_host,
                       layout=layout, pad_channels=pad_channels, fast_math=fast_math, precision=precision,
-                      weight_prefetch=weight_prefetch)
+                      weight_prefetch=weight_prefetch, winograd=winograd)
 
 
 def preset_of(tvm_target: dict) -> str:

@@ -15,7 +15,16 @@ from rich.markup import escape
 from host import render
 from host.commands.common import load_supported, partition_settings
 from host.console import console, err_console
-from host.options import FastMathOpt, GeometryOpt, KeepInsideOpt, LayoutOpt, PadChannelsOpt, PrecisionOpt, ThresholdOpt
+from host.options import (
+    FastMathOpt,
+    GeometryOpt,
+    KeepInsideOpt,
+    LayoutOpt,
+    PadChannelsOpt,
+    PrecisionOpt,
+    ThresholdOpt,
+    WinogradOpt,
+)
 from toolchain.errors import InputShapeError, UnsupportedModelError, first_line
 
 JOINS_HELP = ("How an AGO subgraph the reformer splits is built: latency (the joined kernel unless it is slower "
@@ -39,6 +48,7 @@ def compile(
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
+    winograd: WinogradOpt = True,
     precision: PrecisionOpt = "fp32",
     weight_prefetch: Annotated[bool, typer.Option(
         "--weight-prefetch/--no-weight-prefetch", help="Late convs and matmuls over pre-packed weights ask for the "
@@ -89,7 +99,8 @@ def compile(
     # a compile tiles nothing: no tile cache
     parts, _, kept = partition_settings(partition, threshold, keep_inside, target, mcpu, geometry)
     _check_request(seed, dump_dir)
-    knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, target=target,
+    knobs = dict(partition=parts, layout=layout, pad_channels=pad_channels, fast_math=fast_math, winograd=winograd,
+                 target=target,
                  mcpu=mcpu, num_cores=num_cores, kept=kept, precision=precision, weight_prefetch=weight_prefetch)
     if db is not None:
         knobs = {**_from_db(db, knobs, other_target), "kept": "as the database was tuned"}
@@ -145,7 +156,8 @@ def _from_db(db: Path, knobs: dict, other_target: bool) -> dict:
                                     f"{tuned.precision}; tune them with `agoc tune --precision {asked}`, or drop "
                                     "--precision (the database's is used)")
     return {**knobs, "partition": tuned.settings.partition, "layout": tuned.activation_layout,
-            "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "precision": tuned.precision,
+            "pad_channels": tuned.channel_padding, "fast_math": tuned.fast_math, "winograd": tuned.winograd,
+            "precision": tuned.precision,
             "target": target, "mcpu": mcpu, "num_cores": num_cores}
 
 
@@ -158,7 +170,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
     spec = resolve_target("host" if knobs["target"] is None else knobs["target"], mcpu=knobs["mcpu"],
                           num_cores=knobs["num_cores"], layout=knobs["layout"], pad_channels=knobs["pad_channels"],
                           fast_math=knobs["fast_math"], precision=knobs.get("precision", "fp32"),
-                          weight_prefetch=knobs.get("weight_prefetch", True))
+                          weight_prefetch=knobs.get("weight_prefetch", True), winograd=knobs.get("winograd", True))
     compiler = find_compiler(spec)
     proto, label, inputs, overrides = load_supported(model, shapes)
     check_sizes(inputs)
@@ -172,6 +184,7 @@ def _request(model: str, shapes: list[str], knobs: dict, seed: int, dump_dir, db
         f"[dim]compiling {escape(label)} ({escape(shown)}) for {spec.preset} {escape(json.dumps(spec.tvm_target))} "
         f"with {escape(compiler.version)}, partition={partition}, layout {spec.layout}"
         f"{'' if spec.pad_channels else ', channels not padded'}{'' if spec.fast_math else ', exact math'}"
+        f"{'' if spec.winograd else ', direct 3×3 convs'}"
         f"{', float16' if spec.precision == 'fp16' else ''}{'' if spec.weight_prefetch else ', no weight prefetch'}"
         f"{f' (Td {threshold:g})' if partition == 'ago' else ''}"
         f"{kept if partition == 'ago' and keep_inside else ''}"

@@ -26,6 +26,7 @@ from host.options import (
     SchedulerOpt,
     ThresholdOpt,
     TransferOpt,
+    WinogradOpt,
 )
 from toolchain.errors import UnsupportedModelError
 
@@ -116,6 +117,7 @@ def tune(
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
+    winograd: WinogradOpt = True,
     precision: PrecisionOpt = "fp32",
 ):
     """Tune every kernel on MetaSchedule (AGO divide-and-conquer), keeping only verified schedules."""
@@ -147,7 +149,8 @@ def tune(
         seed=seed, cold_weights=not warm_weights, scheduler=scheduler, warmup=warmup, prepack=not no_prepack,
         transfer=transfer, population=population, search_threads=search_threads, roof_share=roof,
     )
-    proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math, precision)
+    proto, label, mod, spec = _legalized(model, input_shape or [], where, layout, pad_channels, fast_math, precision,
+                                         winograd)
     _describe(label, db, where, settings, spec, kept)
     if default_budget:
         err_console.print(f"[dim]tuning with no budget given: {DEFAULT_TRIALS} trials or {DEFAULT_TIME}, whichever "
@@ -239,7 +242,7 @@ def _check_databases(db: Path, base: Optional[Path]) -> None:
 
 
 def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_channels: bool, fast_math: bool,
-               precision: str = "fp32"):
+               precision: str = "fp32", winograd: bool = True):
     """(ModelProto, name, legalized module, target spec): the model as the devices will run it (in
     ``precision``: an fp16 session tunes the float16 kernels an fp16 build runs)."""
     from toolchain import frontend
@@ -250,7 +253,7 @@ def _legalized(model: str, shapes: list[str], where: _Where, layout: str, pad_ch
     if where.devices and where.devices[0].kind != "local":
         cores = where.devices[0].describe().get("cores")
     spec = resolve_target(where.target, num_cores=cores, layout=layout, pad_channels=pad_channels, fast_math=fast_math,
-                          precision=precision)
+                          precision=precision, winograd=winograd)
     return proto, label, frontend.prepare(proto, spec, overrides)[0], spec
 
 

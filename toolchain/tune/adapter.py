@@ -57,15 +57,16 @@ def fast_build(mod, target, _params=None):
     return tvm_build(as_built(mod), target=target)
 
 
-def workload_module(func):
+def workload_module(func, guard: bool = True):
     """``func`` alone in a fresh module, as MetaSchedule's workload — a deep copy: in TVM 0.27 a
     schedule made on a module nothing else holds edits it in place, down to the PrimFunc the module
     was made from (``Schedule(workload_module(f))`` then ``split`` changed ``f``). Blocks whose inlining would
-    copy their expression without bound are annotated not to be inlined (:mod:`toolchain.tune.inlining`)."""
+    copy their expression without bound are annotated not to be inlined (:mod:`toolchain.tune.inlining`; not with
+    ``guard`` False: the kernel as a model holds it, which is what ApplyDatabase looks a record up by)."""
     import tvm
 
-    return inlining.guarded(tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr(
-        "global_symbol", "main")}))
+    mod = tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+    return inlining.guarded(mod) if guard else mod
 
 
 def scheduled(func, trace_json):

@@ -16,7 +16,9 @@ def apply_records(fused_mod, kernels: list[tuple[object, object, float]], spec):
     memory = ms.database.MemoryDatabase()
     for func, trace, latency_ms in kernels:
         sch = scheduled(func, trace)
-        workload = memory.commit_workload(workload_module(func))
+        # the kernel unguarded: a block annotated not to be inlined (tune.inlining) would hash otherwise than the
+        # model's kernel, and the record would never be found (its schedule is the same either way)
+        workload = memory.commit_workload(workload_module(func, guard=False))
         memory.commit_tuning_record(
             ms.database.TuningRecord(
                 sch.trace, workload, [latency_ms / 1e3], spec.tvm(), ms.arg_info.ArgInfo.from_prim_func(func)

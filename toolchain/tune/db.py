@@ -99,16 +99,18 @@ class TuneDB:
             existing["layout"] = self.activation_layout
             existing["pad_channels"] = self.channel_padding
             existing["fast_math"] = self.fast_math
+            existing["winograd"] = self.winograd
             existing["precision"] = self.precision
             session = {**session, "layout": session.get("layout", "NCHW"),
                        "pad_channels": session.get("pad_channels", False), "fast_math": session.get("fast_math", False),
-                       "precision": session.get("precision", "fp32")}
+                       "winograd": session.get("winograd", False), "precision": session.get("precision", "fp32")}
             unknown = sorted(known_settings(existing["settings"]) - known_settings(TuneSettings().to_json()))
             if unknown:  # a newer agoc made or resumed it: this one cannot tell whether its records compare
                 raise TuningError(
                     f"{self.root} was tuned by a newer agoc, with settings this one does not know "
                     f"({', '.join(unknown)}); upgrade agoc, or use another --db")
-            for key in ("model_sha256", "precision", "target", "layout", "pad_channels", "fast_math", "settings"):
+            for key in ("model_sha256", "precision", "target", "layout", "pad_channels", "fast_math", "winograd",
+                        "settings"):
                 # the budget may change between runs: a larger one continues tuning, every record stays valid
                 # (a setting added since a database was made counts at the value it had then: BEFORE_SETTING)
                 old, now = ((settings_but_trials(existing[key]), settings_but_trials(session[key]))
@@ -117,6 +119,7 @@ class TuneDB:
                     same = {"layout": f" (--layout {existing[key]})",
                             "pad_channels": f" ({'--pad-channels' if existing[key] else '--no-pad-channels'})",
                             "fast_math": f" ({'--fast-math' if existing[key] else '--exact-math'})",
+                            "winograd": f" ({'--winograd' if existing[key] else '--direct-conv'})",
                             "precision": f" (--precision {existing[key]})",
                             "settings": _keep_inside_hint(old, now) if key == "settings" else ""}
                     differ = (_setting_changes(old, now) if key == "settings"
@@ -154,6 +157,12 @@ class TuneDB:
         """Whether the session's kernels compute transcendental ops with fast polynomials (``--fast-math``
         on a model with such ops, toolchain/fastmath.py; a database made before the setting: no)."""
         return bool((self.session or {}).get("fast_math", False))
+
+    @property
+    def winograd(self) -> bool:
+        """Whether the session's kernels compute 3×3 convs as Winograd's (``--winograd`` on a model with such a conv,
+        toolchain/winograd.py; a database made before the setting: no)."""
+        return bool((self.session or {}).get("winograd", False))
 
     @property
     def precision(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from toolchain import winograd
 from toolchain.concat import is_view
 
 
@@ -188,6 +189,8 @@ def matmul_like(func) -> MatmulLike | None:
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+    if any(b.name_hint.startswith(winograd.GEMM) for b in blocks):  # a batch matmul between transforms: its own
+        return None  # schedule (tune/winograd.py), never a block that recomputes them in its loads
     if len(reducing) != 1 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) and not is_view(b.name_hint)
                                  for b in blocks):
         return None
@@ -567,6 +570,10 @@ def register_block(func, target, spatial: bool = False):
     lanes where no wider one divides the channels (ShuffleNet's 58: 2 lanes)."""
     from tvm import s_tir
 
+    if winograd.is_winograd(func):  # its matmul is one block of several: its own schedule
+        from toolchain.tune import winograd as winograd_schedule
+
+        return winograd_schedule.schedule(func, target)
     kernel = matmul_like(func)
     if kernel is None:
         return None, "not a matmul-like kernel"

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from toolchain import fastmath, padding, roofline
+from toolchain import fastmath, padding, roofline, winograd
 from toolchain.errors import first_line
 from toolchain.opgraph import op_graph
 from toolchain.tune import adapter, candidates, compose, pairing, phases
@@ -128,7 +128,8 @@ def open_session(mod, model_sha256: str, spec, settings: TuneSettings, db_dir: P
     db = TuneDB(db_dir)
     db.open_session(
         {"schema": SCHEMA, "model_sha256": model_sha256, "target": spec.tvm_target, "layout": spec.layout,
-         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "precision": spec.precision,
+         "pad_channels": padding.applied(mod), "fast_math": fastmath.applied(mod), "winograd": winograd.applied(mod),
+         "precision": spec.precision,
          "settings": settings.to_json()}
     )
     _, plan = plan_tasks(mod, graph, spec, settings)

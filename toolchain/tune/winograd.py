@@ -1,0 +1,96 @@
+"""The schedule of a Winograd conv's kernel (toolchain/winograd.py): its transforms as parallel vectorised passes over
+the tiles, the α² matmuls as one register block over (α², tiles, output channels), the epilogue fused into the last
+pass. Why and the figures: docs/partitioning.md (Winograd convs)."""
+
+from __future__ import annotations
+
+from toolchain import winograd as wg
+from toolchain.tune.microkernel import as_pass, block_for, dividing_lanes, own_module, unit_of
+
+
+def schedule(func, target):
+    """``func`` (a Winograd conv, with what its kernel fused before and after it) scheduled: (schedule, its matmul's
+    "rows×vectors×lanes"), or (None, why not)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(own_module(func))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    parts = [_named(names, stem) for stem in (wg.PAD, wg.ROWS, wg.PACK, wg.GEMM, wg.COLS, wg.UNPACK, wg.OUT)]
+    if None in parts:
+        return None, "not one Winograd conv"
+    pad, rows, pack, gemm, cols, unpack, out = parts
+    unit = unit_of(target)
+    before, after = names[:names.index(pad)], names[names.index(out) + 1:]
+    for name in reversed(before):  # what computes its input (a layout change, an activation): into its loads
+        _inline_or_pass(sch, name, unit.lanes)
+    sch.compute_inline(sch.get_sblock(pad))
+    _transform(sch, pack, rows, unit.lanes)
+    shape = _matmul(sch, gemm, unit)
+    if shape is None:
+        return None, "no vector divides its output channels"
+    _transform(sch, unpack, cols, unit.lanes)
+    for name in after:  # its epilogue (bias, activation, a residual add) into the output's pass, or passes after it
+        try:
+            sch.reverse_compute_inline(sch.get_sblock(name))
+        except Exception:  # noqa: BLE001 - not elementwise over the output (a slice, a view): a pass of its own
+            as_pass(sch, name, unit.lanes)
+    as_pass(sch, out, dividing_lanes(int(sch.get(sch.get_loops(sch.get_sblock(out))[-1]).extent), unit.lanes))
+    return sch, "×".join(map(str, shape))
+
+
+def _named(names: list[str], stem: str) -> str | None:
+    """The one block called ``stem`` (a fused kernel's names may carry a number after it), None unless one."""
+    hits = [n for n in names if n == stem or (n.startswith(stem) and n[len(stem):].isdigit())]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _inline_or_pass(sch, name: str, lanes: int) -> None:
+    try:
+        sch.compute_inline(sch.get_sblock(name))
+    except Exception:  # noqa: BLE001 - read by more than its consumer, or not inlinable: a pass of its own
+        as_pass(sch, name, lanes)
+
+
+def _transform(sch, name: str, first: str, lanes: int) -> None:
+    """A two-pass transform (``first`` then ``name``, loops (α or m, α, tiles, channels)) as one pass over the
+    tiles: per tile and vector of channels, ``first``'s values computed in a small buffer and ``name``'s from them,
+    the transform loops unrolled (their selects fold), the channels vectorised."""
+    block = sch.get_sblock(name)
+    e, n, p, c = sch.get_loops(block)
+    width = dividing_lanes(int(sch.get(c).extent), lanes)
+    co, ci = sch.split(c, [None, width])
+    sch.reorder(p, co, e, n, ci)
+    sch.parallel(p)
+    producer = sch.get_sblock(first)
+    sch.compute_at(producer, co)
+    *unrolled, inner = sch.get_loops(producer)[2:]
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(inner)
+    sch.unroll(e)
+    sch.unroll(n)
+    sch.vectorize(ci)
+
+
+def _matmul(sch, name: str, unit) -> tuple[int, int, int] | None:
+    """The α² matmuls (loops α, α, tiles, output channels, input channels) as one register block: rows of tiles ×
+    vectors of output channels held in registers across the input channels, all (α², row, vector) tiles parallel."""
+    block = sch.get_sblock(name)
+    e, n, p, o, k = sch.get_loops(block)
+    shape = block_for(int(sch.get(o).extent), int(sch.get(p).extent), unit, perfect=False)
+    if shape is None:
+        return None
+    rows, vectors, lanes = shape
+    batch = sch.fuse(e, n)
+    io, ii = sch.split(p, [None, rows])
+    jo, jj, jv = sch.split(o, [None, vectors, lanes])
+    sch.reorder(batch, io, jo, k, ii, jj, jv)
+    acc = sch.cache_write(block, 0, "global")  # a stack array (microkernel.block_matmul)
+    sch.reverse_compute_at(acc, jo)
+    sch.parallel(sch.fuse(batch, io, jo))  # before the reduction is split into init and update
+    sch.unroll(ii)
+    sch.unroll(jj)
+    sch.vectorize(jv)
+    sch.decompose_reduction(block, k)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    return shape
