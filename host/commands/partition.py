@@ -21,6 +21,7 @@ from host.options import (
     ModelArg,
     PadChannelsOpt,
     ThresholdOpt,
+    WinogradOpt,
 )
 from toolchain.errors import UnsupportedModelError
 
@@ -43,6 +44,7 @@ def partition(
     layout: LayoutOpt = "NHWC",
     pad_channels: PadChannelsOpt = True,
     fast_math: FastMathOpt = True,
+    winograd: WinogradOpt = True,
 ):
     """Partition MODEL with AGO and with stock TVM; print subgraphs and AGO's statistics side by side."""
     from toolchain import frontend
@@ -60,7 +62,7 @@ def partition(
     threshold = ago.td
     trivial_cut = partitioning.TRIVIAL_CUT if trivial_cut is None else trivial_cut
     proto, label, _, overrides = load_supported(model, input_shape or [])
-    spec = resolve_target("host", layout=layout, pad_channels=pad_channels, fast_math=fast_math)
+    spec = resolve_target("host", layout=layout, pad_channels=pad_channels, fast_math=fast_math, winograd=winograd)
     mod, _ = frontend.prepare(proto, spec, overrides)
     graph = op_graph(mod)
     plans = {

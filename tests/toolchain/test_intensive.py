@@ -21,7 +21,7 @@ from toolchain.tune.space import make_space_generator
 
 # NHWC activations (the default); the fixtures' convs keep their channel counts on every host (padding a narrow conv
 # to the host's vector, toolchain/padding.py, would change the kernels by machine)
-SPEC = resolve_target("host", pad_channels=False)
+SPEC = resolve_target("host", pad_channels=False, winograd=False)  # the intensive space's direct convs
 NCHW = resolve_target("host", layout="NCHW", pad_channels=False)
 M56 = (1, 3, 56, 56)  # MobileNet-V2 at 56: the stem leaves 28×28
 

@@ -76,7 +76,7 @@ def schedule_rows(sch, kernel: RowKernel, lanes: int):
     for name in kernel.lead:
         sch.compute_inline(sch.get_sblock(name))
     if kernel.rest:  # a chain of reshapes and transposes: one pass, its last, reading through them
-        _as_passes(sch, kernel.rest, lanes)
+        as_passes(sch, kernel.rest, lanes)
     for name in reversed(kernel.blocks[:-1]):
         block = sch.get_sblock(name)
         if name not in kernel.reductions and len(sch.get_consumers(block)) == 1:
@@ -152,11 +152,11 @@ def pass_schedule(func, target):
         return None, "a reduction"
     if any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) for b in blocks):
         return None, "nested blocks"
-    passes = _as_passes(sch, [b.name_hint for b in blocks], vector_lanes(target))
+    passes = as_passes(sch, [b.name_hint for b in blocks], vector_lanes(target))
     return sch, f"{passes} pass{'es' if passes > 1 else ''}"
 
 
-def _as_passes(sch, names, lanes: int) -> int:
+def as_passes(sch, names, lanes: int) -> int:
     """Blocks ``names`` (program order): each but the last inlined into what reads it where TVM can, the others and
     the last parallel passes (:func:`as_pass`); how many passes."""
     kept = []

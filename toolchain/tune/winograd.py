@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from toolchain import winograd as wg
 from toolchain.tune.microkernel import as_pass, block_for, dividing_lanes, own_module, unit_of
+from toolchain.tune.rows import as_passes
 
 
 def schedule(func, target):
@@ -29,12 +30,9 @@ def schedule(func, target):
     if shape is None:
         return None, "no vector divides its output channels"
     _transform(sch, unpack, cols, unit.lanes)
-    for name in after:  # its epilogue (bias, activation, a residual add) into the output's pass, or passes after it
-        try:
-            sch.reverse_compute_inline(sch.get_sblock(name))
-        except Exception:  # noqa: BLE001 - not elementwise over the output (a slice, a view): a pass of its own
-            as_pass(sch, name, unit.lanes)
-    as_pass(sch, out, dividing_lanes(int(sch.get(sch.get_loops(sch.get_sblock(out))[-1]).extent), unit.lanes))
+    # the tiles' outputs gathered into NHWC and the epilogue (bias, activation, a residual add, a concatenation's
+    # view): each inlined into what reads it, the rest (the last, what another kernel reads) parallel passes
+    as_passes(sch, [out, *after], unit.lanes)
     return sch, "×".join(map(str, shape))
 
 
