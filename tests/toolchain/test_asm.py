@@ -122,3 +122,22 @@ def test_a_5x5_depthwise_block_on_neon_keeps_its_window_rolled_and_barely_spills
         code = asm.assembly(postprocess(sch, arm).mod["main"], arm.tvm())
         loops = [loop for loop in asm.innermost_loops(code, "aarch64") if loop.fmas]
         assert loops and sum(loop.spills for loop in loops) <= 24, (name, loops)
+
+
+@pytest.mark.parametrize("isa", TARGETS)
+def test_a_winograd_convs_matmuls_compile_to_fmas_without_spills(isa):
+    """The (m + 2)² matmuls of a Winograd conv (toolchain/tune/winograd.py) are the same register block: its hot loop
+    holds every accumulator's FMA and spills nothing, on NEON as on x86."""
+    import tvm
+
+    from toolchain import winograd
+    from toolchain.tune import winograd as winograd_schedule
+
+    arch, unit, target = TARGETS[isa]
+    func = winograd.kernel(winograd.Conv(28, 28, 32, 64, (1, 1, 1, 1), 4))
+    sch, shape = winograd_schedule.schedule(func, tvm.target.Target(target))
+    rows, vectors, lanes = map(int, shape.split("×"))
+    assert lanes == unit.lanes
+    loop = hot_loop(sch.mod["main"], target, arch)
+    assert loop is not None and loop.spills == 0, loop
+    assert loop.fmas >= rows * vectors and loop.fmas % (rows * vectors) == 0, loop
