@@ -119,7 +119,10 @@ def legalize(mod, spec: TargetSpec):
             mod = constfold.fold_layout_constants(mod)
             convs = 0
             if nhwc and getattr(spec, "winograd", False) and getattr(spec, "precision", "fp32") == "fp32":
-                mod, convs = winograd.rewrite(mod)  # weights folded to constants: transformed here, once
+                from toolchain.tune.winograd import tile_rows
+
+                target = spec.tvm()  # weights folded to constants: transformed here, once
+                mod, convs = winograd.rewrite(mod, lambda conv: tile_rows(conv, target))
             out = tvm.transform.Sequential(passes)(mod)
     except Exception as exc:
         raise BuildError(f"legalizing the model failed: {error_line(exc)} (rerun with --debug)") from exc

@@ -4,7 +4,7 @@ or 4× (m 4) fewer multiplications. Why, the rules and the figures: docs/partiti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class Conv:
     out_channels: int
     padding: tuple[int, int, int, int]
     m: int
+    rows: int = 1  # the tiles rounded up to a multiple of this (the matmul's register block's rows: none masked)
 
     @property
     def out_height(self) -> int:
@@ -54,6 +55,11 @@ class Conv:
     @property
     def out_width(self) -> int:
         return self.width + self.padding[1] + self.padding[3] - 2
+
+    @property
+    def tiles(self) -> int:
+        """The m × m output tiles, whole and cut off at the edges: the matmuls' rows."""
+        return -(-self.out_height // self.m) * -(-self.out_width // self.m)
 
 
 def tile_of(out_height: int, out_width: int) -> int | None:
@@ -125,9 +131,10 @@ def transformed_weight(weight_ohwi: np.ndarray, m: int) -> np.ndarray:
     return np.einsum("er,orsi,ns->enio", g, weight_ohwi.astype(np.float64), g).astype(np.float32)
 
 
-def rewrite(mod):
+def rewrite(mod, rows_of=lambda conv: 1):
     """``mod`` with every conv :func:`conv_of` takes in its Relax functions replaced by a ``call_tir`` of its
-    Winograd kernel (:func:`kernel`) on its input and its transformed weight (a constant); the number rewritten."""
+    Winograd kernel (:func:`kernel`) on its input and its transformed weight (a constant), its tiles rounded up to a
+    multiple of ``rows_of(conv)``; the number rewritten."""
     from tvm import relax
     from tvm.relax import PyExprMutator, expr_functor
 
@@ -141,6 +148,7 @@ def rewrite(mod):
             if conv is None:
                 return call
             count[0] += 1
+            conv = replace(conv, rows=rows_of(conv))
             # kOutEWiseFusable: its bias and activation join it; no symbol of its own (the module names it)
             func = kernel(conv).with_attr("op_pattern", 4).without_attr("global_symbol")
             gv = self.builder_.add_func(func, FUNC_NAME)
@@ -190,8 +198,9 @@ def kernel(conv: Conv):
     m, a = conv.m, conv.m + 2
     bt, at = TRANSFORMS[m]["BT"], TRANSFORMS[m]["AT"]
     ho, wo = conv.out_height, conv.out_width
-    nh, nw = -(-ho // m), -(-wo // m)
-    tiles, ci, co = nh * nw, conv.in_channels, conv.out_channels
+    nw = -(-wo // m)
+    tiles, ci, co = -(-conv.tiles // conv.rows) * conv.rows, conv.in_channels, conv.out_channels
+    nh = -(-tiles // nw)  # whole rows of tiles: those past the output read padding, and nothing reads them
     top, left = conv.padding[0], conv.padding[1]
     def shape(*dims):  # int64, as Relax's shapes are (FuseTIR matches the kernel's buffers to them)
         return tuple(tirx.IntImm("int64", d) for d in dims)

@@ -36,6 +36,14 @@ def schedule(func, target):
     return sch, "×".join(map(str, shape))
 
 
+def tile_rows(conv, target) -> int:
+    """The rows of the register block a Winograd conv's matmuls get on ``target`` (:func:`block_for`, the last tile
+    masked where that uses the registers better): what :func:`toolchain.winograd.rewrite` rounds its tiles up to, so
+    that no tile of rows is masked (a masked block spilled on AVX2's 16 registers)."""
+    shape = block_for(conv.out_channels, conv.tiles, unit_of(target), perfect=False)
+    return shape[0] if shape else 1
+
+
 def _named(names: list[str], stem: str) -> str | None:
     """The one block called ``stem`` (a fused kernel's names may carry a number after it), None unless one."""
     hits = [n for n in names if n == stem or (n.startswith(stem) and n[len(stem):].isdigit())]
@@ -75,7 +83,7 @@ def _matmul(sch, name: str, unit) -> tuple[int, int, int] | None:
     vectors of output channels held in registers across the input channels, all (α², row, vector) tiles parallel."""
     block = sch.get_sblock(name)
     e, n, p, o, k = sch.get_loops(block)
-    shape = block_for(int(sch.get(o).extent), int(sch.get(p).extent), unit, perfect=False)
+    shape = block_for(int(sch.get(o).extent), int(sch.get(p).extent), unit)  # rows dividing the tiles: no mask
     if shape is None:
         return None
     rows, vectors, lanes = shape
