@@ -21,9 +21,16 @@ TRANSFORMS = {
         "AT": ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))},
 }
 
-#: the tile of outputs by the conv's smaller output side, first match: (smallest side, m); smaller sides than the
-#: last stay direct (a 4 × 4 output is one or four tiles: the transforms cost what they save)
-TILES = ((12, 4), (6, 2))
+#: the tiles tried, largest first: the first whose matmuls have :data:`MIN_TILES` rows or more and whose
+#: transformed weight is at most :data:`MAX_WEIGHT_BYTES` is taken; none: the conv stays direct
+TILES = (4, 2)
+#: the fewest tiles (the matmuls' rows: how often each transformed weight is used) a Winograd conv has: a 4 × 4
+#: or 7 × 7 output's 4 or 16 tiles of 2 × 2 left ResNet's last 512-channel convs weight-bound, 0.75× the direct conv
+MIN_TILES = 16
+#: the largest transformed weight ((m + 2)² × input × output channels, float32): 4× the direct conv's at m = 4,
+#: read from memory each call in a model too large for the caches (ResNet-18's 14 × 14 × 256 convs: 9.4 MB at m = 4,
+#: 1.3× the direct conv; at m = 2, 4.2 MB)
+MAX_WEIGHT_BYTES = 8 << 20
 #: the fewest input and output channels a Winograd conv has (its matmul's depth and width: a stem's 3 input
 #: channels leave the transforms most of the work)
 MIN_CHANNELS = 8
@@ -62,10 +69,13 @@ class Conv:
         return -(-self.out_height // self.m) * -(-self.out_width // self.m)
 
 
-def tile_of(out_height: int, out_width: int) -> int | None:
-    """The m of F(m, 3) for an output of this size (:data:`TILES`), None: stays a direct conv."""
-    side = min(out_height, out_width)
-    return next((m for least, m in TILES if side >= least), None)
+def tile_of(out_height: int, out_width: int, in_channels: int, out_channels: int) -> int | None:
+    """The m of F(m, 3) for a conv of this output and channels (:data:`TILES`), None: it stays direct."""
+    def fits(m: int) -> bool:
+        tiles = -(-out_height // m) * -(-out_width // m)
+        return tiles >= MIN_TILES and (m + 2) ** 2 * in_channels * out_channels * 4 <= MAX_WEIGHT_BYTES
+
+    return next((m for m in TILES if fits(m)), None)
 
 
 def applied(mod) -> bool:
@@ -121,7 +131,7 @@ def conv_of(call) -> Conv | None:
     if len(padding) != 4 or min(wshape[0], wshape[3]) < MIN_CHANNELS:
         return None
     conv = Conv(dshape[1], dshape[2], dshape[3], wshape[0], padding, 0)
-    m = tile_of(conv.out_height, conv.out_width)
+    m = tile_of(conv.out_height, conv.out_width, conv.in_channels, conv.out_channels)
     return Conv(conv.height, conv.width, conv.in_channels, conv.out_channels, padding, m) if m else None
 
 

@@ -91,13 +91,17 @@ def conv_call(shape=(1, 16, 16, 16), weight=(32, 3, 3, 16), strides=(1, 1), grou
 
 def test_which_convs_it_takes():
     assert winograd.conv_of(conv_call()).m == 4  # 16 × 16 outputs: 4 × 4 tiles
-    assert winograd.conv_of(conv_call(shape=(1, 8, 8, 16))).m == 2  # 8 × 8: 2 × 2 tiles
+    assert winograd.conv_of(conv_call(shape=(1, 8, 8, 16))).m == 2  # 8 × 8: 4 tiles of 4 × 4, 16 of 2 × 2
+    # ResNet's 14 × 14 × 256: 4 × 4 tiles' transformed weight is 9.4 MB, 2 × 2 tiles' 4.2 MB
+    assert winograd.conv_of(conv_call(shape=(1, 14, 14, 256), weight=(256, 3, 3, 256))).m == 2
     refused = {
         "a stride of 2": conv_call(strides=(2, 2)),
         "a 1×1 window": conv_call(weight=(32, 1, 1, 16), padding=(0, 0, 0, 0)),
         "groups": conv_call(weight=(16, 3, 3, 1), groups=16),
         "few input channels (a stem)": conv_call(shape=(1, 16, 16, 3), weight=(32, 3, 3, 3)),
         "a small output": conv_call(shape=(1, 5, 5, 16)),
+        "too large a transformed weight for its tiles (ResNet's 7 × 7 × 512)": conv_call(
+            shape=(1, 7, 7, 512), weight=(512, 3, 3, 512)),
         "NCHW": conv_call(shape=(1, 16, 16, 16), weight=(32, 16, 3, 3), layout=("NCHW", "OIHW")),
     }
     for why, call in refused.items():

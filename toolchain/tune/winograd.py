@@ -68,8 +68,8 @@ def _transform(sch, name: str, first: str, lanes: int) -> None:
     sch.reorder(p, co, e, n, ci)
     sch.parallel(p)
     producer = sch.get_sblock(first)
-    sch.compute_at(producer, co)
-    *unrolled, inner = sch.get_loops(producer)[2:]
+    sch.compute_at(producer, e)  # one row of it at a time: under 1 KiB, a stack array (a larger one is a heap
+    *unrolled, inner = sch.get_loops(producer)[3:]  # workspace allocated in every tile)
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(inner)
