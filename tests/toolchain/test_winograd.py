@@ -163,3 +163,24 @@ def test_a_database_keeps_the_convs_it_was_tuned_with(tmp_path):
     spec = resolve_target("host")
     with pytest.raises(UnsupportedModelError, match="direct 3×3 convs; compile with --direct-conv"):
         compile_model(CompileRequest(model_3x3(), "wino", spec, db=tmp_path), find_compiler(spec), tmp_path / "a")
+
+
+def test_a_tune_searches_its_matmuls_block_and_every_sample_computes_the_conv():
+    """MetaSchedule's own space failed on the transforms ("TensorRegion pattern match failed"): a Winograd conv is
+    searched in its own schedule with the matmul's rows and vectors sampled, and the samples are right."""
+    from toolchain.tune.adapter import workload_module
+    from toolchain.tune.candidates import random_args, run
+    from toolchain.tune.intrinsics import tune_context
+    from toolchain.tune.space import make_space_generator
+
+    spec = resolve_target("host")
+    func = winograd.kernel(winograd.Conv(14, 14, 16, 64, (1, 1, 1, 1), 4))
+    chosen = make_space_generator(func, spec.tvm())
+    assert chosen.kind == "winograd"
+    ctx = tune_context(mod=workload_module(func), target=spec.tvm(), space_generator=chosen.generator, num_threads=1)
+    (design,) = ctx.generate_design_space()
+    decisions = [d for inst, d in design.trace.decisions.items() if inst.kind.name == "SamplePerfectTile"]
+    assert len(decisions) == 2  # the rows of tiles, the vectors of output channels
+    args = random_args(func, 0)
+    np.testing.assert_allclose(run(design.mod, args, spec.tvm())[-1], run(func, args, spec.tvm())[-1],
+                               rtol=1e-4, atol=1e-4)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from toolchain import winograd
 from toolchain.tune import intrinsics
+from toolchain.tune import winograd as winograd_schedule
 from toolchain.tune.intensive import Decide, block_exists, intensive_schedule, vector_lanes
 from toolchain.tune.pairs import IntensivePair, find_pair
 from toolchain.tune.race_check import parallel_races
@@ -211,7 +213,8 @@ class SpaceChoice:
 
     generator: object  # tvm.s_tir.meta_schedule.SpaceGenerator
     pair: IntensivePair | None
-    kind: str  # "intensive" | "intensive+default" | "block+default" | "default" | "default-no-write-fusion"
+    kind: str  # "intensive" | "intensive+default" | "block+default" | "default" | "default-no-write-fusion" |
+    # "winograd"
     reason: str
 
 
@@ -255,6 +258,11 @@ def make_space_generator(func, target, intensive: bool = True, include_default: 
             return SpaceChoice(gen, pair, "default", reason)
         return SpaceChoice(gen, pair, "default-no-write-fusion", f"{reason}; {blocked}")
 
+    if winograd.is_winograd(func):  # MetaSchedule's own space fails on its transforms: its schedule, tiles sampled
+        gen = ms.space_generator.ScheduleFn(winograd_schedule.space_fn(target), sch_rules=[],
+                                            postprocs=postprocs(check), mutator_probs="llvm")
+        return SpaceChoice(gen, None, "winograd", "a Winograd conv: its matmul's register block, rows and vectors "
+                           "sampled")
     blocked = block_space(func, target, check) if block else None
     if blocked is not None:  # a conv, matmul or pool: its register block beside the stock space
         union = ms.space_generator.SpaceGeneratorUnion(

@@ -5,7 +5,16 @@ pass. Why and the figures: docs/partitioning.md (Winograd convs)."""
 from __future__ import annotations
 
 from toolchain import winograd as wg
-from toolchain.tune.microkernel import as_pass, block_for, dividing_lanes, own_module, unit_of
+from toolchain.tune.microkernel import (
+    MAX_ROWS,
+    MAX_VECTORS,
+    _factors,
+    as_pass,
+    block_for,
+    dividing_lanes,
+    own_module,
+    unit_of,
+)
 from toolchain.tune.rows import as_passes
 
 
@@ -15,25 +24,44 @@ def schedule(func, target):
     from tvm import s_tir
 
     sch = s_tir.Schedule(own_module(func))
+    shape = apply(sch, unit_of(target), sampled=True)  # the space's own point: a search starts from its trace
+    return (sch, "×".join(map(str, shape))) if isinstance(shape, tuple) else (None, shape)
+
+
+def space_fn(target):
+    """The function a MetaSchedule ``ScheduleFn`` calls on a Winograd conv: :func:`apply` with the matmul's rows
+    and vectors as tile samples (a search varies them; the structure and the lanes stay)."""
+    unit = unit_of(target)
+
+    def fn(sch):
+        found = apply(sch, unit, sampled=True)
+        if not isinstance(found, tuple):
+            raise ValueError(found)
+        return [sch]
+
+    return fn
+
+
+def apply(sch, unit, sampled: bool = False):
+    """Schedule a Winograd conv's kernel in ``sch``: its matmul's (rows, vectors, lanes), or why not (a string)."""
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     parts = [_named(names, stem) for stem in (wg.PAD, wg.ROWS, wg.PACK, wg.GEMM, wg.COLS, wg.UNPACK, wg.OUT)]
     if None in parts:
-        return None, "not one Winograd conv"
+        return "not one Winograd conv"
     pad, rows, pack, gemm, cols, unpack, out = parts
-    unit = unit_of(target)
     before, after = names[:names.index(pad)], names[names.index(out) + 1:]
     for name in reversed(before):  # what computes its input (a layout change, an activation): into its loads
         _inline_or_pass(sch, name, unit.lanes)
     sch.compute_inline(sch.get_sblock(pad))
     _transform(sch, pack, rows, unit.lanes)
-    shape = _matmul(sch, gemm, unit)
+    shape = _matmul(sch, gemm, unit, sampled)
     if shape is None:
-        return None, "no vector divides its output channels"
+        return "no vector divides its output channels"
     _transform(sch, unpack, cols, unit.lanes)
     # the tiles' outputs gathered into NHWC and the epilogue (bias, activation, a residual add, a concatenation's
     # view): each inlined into what reads it, the rest (the last, what another kernel reads) parallel passes
     as_passes(sch, [out, *after], unit.lanes)
-    return sch, "×".join(map(str, shape))
+    return shape
 
 
 def tile_rows(conv, target) -> int:
@@ -78,9 +106,10 @@ def _transform(sch, name: str, first: str, lanes: int) -> None:
     sch.vectorize(ci)
 
 
-def _matmul(sch, name: str, unit) -> tuple[int, int, int] | None:
+def _matmul(sch, name: str, unit, sampled: bool = False) -> tuple[int, int, int] | None:
     """The α² matmuls (loops α, α, tiles, output channels, input channels) as one register block: rows of tiles ×
-    vectors of output channels held in registers across the input channels, all (α², row, vector) tiles parallel."""
+    vectors of output channels held in registers across the input channels, all (α², row, vector) tiles parallel;
+    ``sampled``: the rows and vectors tile samples starting from that block."""
     block = sch.get_sblock(name)
     e, n, p, o, k = sch.get_loops(block)
     shape = block_for(int(sch.get(o).extent), int(sch.get(p).extent), unit)  # rows dividing the tiles: no mask
@@ -88,15 +117,18 @@ def _matmul(sch, name: str, unit) -> tuple[int, int, int] | None:
         return None
     rows, vectors, lanes = shape
     batch = sch.fuse(e, n)
-    io, ii = sch.split(p, [None, rows])
-    jo, jj, jv = sch.split(o, [None, vectors, lanes])
+    tiles, channels = int(sch.get(p).extent), int(sch.get(o).extent)
+    io, ii = sch.split(p, _factors(sch, p, [tiles // rows, rows], MAX_ROWS, sampled))
+    jo, jv = sch.split(o, [None, lanes])
+    jo, jj = sch.split(jo, _factors(sch, jo, [channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
     sch.reorder(batch, io, jo, k, ii, jj, jv)
     acc = sch.cache_write(block, 0, "global")  # a stack array (microkernel.block_matmul)
-    sch.reverse_compute_at(acc, jo)
+    sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
     sch.parallel(sch.fuse(batch, io, jo))  # before the reduction is split into init and update
     sch.unroll(ii)
     sch.unroll(jj)
     sch.vectorize(jv)
     sch.decompose_reduction(block, k)
-    sch.vectorize(sch.get_loops(acc)[-1])
+    *_, last = sch.get_loops(acc)
+    sch.vectorize(sch.split(last, [None, lanes])[1])
     return shape
