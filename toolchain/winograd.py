@@ -107,8 +107,9 @@ def _shape(expr) -> tuple[int, ...] | None:
 
 
 def conv_of(call) -> Conv | None:
-    """The :class:`Conv` a Relax call is, or None: a float32 ``conv2d`` in NHWC with an OHWI constant 3×3 weight,
-    stride 1, no dilation, one group, :data:`MIN_CHANNELS` or more each side, an output :func:`tile_of` takes."""
+    """The :class:`Conv` a Relax call is, or None: a float32 ``conv2d`` of one image in NHWC with an OHWI constant
+    3×3 weight, stride 1, no dilation, one group, :data:`MIN_CHANNELS` or more each side, an output and channels
+    :func:`tile_of` takes."""
     import tvm
 
     if getattr(getattr(call, "op", None), "name", None) != "relax.nn.conv2d":
@@ -132,7 +133,7 @@ def conv_of(call) -> Conv | None:
         return None
     conv = Conv(dshape[1], dshape[2], dshape[3], wshape[0], padding, 0)
     m = tile_of(conv.out_height, conv.out_width, conv.in_channels, conv.out_channels)
-    return Conv(conv.height, conv.width, conv.in_channels, conv.out_channels, padding, m) if m else None
+    return replace(conv, m=m) if m else None
 
 
 def transformed_weight(weight_ohwi: np.ndarray, m: int) -> np.ndarray:
