@@ -84,13 +84,18 @@ def applied(mod) -> bool:
     return bool(mod.attrs and APPLIED_ATTR in mod.attrs)
 
 
+def holds_winograd(block_names) -> bool:
+    """Whether a kernel's blocks (their names) hold a Winograd conv's matmul."""
+    return any(name.startswith(GEMM) for name in block_names)
+
+
 def is_winograd(func) -> bool:
     """Whether a PrimFunc (fused or not) holds a Winograd conv's blocks."""
     from tvm import s_tir
 
     try:
         sch = s_tir.Schedule(func)
-        return any(sch.get(b).name_hint.startswith(GEMM) for b in sch.get_child_blocks(sch.get_sblock("root")))
+        return holds_winograd(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
     except Exception:  # noqa: BLE001 - no root block: not one
         return False
 

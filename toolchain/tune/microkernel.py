@@ -189,7 +189,7 @@ def matmul_like(func) -> MatmulLike | None:
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
-    if any(b.name_hint.startswith(winograd.GEMM) for b in blocks):  # a batch matmul between transforms: its own
+    if winograd.holds_winograd(b.name_hint for b in blocks):  # a batch matmul between transforms: its own
         return None  # schedule (tune/winograd.py), never a block that recomputes them in its loads
     if len(reducing) != 1 or any(sch.get_child_blocks(sch.get_sblock(b.name_hint)) and not is_view(b.name_hint)
                                  for b in blocks):

@@ -24,7 +24,7 @@ def schedule(func, target):
     from tvm import s_tir
 
     sch = s_tir.Schedule(own_module(func))
-    shape = apply(sch, unit_of(target), sampled=True)  # the space's own point: a search starts from its trace
+    shape = apply(sch, unit_of(target))  # the space's own point: a search starts from its trace
     return (sch, "×".join(map(str, shape))) if isinstance(shape, tuple) else (None, shape)
 
 
@@ -34,7 +34,7 @@ def space_fn(target):
     unit = unit_of(target)
 
     def fn(sch):
-        found = apply(sch, unit, sampled=True)
+        found = apply(sch, unit)
         if not isinstance(found, tuple):
             raise ValueError(found)
         return [sch]
@@ -42,8 +42,9 @@ def space_fn(target):
     return fn
 
 
-def apply(sch, unit, sampled: bool = False):
-    """Schedule a Winograd conv's kernel in ``sch``: its matmul's (rows, vectors, lanes), or why not (a string)."""
+def apply(sch, unit):
+    """Schedule a Winograd conv's kernel in ``sch``, its matmul's rows and vectors as tile samples whose decisions
+    are the register block's: its (rows, vectors, lanes), or why not (a string)."""
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     parts = [_named(names, stem) for stem in (wg.PAD, wg.ROWS, wg.PACK, wg.GEMM, wg.COLS, wg.UNPACK, wg.OUT)]
     if None in parts:
@@ -54,7 +55,7 @@ def apply(sch, unit, sampled: bool = False):
         _inline_or_pass(sch, name, unit.lanes)
     sch.compute_inline(sch.get_sblock(pad))
     _transform(sch, pack, rows, unit.lanes)
-    shape = _matmul(sch, gemm, unit, sampled)
+    shape = _matmul(sch, gemm, unit)
     if shape is None:
         return "no vector divides its output channels"
     _transform(sch, unpack, cols, unit.lanes)
@@ -106,21 +107,22 @@ def _transform(sch, name: str, first: str, lanes: int) -> None:
     sch.vectorize(ci)
 
 
-def _matmul(sch, name: str, unit, sampled: bool = False) -> tuple[int, int, int] | None:
+def _matmul(sch, name: str, unit) -> tuple[int, int, int] | None:
     """The α² matmuls (loops α, α, tiles, output channels, input channels) as one register block: rows of tiles ×
     vectors of output channels held in registers across the input channels, all (α², row, vector) tiles parallel;
-    ``sampled``: the rows and vectors tile samples starting from that block."""
+    the rows and vectors tile samples starting from that block (a search's mutator varies them)."""
     block = sch.get_sblock(name)
     e, n, p, o, k = sch.get_loops(block)
-    shape = block_for(int(sch.get(o).extent), int(sch.get(p).extent), unit)  # rows dividing the tiles: no mask
+    tiles, channels = int(sch.get(p).extent), int(sch.get(o).extent)
+    shape = block_for(channels, tiles, unit)  # rows dividing the tiles: no mask
     if shape is None:
         return None
     rows, vectors, lanes = shape
     batch = sch.fuse(e, n)
-    tiles, channels = int(sch.get(p).extent), int(sch.get(o).extent)
-    io, ii = sch.split(p, _factors(sch, p, [tiles // rows, rows], MAX_ROWS, sampled))
+    io, ii = sch.split(p, _factors(sch, p, [tiles // rows, rows], MAX_ROWS, sampled=True))
     jo, jv = sch.split(o, [None, lanes])
-    jo, jj = sch.split(jo, _factors(sch, jo, [channels // lanes // vectors, vectors], MAX_VECTORS, sampled))
+    jo, jj = sch.split(jo, _factors(sch, jo, [channels // lanes // vectors, vectors], MAX_VECTORS,
+                                        sampled=True))
     sch.reorder(batch, io, jo, k, ii, jj, jv)
     acc = sch.cache_write(block, 0, "global")  # a stack array (microkernel.block_matmul)
     sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)  # its loops as many whatever the tiles (a trace replays)
