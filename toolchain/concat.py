@@ -156,3 +156,91 @@ class InPlace:
                     func = func.with_attr(k, v)
             self.made[key] = self.builder.add_func(func, f"{gv.name_hint}_in_place")
         return relax.Call(value.op, [self.made[key], args, *rest], value.attrs, value.ty_args)
+
+
+#: the most pieces a concatenation read along a kernel's reduction is split into (:func:`piece_of`): each piece's
+#: loop is a copy of the reduction's inner loops, so code grows with them; more, and it is copied in a pass first
+MAX_PIECES = 8
+
+
+def piece_of(block) -> int | None:
+    """The channels of each piece when a kernel's reduction reads ``block`` (a concatenation along its last axis: a
+    select by the last index among loads of its inputs, each at that index less a constant) in equal pieces that
+    each lie in one input — the greatest common divisor of its bounds — or None: not such a block, or more than
+    :data:`MAX_PIECES` pieces. The reduction split so, each piece's select is constant and folds away: the kernel
+    loads its inputs where they are, no copy of them made (docs/tuning-internals.md, Register blocks)."""
+    names = [iv.var.name for iv in block.iter_vars]
+    extent = int(block.iter_vars[-1].dom.extent)
+    bounds = _bounds(block.body.value, names) if type(block.body).__name__ in ("BufferStore", "TensorStore") else None
+    if not bounds:  # not a select among loads: one load is no concatenation
+        return None
+    piece = math.gcd(extent, *bounds)
+    return piece if extent // piece <= MAX_PIECES else None
+
+
+def _bounds(value, names: list[str]) -> set[int] | None:
+    """The bounds of ``value`` along the last of ``names``: the constants its selects compare that index with and
+    its loads subtract from it; None unless every leaf is a load at the other indices unchanged."""
+    kind = type(value).__name__
+    if kind in ("BufferLoad", "TensorLoad"):
+        indices = list(value.indices)
+        if _names(indices[:-1]) != names[:-1]:
+            return None
+        offset = _minus(indices[-1], names[-1])
+        return None if offset is None else ({offset} if offset else set())
+    if kind == "Select":
+        condition, branches = value.condition, (value.true_value, value.false_value)
+    elif kind == "Call" and getattr(value.op, "name", "").endswith("if_then_else"):
+        condition, branches = value.args[0], value.args[1:]
+    else:
+        return None
+    bound = _compared(condition, names[-1])
+    parts = [_bounds(b, names) for b in branches]
+    if bound is None or None in parts:
+        return None
+    return {bound, *parts[0], *parts[1]}
+
+
+def _minus(index, name: str) -> int | None:
+    """c where ``index`` is ``name`` − c (0 for ``name``), else None."""
+    if getattr(index, "name", None) == name:
+        return 0
+    if type(index).__name__ == "Sub" and getattr(index.a, "name", None) == name and hasattr(index.b, "value"):
+        return int(index.b.value)
+    return None
+
+
+def _compared(condition, name: str) -> int | None:
+    """K where ``condition`` is index ``name`` ≥ K (in any of its forms: K ≤ i, i > K − 1, …), else None."""
+    kind = type(condition).__name__
+    a, b = getattr(condition, "a", None), getattr(condition, "b", None)
+    if getattr(a, "name", None) == name and hasattr(b, "value"):
+        shift = {"GE": 0, "LT": 0, "GT": 1, "LE": 1}.get(kind)
+        return None if shift is None else int(b.value) + shift
+    if getattr(b, "name", None) == name and hasattr(a, "value"):
+        shift = {"LE": 0, "GT": 0, "LT": 1, "GE": 1}.get(kind)
+        return None if shift is None else int(a.value) + shift
+    return None
+
+
+def read_in_pieces(producers, load, reduction: str) -> tuple[str, int] | None:
+    """(block, :func:`piece_of`) of the producer among ``producers`` that writes what ``load`` (a kernel's data
+    operand) reads when it is a concatenation that ``load`` reads along the ``reduction`` (its last index), through
+    copies that move each value to the same place (a padding of none), else None."""
+    if getattr(load.indices[-1], "name", None) != reduction:
+        return None
+    while True:
+        source = (getattr(load, "buffer", None) or load.source).__chandle__()
+        block = next((b for b in producers if any(w.source.__chandle__() == source for w in b.writes)), None)
+        if block is None:
+            return None
+        value = block.body.value if type(block.body).__name__ in ("BufferStore", "TensorStore") else None
+        if type(value).__name__ not in ("BufferLoad", "TensorLoad") or _names(value.indices) != _names(
+                [iv.var for iv in block.iter_vars]):
+            piece = piece_of(block)
+            return (block.name_hint, piece) if piece else None
+        load = value  # a copy in place: what it reads
+
+
+def _names(indices) -> list:
+    return [getattr(i, "name", None) for i in indices]

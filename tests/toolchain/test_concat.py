@@ -65,6 +65,27 @@ def fire_kernels():
             **dict(group_kernels(fuse_groups(mod, plan.groups, HOST)))}
 
 
+@pytest.mark.parametrize("channels, piece", [
+    ((64, 64), 64), ((16, 32, 16), 16), ((8, 16, 8), 8), ((8,) * 9, None),  # 9 pieces: more than MAX_PIECES
+    ((3, 5), 1), ((3, 61), None)])
+def test_a_concatenation_along_the_last_axis_is_read_in_pieces_each_within_one_input(channels, piece):
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(_topi_concat(*channels))
+    assert concat.piece_of(sch.get(sch.get_sblock(concat.CONCAT_BLOCK))) == piece
+
+
+def test_a_concatenation_along_another_axis_or_a_copy_is_not_read_in_pieces():
+    from tvm import s_tir, te, topi
+
+    xs = [te.placeholder((1, 4, 5, 8), name=f"x{i}") for i in range(2)]
+    sch = s_tir.Schedule(te.create_prim_func([*xs, topi.concatenate(xs, axis=2)]))
+    assert concat.piece_of(sch.get(sch.get_sblock(concat.CONCAT_BLOCK))) is None
+    copy = te.compute((1, 4, 5, 8), lambda *i: xs[0][i], name="copy")
+    sch = s_tir.Schedule(te.create_prim_func([xs[0], copy]))
+    assert concat.piece_of(sch.get(sch.get_sblock("copy"))) is None
+
+
 def test_a_fire_modules_conv_stores_into_its_slice_of_the_concatenation(fire_kernels):
     """A kernel of one conv whose result is the concatenation of its output and another kernel's: the copy of its
     own output right after its epilogue, reverse-inlined into the register block's write-back (no buffer of the

@@ -343,6 +343,37 @@ def test_a_concatenation_feeding_a_pointwise_conv_is_copied_once_before_the_bloc
     np.testing.assert_allclose(out[-1], expect, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("spec", [HOST, ARM], ids=["host", "arm"])
+def test_a_concatenation_read_along_the_reduction_is_read_in_pieces_with_no_copy(spec):
+    """A concatenation of unequal inputs (16 + 32 + 16 channels, as Relax legalizes one: a select by the channel
+    among loads at the channel less the input's offset) behind a padding of none: the reduction split into pieces of
+    16 channels, each within one input, and the concatenation inlined — no copy of it left; the same result."""
+    from tvm import te, tirx
+
+    sizes, offsets = (16, 32, 16), (0, 16, 48)
+    xs = [te.placeholder((1, 5, 6, c), name=f"X{i}") for i, c in enumerate(sizes)]
+
+    def select(n, h, w, c):
+        value = xs[0][n, h, w, c]
+        for x, at in zip(xs[1:], offsets[1:]):
+            value = tirx.if_then_else(tirx.const(at, "int32") <= c, x[n, h, w, c - at], value)
+        return value
+
+    cat = te.compute((1, 5, 6, 64), select, name="T_concat")
+    pad = te.compute((1, 5, 6, 64), lambda n, h, w, c: cat[n, h, w, c], name="pad_temp")
+    weight = te.placeholder((64, 32), name="Wt")
+    r = te.reduce_axis((0, 64), name="r")
+    conv = te.compute((1, 5, 6, 32), lambda n, h, w, f: te.sum(pad[n, h, w, r] * weight[r, f], axis=r), name="conv")
+    func = te.create_prim_func([*xs, weight, conv])
+    kernel = mk.matmul_like(func)
+    assert kernel is not None and kernel.pieces == ("T_concat", 16)
+    sch, _ = mk.register_block(func, spec.tvm())
+    assert "T_concat" not in sch.mod.script() and sch.mod.script().count("T.parallel") == 1
+    if spec is HOST:
+        out = _run(sch.mod["main"], spec.tvm())
+        np.testing.assert_allclose(out[-1], np.concatenate(out[:3], axis=-1) @ out[3], rtol=1e-4, atol=1e-4)
+
+
 def test_pooling_windows_are_blocked_like_depthwise_convs_and_compute_the_same():
     """Max pools (padding of -inf inlined) and the global mean: the data alone, a vector of outputs reading a vector
     of inputs; the big global window is not unrolled."""

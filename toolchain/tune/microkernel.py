@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from toolchain import winograd
-from toolchain.concat import is_view
+from toolchain.concat import is_view, read_in_pieces
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ class MatmulLike:
     gathers: tuple[str, ...] = ()
     dtype: str = "float32"  # what the block accumulates in (its vectors' lanes: VectorUnit.of)
     shared: bool = True  # the weight reads none of the tiles' axes (False: a batch matmul's second activation)
+    pieces: tuple[str, int] | None = None  # a concatenation the reduction reads in pieces of channels (no copy)
 
     @property
     def channels(self) -> int:
@@ -244,7 +245,8 @@ def matmul_like(func) -> MatmulLike | None:
                       _names(blocks[at + 1:end]), depthwise, _names(blocks[end:]),
                       _names(b for b in blocks[:at] if not moves_one_load(b)
                              or any(w.source.__chandle__() == fed for w in b.writes)),
-                      str(store.buffer.dtype), shared)
+                      str(store.buffer.dtype), shared,
+                      None if depthwise else read_in_pieces(blocks[:at], data, names[-1]))
 
 
 def _buffer(load):
@@ -380,10 +382,11 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
     loop outside the block) in parallel, the output channels' tiles outermost where :func:`channels_outer` says
     (the order chosen from the given shape, kept when a search varies it). ``sampled``: the rows and vectors as
     tile samples (their decisions the given ones) that a search's mutator varies, the lanes fixed. Returns ``sch``."""
+    concat, piece = kernel.pieces or ("", 0)
     for name in kernel.producers:  # a padding inlined into the block's loads, but a spatial conv's of a vector of
         # input channels or more (its bounds tests cost more than one padded copy: docs/tuning-internals.md); other
-        # producers than copies a pass before it
-        if name in kernel.gathers or (not kernel.blocked and kernel.reduce[-1] >= lanes):
+        # producers than copies a pass before it, but a concatenation read in pieces (its select folds in each)
+        if name != concat and (name in kernel.gathers or (not kernel.blocked and kernel.reduce[-1] >= lanes)):
             as_pass(sch, name, lanes)
         else:
             sch.compute_inline(sch.get_sblock(name))
@@ -398,6 +401,8 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         positions, ranks = _flat_positions(kernel.spatial, index), 2
     loops = sch.get_loops(c)
     spatial, reduce = loops[:ranks], loops[ranks:]
+    if piece:  # each piece of the reduction within one input of the concatenation: a copy of its loop per piece
+        reduce = [*reduce[:-1], *sch.split(reduce[-1], [None, piece])]
     outer, (w, j) = list(spatial[:-2]), ([None, spatial[0]] if len(spatial) == 1 else spatial[-2:])
     tiles, inner = outer, []
     if w is not None:
@@ -421,7 +426,7 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         if name != sliced:
             as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
-    unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else []
+    unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else reduce[-2:-1] if piece else []
     for loop in inner + unrolled:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
