@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import subprocess
 import sys
@@ -37,16 +38,34 @@ class Point:
     timed: dict = field(default_factory=dict)
     peak: dict = field(default_factory=dict)
     note: str = ""
+    code: str = ""  # :func:`code_version` of what tuned, built and timed it
+
+
+#: the sources whose every change makes a point's tune and builds another's: the compiler, the CLI, the runner, the
+#: zoo (the suite's own report code is left out)
+SOURCES = ("toolchain/**/*.py", "host/*.py", "host/commands/*.py", "models/**/*.py", "android_runner/src/*")
+
+
+def code_version(extra: list[str] = ()) -> str:
+    """A digest of :data:`SOURCES` (and ``extra``: the tune's options): a point's work directory is named by it, so
+    a point resumes only what the same code made (an earlier run's builds are never timed as this code's)."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(" ".join(extra).encode())
+    for path in sorted({p for pattern in SOURCES for p in root.glob(pattern) if p.is_file()}):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def run_point(model: str, size: int, args, log: Path) -> Point:
     """Tune, build twice, time; a step that fails ends the point with its first line in ``note``. A point whose
-    work directory holds a finished tune resumes after it (its seconds and trials kept)."""
+    work directory (named by :func:`code_version`) holds a finished tune resumes after it (its seconds and trials
+    kept)."""
     from toolchain import tune as tuning
 
-    work = args.work / f"{model}-{size}"
+    code = code_version(args.tune_args)
+    work = args.work / f"{model}-{size}-{code}"
     saved = work / "point.json"
-    point = Point(**json.loads(saved.read_text())) if saved.exists() else Point(model, size)
+    point = Point(**json.loads(saved.read_text())) if saved.exists() else Point(model, size, code=code)
     point.note = ""
     ref = f"zoo:{model}@1x3x{size}x{size}"
     try:
@@ -213,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--tune-args", default="", help="extra `agoc tune` options (default: none, the default tune)")
     ap.add_argument("--work", type=Path, default=Path("build/bench-shipped"),
-                    help="tuning databases and builds; a point with a finished tune resumes after it")
+                    help="tuning databases and builds; a point with a finished tune resumes after it when the same code made it")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     return ap
 

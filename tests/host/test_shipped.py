@@ -79,6 +79,31 @@ def test_the_chart_is_written(tmp_path):
     assert Image.open(path).size[0] >= 480
 
 
+def test_a_point_resumes_only_what_the_same_code_made(tmp_path, monkeypatch):
+    """A point's work directory is named by the code (and tune options) that made it: a run of other code tunes
+    afresh and leaves the earlier point where it is."""
+    from types import SimpleNamespace
+
+    assert shipped.code_version() == shipped.code_version() != shipped.code_version(["--trials", "4"])
+    args = SimpleNamespace(work=tmp_path, tune_args=[], threads=[1], rounds=1, calls=1)
+    earlier = tmp_path / f"tiny-cnn-16-{shipped.code_version()}" / "point.json"
+    earlier.parent.mkdir()
+    earlier.write_text(json.dumps(asdict(shipped.Point("tiny-cnn", 16, 5.0, 4, code=shipped.code_version()))))
+    commands = []
+
+    def run_logged(command, log):
+        commands.append(command)
+        raise RuntimeError("stopped here")
+
+    monkeypatch.setattr(shipped, "run_logged", run_logged)
+    assert shipped.run_point("tiny-cnn", 16, args, tmp_path / "log").tune_s == 5.0  # the same code: resumed
+    assert commands[-1][1] == "compile"
+    monkeypatch.setattr(shipped, "code_version", lambda extra=(): "other")
+    point = shipped.run_point("tiny-cnn", 16, args, tmp_path / "log")
+    assert commands[-1][1] == "tune" and point.tune_s is None and point.code == "other"
+    assert (tmp_path / "tiny-cnn-16-other" / "point.json").exists() and earlier.exists()
+
+
 @pytest.mark.e2e  # about two minutes: a short tune, two builds checked against onnxruntime, the timings
 def test_a_small_run_tunes_builds_times_and_resumes_after_its_tune(tmp_path, capsys):
     args = ["--models", "tiny-cnn", "--sizes", "16", "--threads", "1", "--rounds", "2", "--calls", "3",
