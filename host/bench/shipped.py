@@ -232,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--tune-args", default="", help="extra `agoc tune` options (default: none, the default tune)")
     ap.add_argument("--work", type=Path, default=Path("build/bench-shipped"),
-                    help="tuning databases and builds; a point with a finished tune resumes after it when the same code made it")
+                    help="tuning databases and builds; a point with a finished tune resumes after it (the same code)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     return ap
 
