@@ -426,7 +426,9 @@ def block_kernel(sch, kernel: MatmulLike, rows: int, vectors: int, lanes: int, s
         if name != sliced:
             as_pass(sch, name, lanes)
     sch.parallel(sch.fuse(*order))
-    unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else reduce[-2:-1] if piece else []
+    unrolled = reduce if kernel.depthwise and math.prod(kernel.reduce) <= window else []
+    if piece:  # the pieces' loop: each copy's select folds
+        unrolled = reduce[-2:-1]
     for loop in inner + unrolled:  # a depthwise or pooling window unrolled: neighbouring rows share its loads
         sch.unroll(loop)
     sch.unroll(jj)
