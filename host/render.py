@@ -372,17 +372,24 @@ def per_kernel_table(result: dict) -> Table:
     return table
 
 
-def against_table(model: str, result) -> Table:
-    """`agoc bench --against onnxruntime`: medians per cache regime and onnxruntime ÷ agoc."""
-    table = Table(title=f"{model}: agoc beside onnxruntime on this machine, {result.threads} thread(s), "
-                  f"{result.rounds} rounds × {result.calls} calls, separate processes", title_justify="left")
-    for column in ("caches", "agoc ms", "onnxruntime ms", "speed-up"):
-        table.add_column(column, justify="left" if column == "caches" else "right")
+def against_table(model: str, result, name: str = "agoc") -> Table:
+    """`agoc bench OUT --against ...`: medians per cache regime and each other member's ms ÷ the artifact's
+    (``name``: how the artifact is called; above 1: it is faster)."""
+    others = [m for m in ("onnxruntime", *result.builds) if any(m in v for v in result.median_ms.values())]
+    table = Table(title=f"{model}: {name} beside {', '.join(others) or 'nothing'} on this machine, {result.threads} "
+                  f"thread(s), {result.rounds} rounds × {result.calls} calls, separate processes", title_justify="left")
+    table.add_column("caches")
+    for member in (name, *others):
+        table.add_column(f"{member} ms", justify="right")
+    for member in others:
+        table.add_column("speed-up" if others == ["onnxruntime"] else f"{member} ÷ {name}", justify="right")
     for regime, medians in result.median_ms.items():
-        ratio = result.speedup.get(regime)
-        cell = f"{ratio:.2f}×" if ratio is not None else "; ".join(result.failures.get(regime, {}).values())[:60]
-        table.add_row(regime, *(f"{medians[e]:.3f}" if e in medians else "—" for e in ("agoc", "onnxruntime")),
-                      f"[{'green' if ratio and ratio >= 1 else 'yellow'}]{cell}[/]")
+        versus = result.versus.get(regime) or ({"onnxruntime": result.speedup[regime]} if regime in result.speedup
+                                               else {})
+        why = "; ".join(result.failures.get(regime, {}).values())[:60]
+        cells = [f"[{'green' if versus[m] >= 1 else 'yellow'}]{versus[m]:.2f}×[/]" if m in versus else why or "—"
+                 for m in others]
+        table.add_row(regime, *(f"{medians[e]:.3f}" if e in medians else "—" for e in ("agoc", *others)), *cells)
     busy = {f"{engine} {n}/{result.rounds} {regime}" for regime, counts in result.disturbed.items()
             for engine, n in counts.items()}
     if busy:

@@ -120,6 +120,20 @@ MODELS: tuple[ModelSpec, ...] = (
         ),
     ),
     ModelSpec(
+        name="resnet-18",
+        description="ResNet-18: 7x7/2 stem + max pool + 4 stages of 2 BasicBlocks (64/128/256/512 ch, 3x3 convs) "
+                    "+ 1000-way FC",
+        builder="models.resnet:build",
+        shapes=((1, 3, 224, 224), (1, 3, 112, 112), (1, 3, 56, 56)),
+        published_params=11_689_512,
+        params_tolerance=0.01,
+        family="cnn",
+        source=(
+            "He et al. 2016 (arXiv:1512.03385) Table 1; torchvision resnet18 (11,689,512 params incl. BN "
+            "gamma/beta). BN is folded into conv bias here: 11,684,712 = 11,689,512 - 4,800 BN channels (-0.04%)."
+        ),
+    ),
+    ModelSpec(
         name="shufflenet-v2",
         description="ShuffleNet-V2 1.0x: stem + 4/8/4 units (116/232/464 ch, split + channel shuffle) "
                     "+ 1x1 conv 1024 + 1000-way FC",

@@ -1,5 +1,6 @@
-"""``agoc bench ARTIFACT --against onnxruntime``: the artifact and onnxruntime on the same inputs and threads,
-each in its own process, timed in interleaved rounds in the warm and cold cache regimes; their ratio."""
+"""``agoc bench ARTIFACT --against onnxruntime [--against OTHER]``: the artifact, onnxruntime and other builds of
+the model on the same inputs and threads, each in its own process, timed in the same interleaved rounds in the warm
+and cold cache regimes; each one's ratio to the artifact."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ REGIMES = ("warm", "cold")
 
 @dataclass(frozen=True)
 class Comparison:
-    """Medians (ms) per regime and engine, and onnxruntime ÷ agoc per regime (above 1: agoc is faster)."""
+    """Medians (ms) per regime and engine, and onnxruntime ÷ agoc per regime (above 1: agoc is faster); ``versus``:
+    per regime every other member's ÷ agoc (other builds under their labels, onnxruntime's too)."""
 
     threads: int
     rounds: int
@@ -32,38 +34,56 @@ class Comparison:
     failures: dict  # regime -> engine -> why it did not run
     disturbed: dict  # regime -> engine -> rounds timed while another program held its cores (toolchain/timing.py)
     per_round: dict = field(default_factory=dict)  # regime -> engine -> each round's median ms
+    versus: dict = field(default_factory=dict)  # regime -> member -> its ms ÷ agoc's (paired_ratio)
+    builds: dict = field(default_factory=dict)  # label -> directory of each other build timed
 
     def to_json(self) -> dict:
         return {"threads": self.threads, "rounds": self.rounds, "calls": self.calls, "median_ms": self.median_ms,
-                "speedup": self.speedup, "failures": self.failures, "disturbed_rounds": self.disturbed,
-                "per_round_ms": self.per_round}
+                "speedup": self.speedup, "versus": self.versus, "builds": self.builds, "failures": self.failures,
+                "disturbed_rounds": self.disturbed, "per_round_ms": self.per_round}
 
 
 def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, calls: int = 10,
-            warmup: int = 3, seed: int = 0, on_round=lambda regime, r, n: None) -> Comparison:
-    """Time the artifact beside onnxruntime, each engine in a worker process of its own (host/bench/worker.py),
-    in each regime of :data:`REGIMES`: ``rounds`` rounds of ``calls`` calls, engines in a random order."""
+            warmup: int = 3, seed: int = 0, on_round=lambda regime, r, n: None, others: dict | None = None,
+            reference: bool = True) -> Comparison:
+    """Time the artifact beside onnxruntime (``reference``) and the builds ``others`` (label -> directory), each in
+    a worker process of its own (host/bench/worker.py), in each regime of :data:`REGIMES`: ``rounds`` rounds of
+    ``calls`` calls, members in a random order."""
     threads = threads or os.cpu_count() or 1
-    medians, speedup, failures, disturbed, per_round = {}, {}, {}, {}, {}
+    others = dict(others or {})
+    members = {v.name: (v, artifact_dir) for v in ENGINES if reference or v.name == "agoc"}
+    members.update({label: (Variant(label, "tvm", f"the build in {path}"), Path(path)) for label, path in others.items()})
+    medians, speedup, versus, failures, disturbed, per_round = {}, {}, {}, {}, {}, {}
     for regime in REGIMES:
-        timed = side_by_side({v.name: (v, artifact_dir) for v in ENGINES}, regime, threads, rounds, calls, warmup,
-                             seed, lambda r, regime=regime: on_round(regime, r, rounds))
+        timed = side_by_side(members, regime, threads, rounds, calls, warmup, seed,
+                             lambda r, regime=regime: on_round(regime, r, rounds))
         failures[regime], disturbed[regime] = timed.failures, timed.disturbed
         per_round[regime] = {name: [float(x) for x in r] for name, r in timed.per_round.items()}
         medians[regime] = {name: float(np.median(s)) for name, s in timed.samples.items() if s}
-        if {"agoc", "onnxruntime"} <= set(medians[regime]):
-            speedup[regime] = paired_ratio(per_round[regime], medians[regime])
-    return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed, per_round)
+        versus[regime] = {name: paired_ratio(per_round[regime], medians[regime], name)
+                          for name in members if name != "agoc" and {"agoc", name} <= set(medians[regime])}
+        if "onnxruntime" in versus[regime]:
+            speedup[regime] = versus[regime]["onnxruntime"]
+    return Comparison(threads, rounds, calls, medians, speedup, failures, disturbed, per_round, versus,
+                      {label: str(path) for label, path in others.items()})
 
 
-def paired_ratio(per_round: dict, medians: dict) -> float:
-    """onnxruntime ÷ agoc: the median of the rounds' ratios, both engines timed in each round (a slow spell of the
-    host slows both: a round's ratio keeps what the ratio of the medians loses); the ratio of the medians where a
-    round lacks either engine."""
-    ort, ours = per_round.get("onnxruntime") or [], per_round.get("agoc") or []
-    if ort and len(ort) == len(ours):
-        return ratio_stats(ort, ours)["median"]
-    return medians["onnxruntime"] / medians["agoc"]
+def paired_ratio(per_round: dict, medians: dict, other: str = "onnxruntime") -> float:
+    """``other`` ÷ agoc (onnxruntime's by default): the median of the rounds' ratios, both timed in each round (a
+    slow spell of the host slows both: a round's ratio keeps what the ratio of the medians loses); the ratio of the
+    medians where a round lacks either."""
+    theirs, ours = per_round.get(other) or [], per_round.get("agoc") or []
+    if theirs and len(theirs) == len(ours):
+        return ratio_stats(theirs, ours)["median"]
+    return medians[other] / medians["agoc"]
+
+
+def labels(artifact_dir: Path, others: list[Path]) -> dict[str, Path]:
+    """A label per other build for tables and JSON: its directory's name, or its path where names repeat (or clash
+    with the artifact's own or an engine's)."""
+    names = [Path(p).name for p in others]
+    taken = {"agoc", "onnxruntime", Path(artifact_dir).name}
+    return {(n if names.count(n) == 1 and n not in taken else str(p)): Path(p) for n, p in zip(names, others)}
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,10 @@ def bench(
         "--proxy", help="Instead of timing: simulate this phone cache geometry under valgrind (a76, a78, x1, a55, "
         "small-slc) and report instructions, D1 misses, L2 traffic and DRAM bytes per inference.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (with median_ms).")] = False,
-    against: Annotated[Optional[str], typer.Option(
-        "--against", metavar="ENGINE", help="Time the artifact beside onnxruntime on this machine instead (a host "
-        "artifact): same inputs and threads, separate processes, warm and cold caches; prints the ratio.")] = None,
+    against: Annotated[Optional[list[str]], typer.Option(
+        "--against", metavar="ENGINE|DIR", help="Time the artifact beside onnxruntime, or another build of the model "
+        "(its artifact directory), on this machine instead (host artifacts; repeatable): same inputs and threads, "
+        "separate processes, the same rounds, warm and cold caches; prints each one's ratio.")] = None,
 ):
     """Time the artifact on a device with the C++ runner (median, spread, cpufreq, temperature)."""
     from host.devices import BenchOptions, get_device
@@ -141,7 +142,7 @@ def bench(
     if (warmup is not None and warmup < 0) or (repeat is not None and repeat < 1) or not min_time_ms >= 0:
         raise InputShapeError(f"--warmup must be 0 or more, --repeat at least 1 and --min-time-ms 0 or more (got "
                               f"{warmup}, {repeat}, {min_time_ms}); e.g. --warmup 5 --repeat 20")
-    if against is not None:
+    if against:
         _bench_against(artifact_dir, against, device, threads, warmup, repeat, as_json)
         return
     if proxy is not None:
@@ -176,28 +177,50 @@ def bench(
         err_console.print("[yellow]note: times under qemu are emulated (≈25× slow): correctness only[/yellow]")
 
 
-def _bench_against(artifact_dir: Path, engine: str, device: Optional[str], threads: Optional[int],
+def _bench_against(artifact_dir: Path, engines: list[str], device: Optional[str], threads: Optional[int],
                    warmup: Optional[int], repeat: Optional[int], as_json: bool) -> None:
-    """`agoc bench OUT --against onnxruntime`: host/bench/against.py."""
+    """`agoc bench OUT --against onnxruntime --against OTHER`: host/bench/against.py."""
     from host.bench import against
-    from toolchain.artifact import load_artifact
 
-    if engine != "onnxruntime":
-        raise AgocError(f"--against {engine!r}: agoc compares with onnxruntime (give --against onnxruntime)")
     if device not in (None, "local"):
-        raise AgocError("--against onnxruntime times both engines on this machine: leave out --device")
-    art = load_artifact(artifact_dir)
-    if art.target_preset != "host":
-        raise AgocError(f"{artifact_dir} was compiled for {art.target_preset}: --against onnxruntime runs on this "
-                        "machine; compile with --target host")
+        raise AgocError("--against times every build on this machine: leave out --device")
+    art = _host_artifact(artifact_dir)
+    others = [Path(e) for e in dict.fromkeys(engines) if e != "onnxruntime"]
+    for other in others:
+        if not other.is_dir():
+            raise AgocError(f"--against {other}: no artifact directory there; give `onnxruntime` or a directory "
+                            "`agoc compile -o` wrote (e.g. --against onnxruntime)")
+        _same_inputs(art, _host_artifact(other), other)
+    builds = against.labels(artifact_dir, others)
     rounds = max(3, (repeat or 50) // 10)
-    with err_console.status("timing the artifact and onnxruntime in turn (warm, then cold caches)") as status:
+    with err_console.status("timing the builds in turn (warm, then cold caches)") as status:
         result = against.compare(artifact_dir, threads, rounds=rounds, warmup=3 if warmup is None else warmup,
-                                 on_round=lambda regime, r, n: status.update(f"{regime} caches: round {r}/{n}"))
+                                 on_round=lambda regime, r, n: status.update(f"{regime} caches: round {r}/{n}"),
+                                 others=builds, reference="onnxruntime" in engines)
     if as_json:
         print(json.dumps({"model": art.manifest.model_name, **result.to_json()}))
         return
-    console.print(render.against_table(art.manifest.model_name, result))
+    console.print(render.against_table(art.manifest.model_name, result, artifact_dir.name))
+
+
+def _host_artifact(path: Path):
+    """The artifact at ``path``, which --against times on this machine: a host build."""
+    from toolchain.artifact import load_artifact
+
+    art = load_artifact(path)
+    if art.target_preset != "host":
+        raise AgocError(f"{path} was compiled for {art.target_preset}: --against times builds on this machine; "
+                        "compile it with --target host")
+    return art
+
+
+def _same_inputs(art, other, path: Path) -> None:
+    """Two builds are compared on the same inputs: the same names, shapes and types."""
+    ours = [(t.info.name, tuple(t.info.shape), t.info.dtype) for t in art.manifest.inputs]
+    theirs = [(t.info.name, tuple(t.info.shape), t.info.dtype) for t in other.manifest.inputs]
+    if ours != theirs:
+        raise AgocError(f"--against {path}: its inputs {theirs} are not this artifact's {ours}; compare builds of "
+                        "the same model at the same input shape")
 
 
 def _cores(cores: Optional[str]) -> Optional[tuple[int, ...]]:

@@ -77,3 +77,30 @@ def test_the_ratio_is_the_median_of_the_rounds_ratios_so_a_slow_spell_of_the_hos
     medians = {"agoc": 1.0, "onnxruntime": 3.6}  # as if the engines' samples fell unevenly into the spell
     assert paired_ratio(per_round, medians) == pytest.approx(1.2)
     assert paired_ratio({"agoc": [1.0], "onnxruntime": []}, medians) == pytest.approx(3.6)  # no pairs: the medians'
+
+
+def test_another_build_is_timed_in_the_same_rounds_and_its_ratio_is_the_rounds(cli, tmp_path):
+    """AGO's build against stock TVM's and onnxruntime in one run: each member's ratio to the artifact from the rounds
+    where both were timed; a build of other inputs, or no build at all, is refused before anything is timed."""
+    ago, stock, other = tmp_path / "ago", tmp_path / "stock", tmp_path / "other"
+    assert cli("compile", "zoo:tiny-cnn", "-o", ago).exit_code == 0
+    assert cli("compile", "zoo:tiny-cnn", "-o", stock, "--partition", "stock").exit_code == 0
+    result = cli("bench", ago, "--against", "onnxruntime", "--against", stock, "--repeat", "30", "--threads", "1",
+                 "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["builds"] == {"stock": str(stock)}
+    for regime in ("warm", "cold"):
+        rounds = doc["per_round_ms"][regime]
+        assert len(rounds["agoc"]) == len(rounds["stock"]) == len(rounds["onnxruntime"]) == 3
+        for member in ("stock", "onnxruntime"):
+            paired = sorted(o / a for o, a in zip(rounds[member], rounds["agoc"]))[1]
+            assert abs(doc["versus"][regime][member] - paired) < 1e-9
+        assert doc["speedup"][regime] == doc["versus"][regime]["onnxruntime"]
+    table = cli("bench", ago, "--against", stock, "--repeat", "30")  # builds alone, no reference
+    text = " ".join(table.stdout.split())
+    assert table.exit_code == 0 and "stock ÷ ago" in text and "onnxruntime ms" not in text
+
+    assert cli("compile", "zoo:tiny-cnn@1x3x32x32", "-o", other).exit_code == 0
+    assert_clean_error(cli("bench", ago, "--against", other), "same input shape")
+    assert_clean_error(cli("bench", ago, "--against", tmp_path / "nowhere"), "no artifact directory")

@@ -1,4 +1,4 @@
-"""The seven benchmark networks of the zoo: valid ONNX, runnable, faithful, deterministic."""
+"""The eight benchmark networks of the zoo: valid ONNX, runnable, faithful, deterministic."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from onnx import TensorProto, numpy_helper
 from models import registry
 from models.builder import count_params
 
-ZOO = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet-1.1", "shufflenet-v2", "bert-tiny", "mobilevit")
+ZOO = ("mobilenet-v2", "mobilenet-v3-small", "mnasnet", "squeezenet-1.1", "shufflenet-v2", "resnet-18", "bert-tiny",
+       "mobilevit")
 
 #: Exact parameter counts of these builds (BN folded). The registry rows say how they relate to the papers.
 EXPECTED_PARAMS = {
@@ -24,13 +25,14 @@ EXPECTED_PARAMS = {
     "mnasnet": 4_364_352,
     "squeezenet-1.1": 1_235_496,
     "shufflenet-v2": 2_270_514,
+    "resnet-18": 11_684_712,
     "bert-tiny": 4_385_920,
     "mobilevit": 2_313_624,
 }
 
 #: torchvision counts BatchNorm gamma+beta (2 per channel) on bias-free convs; folded, a conv gets one bias per
 #: channel instead. So for these models, params + conv bias elements must give back the torchvision count exactly.
-BN_EVERYWHERE = ("mobilenet-v2", "mnasnet", "shufflenet-v2")
+BN_EVERYWHERE = ("mobilenet-v2", "mnasnet", "shufflenet-v2", "resnet-18")
 
 #: Ops the builders may emit (all in the TVM Relax ONNX importer's convert map).
 ALLOWED_OPS = {
