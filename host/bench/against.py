@@ -52,7 +52,8 @@ def compare(artifact_dir: Path, threads: int | None = None, rounds: int = 5, cal
     threads = threads or os.cpu_count() or 1
     others = dict(others or {})
     members = {v.name: (v, artifact_dir) for v in ENGINES if reference or v.name == "agoc"}
-    members.update({label: (Variant(label, "tvm", f"the build in {path}"), Path(path)) for label, path in others.items()})
+    members.update({label: (Variant(label, "tvm", f"the build in {path}"), Path(path))
+                    for label, path in others.items()})
     medians, speedup, versus, failures, disturbed, per_round = {}, {}, {}, {}, {}, {}
     for regime in REGIMES:
         timed = side_by_side(members, regime, threads, rounds, calls, warmup, seed,
