@@ -128,10 +128,30 @@ def _stop(code: int) -> None:
     from toolchain.artifact import discard_staging
 
     discard_staging()
+    _end_workers()
     err_console.print("[yellow]interrupted[/yellow]" if code == 130 else "[yellow]terminated[/yellow]")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _end_workers() -> None:
+    """Kill this process's descendants in its own session (builder and runner workers): one mid-build would keep
+    running, and hold the caller's stdout and stderr open, after the hard exit. A process started in a session of
+    its own (a tracker, a device transport) is not a worker and is left to its owner."""
+    import psutil
+
+    try:
+        session = os.getsid(0)
+        children = psutil.Process().children(recursive=True)
+    except (psutil.Error, OSError):
+        return
+    for child in children:
+        try:
+            if os.getsid(child.pid) == session:
+                child.kill()
+        except (psutil.Error, OSError):  # already gone
+            pass
 
 
 def _version(value: bool):

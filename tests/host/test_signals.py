@@ -133,3 +133,29 @@ def test_a_signal_inside_a_tvm_callback_stops_with_its_own_code_not_as_a_failed_
     with pytest.raises(Stopped):
         cli._guard(stage)()
     assert stopped == [code]
+
+
+def test_an_interrupt_kills_the_workers_it_started_and_leaves_a_detached_process():
+    """A builder worker mid-build would outlive the hard exit and hold the caller's pipes open: the workers of the
+    process's own session are killed; one started in a session of its own (a tracker) is left to its owner."""
+    script = (
+        "import subprocess, sys\n"
+        "from host import cli\n"
+        "worker = subprocess.Popen(['sleep', '60'])\n"
+        "detached = subprocess.Popen(['sleep', '60'], start_new_session=True, stdout=subprocess.DEVNULL,\n"
+        "                            stderr=subprocess.DEVNULL)\n"
+        "cli._end_workers()\n"
+        "print(worker.wait(timeout=10), detached.pid, detached.poll())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    killed, detached, running = out.stdout.split()
+    try:
+        assert int(killed) == -signal.SIGKILL
+        assert running == "None"
+        os.kill(int(detached), 0)  # still there
+    finally:
+        try:
+            os.kill(int(detached), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
