@@ -136,21 +136,19 @@ def _stop(code: int) -> None:
 
 
 def _end_workers() -> None:
-    """Kill this process's descendants in its own session (builder and runner workers): one mid-build would keep
-    running, and hold the caller's stdout and stderr open, after the hard exit. A process started in a session of
-    its own (a tracker, a device transport) is not a worker and is left to its owner."""
+    """Kill every process this one started, and theirs (builder and runner workers, an RPC server, a suite's
+    tune in a session of its own): one mid-build would go on after the hard exit and hold the caller's stdout and
+    stderr open. A tracker that `agoc tracker start` detached is no longer a child once it has returned."""
     import psutil
 
     try:
-        session = os.getsid(0)
         children = psutil.Process().children(recursive=True)
-    except (psutil.Error, OSError):
+    except psutil.Error:
         return
     for child in children:
         try:
-            if os.getsid(child.pid) == session:
-                child.kill()
-        except (psutil.Error, OSError):  # already gone
+            child.kill()
+        except psutil.Error:  # already gone
             pass
 
 
