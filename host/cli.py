@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 
 # TVM's CPU thread pool reads this once; unset, it uses half the hardware threads
 # (1 on a 2-core machine), silently halving every measurement (design §3).
@@ -107,6 +108,11 @@ def _os_message(exc: BaseException) -> str:
     return f"{exc.strerror or exc}{where}: check the path, its permissions and the free disk space"
 
 
+#: seconds a command has to unwind after Ctrl-C or SIGTERM (its context managers: a progress display, a session)
+#: before it is ended regardless
+STOP_GRACE_S = 3.0
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
 
@@ -118,20 +124,34 @@ def _on_signal(signum, frame):
     RuntimeError) and raised as KeyboardInterrupt or :class:`Terminated`."""
     import signal
 
+    if not _state["signalled"]:  # a deadline for the unwinding (a lock a worker thread holds can stall it)
+        _arm_deadline(143 if signum == signal.SIGTERM else 130)
     _state["signalled"] = 143 if signum == signal.SIGTERM else 130
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
-def _stop(code: int) -> None:
+def _arm_deadline(code: int) -> None:
+    """End the process with ``code`` STOP_GRACE_S from now unless it has ended by then."""
+    deadline = threading.Timer(STOP_GRACE_S, _stop, args=(code, False))
+    deadline.daemon = True  # a command that ends by itself first (`tracker serve`) is not held up
+    deadline.start()
+
+
+def _stop(code: int, unwound: bool = True) -> None:
     """End the process now, on Ctrl-C (130) or SIGTERM (143): staging directories removed, nothing else
-    touched; a hard exit, so a build running in a worker thread does not hold it up."""
+    touched; a hard exit, so a build running in a worker thread does not hold it up. Not ``unwound``: from the
+    signal's deadline, the main thread still unwinding (perhaps waiting on a lock): the message written plainly."""
     from toolchain.artifact import discard_staging
 
     discard_staging()
     _end_workers()
-    err_console.print("[yellow]interrupted[/yellow]" if code == 130 else "[yellow]terminated[/yellow]")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    word = "interrupted" if code == 130 else "terminated"
+    if unwound:
+        err_console.print(f"[yellow]{word}[/yellow]")
+        sys.stdout.flush()
+        sys.stderr.flush()
+    else:
+        os.write(2, f"{word}\n".encode())
     os._exit(code)
 
 

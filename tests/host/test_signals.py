@@ -118,6 +118,7 @@ def test_a_signal_inside_a_tvm_callback_stops_with_its_own_code_not_as_a_failed_
         raise Stopped
 
     monkeypatch.setattr(cli, "_stop", stop)
+    monkeypatch.setattr(cli, "_arm_deadline", lambda code: None)  # (this process is the test runner's)
     monkeypatch.setitem(cli._state, "signalled", 0)
 
     @tvm.transform.module_pass(opt_level=0)
@@ -154,13 +155,44 @@ def test_an_interrupt_kills_every_process_it_started():
     assert out.returncode == 0, out.stderr
     worker, server, grandchild = out.stdout.split()
     assert int(worker) == int(server) == -signal.SIGKILL
+    assert _gone(int(grandchild)), "a process its child started outlived it"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_the_process_even_when_its_unwinding_stalls(sig, code):
+    """After Ctrl-C or SIGTERM a command unwinds (its progress display, its session); should that wait on a lock a
+    worker thread holds, the process still ends a few seconds on, with the signal's code and nothing left behind."""
+    script = (
+        "import os, signal, subprocess, threading, time\n"
+        "from host import cli\n"
+        f"signal.signal({int(sig)}, cli._on_signal)\n"
+        "worker = subprocess.Popen(['sleep', '60'])\n"
+        "print(worker.pid, flush=True)\n"
+        "held = threading.Lock()\n"
+        "held.acquire()\n"
+        "try:\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n"
+        "    held.acquire()  # the unwinding waits for good\n"
+    )
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert out.returncode == code, out.stderr
+    assert ("interrupted" if code == 130 else "terminated") in out.stderr
+    assert took < 30  # the deadline, not the sleep or the lock, ended it
+    assert _gone(int(out.stdout)), "its worker outlived it"
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended within five seconds (a zombie not yet reaped counts as ended)."""
     for _ in range(100):
         try:
-            if psutil.Process(int(grandchild)).status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped
-                break
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
         except psutil.NoSuchProcess:
-            break
+            return True
         time.sleep(0.05)
-    else:
-        os.kill(int(grandchild), signal.SIGKILL)
-        pytest.fail("a process its child started outlived it")
+    os.kill(pid, signal.SIGKILL)
+    return False
