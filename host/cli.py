@@ -108,9 +108,9 @@ def _os_message(exc: BaseException) -> str:
     return f"{exc.strerror or exc}{where}: check the path, its permissions and the free disk space"
 
 
-#: seconds a command has to unwind after Ctrl-C or SIGTERM (its context managers: a progress display, a session)
-#: before it is ended regardless
-STOP_GRACE_S = 3.0
+#: seconds a command has to unwind after Ctrl-C or SIGTERM (its context managers: a progress display, a device
+#: session stopping the phone's runner over adb) before it is ended regardless
+STOP_GRACE_S = 10.0
 
 
 class Terminated(KeyboardInterrupt):
