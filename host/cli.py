@@ -124,10 +124,11 @@ def _on_signal(signum, frame):
     RuntimeError) and raised as KeyboardInterrupt or :class:`Terminated`."""
     import signal
 
+    code = 143 if signum == signal.SIGTERM else 130
     if not _state["signalled"]:  # a deadline for the unwinding (a lock a worker thread holds can stall it)
-        _arm_deadline(143 if signum == signal.SIGTERM else 130)
-    _state["signalled"] = 143 if signum == signal.SIGTERM else 130
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        _arm_deadline(code)
+    _state["signalled"] = code
+    raise Terminated() if code == 143 else KeyboardInterrupt()
 
 
 def _arm_deadline(code: int) -> None:
@@ -159,17 +160,9 @@ def _end_workers() -> None:
     """Kill every process this one started, and theirs (builder and runner workers, an RPC server, a suite's
     tune in a session of its own): one mid-build would go on after the hard exit and hold the caller's stdout and
     stderr open. A tracker that `agoc tracker start` detached is no longer a child once it has returned."""
-    import psutil
+    from host.tracker import kill_descendants
 
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:  # already gone
-            pass
+    kill_descendants(os.getpid())
 
 
 def _version(value: bool):

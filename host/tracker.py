@@ -147,13 +147,26 @@ def _listening_port(pid: int, lo: int, hi: int) -> int | None:
 def stop_process(pid: int) -> None:
     import psutil
 
+    kill_descendants(pid)
     try:
-        proc = psutil.Process(pid)
-        for child in proc.children(recursive=True):
-            child.kill()
-        proc.kill()
+        psutil.Process(pid).kill()
     except psutil.Error:
         pass
+
+
+def kill_descendants(pid: int) -> None:
+    """Kill every process ``pid`` started, and theirs (SIGKILL); one already gone is passed over."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def parse_address(text: str) -> tuple[str, int]:

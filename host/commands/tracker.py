@@ -115,8 +115,9 @@ def serve(
     def on_term(*_):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)  # stop cleanly: the runner on the device is stopped too, however
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # long that takes (the CLI's handler: STOP_GRACE_S)
+    # stop cleanly, the runner on the device too, however long that takes (the CLI's own handler allows STOP_GRACE_S)
+    signal.signal(signal.SIGTERM, on_term)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, on_term)
     agent = rpc_mod.Agent(rpc_mod.DeviceServer(dev, name), address, key, bind=bind, on_event=_agent_event,
                           status_file=status_file)

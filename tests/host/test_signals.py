@@ -175,7 +175,7 @@ def test_an_interrupt_kills_every_process_it_started():
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_ends_the_process_even_when_its_unwinding_stalls(sig, code):
     """After Ctrl-C or SIGTERM a command unwinds (its progress display, its session); should that wait on a lock a
-    worker thread holds, the process still ends a few seconds on, with the signal's code and nothing left behind."""
+    worker thread holds, the process still ends STOP_GRACE_S on, with the signal's code and nothing left behind."""
     script = (
         "import os, signal, subprocess, threading, time\n"
         "from host import cli\n"
